@@ -1,0 +1,732 @@
+//! Owned handles over rdma-core verbs objects.
+//!
+//! Soundness rests on two rules, stated once here:
+//! 1. Every scatter/gather element handed to the device names memory through an lkey, and
+//!    the device checks the range against the registration. Memory registered by
+//!    [`MemoryRegion::alloc`] is owned by the region and freed only after a successful
+//!    deregistration, after which the device can no longer reach it; memory registered by
+//!    [`MemoryRegion::register`] is the caller's promise (see its `# Safety`).
+//! 2. Data the CPU reads at post time (inline sends) is passed as a borrowed slice.
+//!
+//! Posting a work request is therefore safe: the worst a wrong [`Sge`] can do is fail with
+//! a local protection error completion.
+
+use std::alloc::{self, Layout};
+use std::ffi::CStr;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Arc;
+
+use rdma_sys as r;
+
+use crate::last_errno;
+
+/// A hook for messages that cannot be returned (failures inside `Drop`).
+static WARN_HOOK: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
+
+/// Installs the function that receives warnings from destructors.
+pub fn set_warn_hook(hook: fn(&str)) {
+    WARN_HOOK.store(hook as *mut (), Ordering::Release);
+}
+
+pub(crate) fn warn(msg: &str) {
+    let p = WARN_HOOK.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: the only non-null value ever stored is a `fn(&str)` (set_warn_hook).
+        let hook: fn(&str) = unsafe { std::mem::transmute::<*mut (), fn(&str)>(p) };
+        hook(msg);
+    }
+}
+
+/// A device context opened by rdma_cm.
+///
+/// rdma_cm keeps its device contexts open for the life of the process, and QPs created
+/// through rdma_cm must use PDs of those same contexts, so this handle never closes it.
+#[derive(Clone, Copy, Debug)]
+pub struct Context {
+    ctx: NonNull<r::ibv_context>,
+}
+
+// SAFETY: ibv_context calls are thread-safe in rdma-core; the pointer is never freed.
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+/// What rfabric uses of `ibv_device_attr`.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub node_guid: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub max_mr_size: u64,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub phys_port_cnt: u8,
+    pub device_cap_flags: u32,
+}
+
+/// What rfabric uses of `ibv_port_attr`.
+#[derive(Clone, Debug, Default)]
+pub struct PortAttr {
+    pub port_num: u8,
+    /// `IBV_PORT_ACTIVE` is 4.
+    pub state: u32,
+    /// Active MTU in bytes.
+    pub active_mtu: u32,
+    pub max_msg_sz: u32,
+    pub gid_tbl_len: u32,
+    pub lid: u16,
+    /// `IBV_LINK_LAYER_INFINIBAND` 1, `IBV_LINK_LAYER_ETHERNET` 2.
+    pub link_layer: u8,
+    pub active_speed: u8,
+    pub active_width: u8,
+}
+
+impl PortAttr {
+    pub fn is_active(&self) -> bool {
+        self.state == r::ibv_port_state::IBV_PORT_ACTIVE
+    }
+}
+
+/// Converts an `ibv_mtu` enumerator to bytes.
+fn mtu_bytes(mtu: u32) -> u32 {
+    if (1..=5).contains(&mtu) {
+        128 << mtu
+    } else {
+        0
+    }
+}
+
+impl Context {
+    /// All devices rdma_cm knows, in its order. An empty list is not an error.
+    pub fn devices() -> Result<Vec<Context>, i32> {
+        let mut n: i32 = 0;
+        // SAFETY: rdma_get_devices writes the count and returns a NULL-terminated array
+        // (or NULL with errno set).
+        let list = unsafe { r::rdma_get_devices(&mut n) };
+        if list.is_null() {
+            let e = last_errno();
+            // No RDMA subsystem at all (no /dev/infiniband) reads as "no device".
+            return if e == libc::ENODEV || e == libc::ENOENT || e == libc::ENOSYS {
+                Ok(Vec::new())
+            } else {
+                Err(e)
+            };
+        }
+        let mut out = Vec::with_capacity(n.max(0) as usize);
+        for i in 0..n.max(0) as usize {
+            // SAFETY: i < n, the number of entries rdma_get_devices returned.
+            let p = unsafe { *list.add(i) };
+            if let Some(ctx) = NonNull::new(p) {
+                out.push(Context { ctx });
+            }
+        }
+        // SAFETY: frees only the array; the contexts stay open inside rdma_cm.
+        unsafe { r::rdma_free_devices(list) };
+        Ok(out)
+    }
+
+    pub(crate) fn from_raw(p: *mut r::ibv_context) -> Option<Context> {
+        NonNull::new(p).map(|ctx| Context { ctx })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut r::ibv_context {
+        self.ctx.as_ptr()
+    }
+
+    /// The kernel device name (`rxe0`, `mlx5_0`).
+    pub fn name(&self) -> String {
+        // SAFETY: an open context always points to its device; the name is NUL-terminated.
+        unsafe {
+            let dev = (*self.ctx.as_ptr()).device;
+            let n = r::ibv_get_device_name(dev);
+            if n.is_null() {
+                return String::new();
+            }
+            CStr::from_ptr(n).to_string_lossy().into_owned()
+        }
+    }
+
+    pub fn query_device(&self) -> Result<DeviceAttr, i32> {
+        // SAFETY: ibv_device_attr is plain data; zero is a valid value for every field.
+        let mut a: r::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: valid context and a writable attr struct.
+        let rc = unsafe { r::ibv_query_device(self.ctx.as_ptr(), &mut a) };
+        if rc != 0 {
+            return Err(rc.abs());
+        }
+        // SAFETY: fw_ver is a NUL-terminated char array inside `a`.
+        let fw = unsafe { CStr::from_ptr(a.fw_ver.as_ptr()) }.to_string_lossy().into_owned();
+        let u = |v: i32| v.max(0) as u32;
+        Ok(DeviceAttr {
+            fw_ver: fw,
+            node_guid: u64::from_be(a.node_guid),
+            vendor_id: a.vendor_id,
+            vendor_part_id: a.vendor_part_id,
+            max_mr_size: a.max_mr_size,
+            max_qp: u(a.max_qp),
+            max_qp_wr: u(a.max_qp_wr),
+            max_sge: u(a.max_sge),
+            max_sge_rd: u(a.max_sge_rd),
+            max_cq: u(a.max_cq),
+            max_cqe: u(a.max_cqe),
+            max_mr: u(a.max_mr),
+            max_pd: u(a.max_pd),
+            max_qp_rd_atom: u(a.max_qp_rd_atom),
+            max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
+            max_srq: u(a.max_srq),
+            max_srq_wr: u(a.max_srq_wr),
+            max_srq_sge: u(a.max_srq_sge),
+            phys_port_cnt: a.phys_port_cnt,
+            device_cap_flags: a.device_cap_flags,
+        })
+    }
+
+    pub fn query_port(&self, port: u8) -> Result<PortAttr, i32> {
+        // SAFETY: plain data, zero-valid.
+        let mut a: r::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: valid context; rdma-sys's port of the static inline ibv_query_port.
+        let rc = unsafe { r::___ibv_query_port(self.ctx.as_ptr(), port, &mut a) };
+        if rc != 0 {
+            return Err(rc.abs());
+        }
+        Ok(PortAttr {
+            port_num: port,
+            state: a.state,
+            active_mtu: mtu_bytes(a.active_mtu),
+            max_msg_sz: a.max_msg_sz,
+            gid_tbl_len: a.gid_tbl_len.max(0) as u32,
+            lid: a.lid,
+            link_layer: a.link_layer,
+            active_speed: a.active_speed,
+            active_width: a.active_width,
+        })
+    }
+
+    pub fn query_gid(&self, port: u8, index: i32) -> Result<[u8; 16], i32> {
+        // SAFETY: ibv_gid is a 16-byte union; zero is valid.
+        let mut g: r::ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: valid context and a writable gid.
+        let rc = unsafe { r::ibv_query_gid(self.ctx.as_ptr(), port, index, &mut g) };
+        if rc != 0 {
+            return Err(last_errno());
+        }
+        // SAFETY: every bit pattern of the union is a valid byte array.
+        Ok(unsafe { g.raw })
+    }
+}
+
+/// A protection domain: the verbs object behind a libfabric domain.
+#[derive(Debug)]
+pub struct ProtectionDomain {
+    pd: NonNull<r::ibv_pd>,
+    ctx: Context,
+}
+
+// SAFETY: PD verbs are thread-safe; the PD is freed only in Drop.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above.
+unsafe impl Sync for ProtectionDomain {}
+
+impl ProtectionDomain {
+    pub fn new(ctx: Context) -> Result<Arc<Self>, i32> {
+        // SAFETY: valid context.
+        let pd = unsafe { r::ibv_alloc_pd(ctx.as_ptr()) };
+        NonNull::new(pd)
+            .map(|pd| Arc::new(ProtectionDomain { pd, ctx }))
+            .ok_or_else(last_errno)
+    }
+
+    pub fn context(&self) -> Context {
+        self.ctx
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut r::ibv_pd {
+        self.pd.as_ptr()
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: the PD is ours; every child holds an Arc of it, so none is left.
+        let rc = unsafe { r::ibv_dealloc_pd(self.pd.as_ptr()) };
+        if rc != 0 {
+            warn(&format!("ibv_dealloc_pd failed: {}", std::io::Error::from_raw_os_error(rc)));
+        }
+    }
+}
+
+/// Access rights of a registration (`IBV_ACCESS_*`).
+pub mod access {
+    pub const LOCAL_WRITE: u32 = 1;
+    pub const REMOTE_WRITE: u32 = 1 << 1;
+    pub const REMOTE_READ: u32 = 1 << 2;
+    pub const REMOTE_ATOMIC: u32 = 1 << 3;
+}
+
+/// A scatter/gather element, laid out as `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+const PAGE: usize = 4096;
+
+/// A registered memory region.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    mr: NonNull<r::ibv_mr>,
+    addr: u64,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
+    /// Present when the region owns its memory (allocated with [`MemoryRegion::alloc`]).
+    owned: Option<Layout>,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: ibv_mr is immutable after registration; deregistration happens only in Drop.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above; byte access goes through raw copies (see read_at/write_at).
+unsafe impl Sync for MemoryRegion {}
+
+impl MemoryRegion {
+    /// Allocates `len` zeroed, page-aligned bytes and registers them.
+    pub fn alloc(pd: &Arc<ProtectionDomain>, len: usize, access: u32) -> Result<Self, i32> {
+        let layout = Layout::from_size_align(len.max(1), PAGE).map_err(|_| libc::EINVAL)?;
+        // SAFETY: layout has a non-zero size.
+        let buf = unsafe { alloc::alloc_zeroed(layout) };
+        if buf.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: the buffer is ours, `len` bytes long, and freed only after deregistration.
+        match unsafe { Self::register_inner(pd, buf, len, access) } {
+            Ok(mut mr) => {
+                mr.owned = Some(layout);
+                Ok(mr)
+            }
+            Err(e) => {
+                // SAFETY: allocated above with this layout and never registered.
+                unsafe { alloc::dealloc(buf, layout) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers caller memory.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay allocated (not freed or unmapped) until this region is
+    /// dropped, and while the device may write into it the caller must not rely on its
+    /// contents. This is the contract `fi_mr_reg(3)` places on applications.
+    pub unsafe fn register(
+        pd: &Arc<ProtectionDomain>,
+        addr: *mut u8,
+        len: usize,
+        access: u32,
+    ) -> Result<Self, i32> {
+        // SAFETY: forwarded to the caller.
+        unsafe { Self::register_inner(pd, addr, len, access) }
+    }
+
+    unsafe fn register_inner(
+        pd: &Arc<ProtectionDomain>,
+        addr: *mut u8,
+        len: usize,
+        access: u32,
+    ) -> Result<Self, i32> {
+        // SAFETY: valid PD; memory validity is the caller's contract.
+        let mr = unsafe { r::ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access as i32) };
+        let mr = NonNull::new(mr).ok_or_else(last_errno)?;
+        // SAFETY: a successful registration returns a valid ibv_mr.
+        let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
+        Ok(MemoryRegion {
+            mr,
+            addr: addr as u64,
+            len,
+            lkey,
+            rkey,
+            owned: None,
+            _pd: pd.clone(),
+        })
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// The element naming `offset..offset+len` of this region, if it lies inside it.
+    #[inline]
+    pub fn sge(&self, offset: usize, len: usize) -> Option<Sge> {
+        let end = offset.checked_add(len)?;
+        if end > self.len || len > u32::MAX as usize {
+            return None;
+        }
+        Some(Sge {
+            addr: self.addr + offset as u64,
+            length: len as u32,
+            lkey: self.lkey,
+        })
+    }
+
+    /// The element naming `addr..addr+len` (absolute addresses), if inside this region.
+    #[inline]
+    pub fn sge_at(&self, addr: u64, len: usize) -> Option<Sge> {
+        let off = addr.checked_sub(self.addr)?;
+        self.sge(off as usize, len)
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), i32> {
+        self.sge(offset, src.len()).ok_or(libc::EINVAL)?;
+        // SAFETY: bounds checked above; the region is valid memory (owned, or the
+        // registrant's contract). Raw copies, because the device may also access it.
+        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), (self.addr as *mut u8).add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes of the region at `offset` into `dst`.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), i32> {
+        self.sge(offset, dst.len()).ok_or(libc::EINVAL)?;
+        // SAFETY: bounds checked above; see write_at.
+        unsafe { ptr::copy_nonoverlapping((self.addr as *const u8).add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Fills `len` bytes at `offset` with `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), i32> {
+        self.sge(offset, len).ok_or(libc::EINVAL)?;
+        // SAFETY: bounds checked above; see write_at.
+        unsafe { ptr::write_bytes((self.addr as *mut u8).add(offset), byte, len) };
+        Ok(())
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: the registration is ours and deregistered once.
+        let rc = unsafe { r::ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc != 0 {
+            // The device may still reach the memory: keep it rather than free it.
+            warn(&format!(
+                "ibv_dereg_mr failed ({}); keeping its memory allocated",
+                std::io::Error::from_raw_os_error(rc)
+            ));
+            return;
+        }
+        if let Some(layout) = self.owned {
+            // SAFETY: allocated in `alloc` with this layout; deregistered above, so the
+            // device can no longer access it.
+            unsafe { alloc::dealloc(self.addr as *mut u8, layout) };
+        }
+    }
+}
+
+/// A work completion, laid out as `struct ibv_wc`.
+#[repr(transparent)]
+pub struct WorkCompletion(r::ibv_wc);
+
+impl std::fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkCompletion")
+            .field("wr_id", &self.wr_id())
+            .field("status", &self.status())
+            .field("opcode", &self.opcode())
+            .field("byte_len", &self.byte_len())
+            .finish()
+    }
+}
+
+impl Default for WorkCompletion {
+    fn default() -> Self {
+        // SAFETY: ibv_wc is plain data (integers and a union of integers).
+        WorkCompletion(unsafe { std::mem::zeroed() })
+    }
+}
+
+/// `ibv_wc_status` values rfabric distinguishes.
+pub mod wc_status {
+    pub use rdma_sys::ibv_wc_status::*;
+}
+/// `ibv_wc_opcode` values.
+pub mod wc_opcode {
+    pub use rdma_sys::ibv_wc_opcode::*;
+}
+/// `IBV_WC_WITH_IMM`.
+pub const WC_WITH_IMM: u32 = 1 << 1;
+
+impl WorkCompletion {
+    #[inline]
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+    #[inline]
+    pub fn status(&self) -> u32 {
+        self.0.status
+    }
+    #[inline]
+    pub fn opcode(&self) -> u32 {
+        self.0.opcode
+    }
+    #[inline]
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+    #[inline]
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+    #[inline]
+    pub fn vendor_err(&self) -> u32 {
+        self.0.vendor_err
+    }
+    #[inline]
+    pub fn wc_flags(&self) -> u32 {
+        self.0.wc_flags
+    }
+    /// Immediate data in host order, when `WC_WITH_IMM` is set.
+    #[inline]
+    pub fn imm_data(&self) -> Option<u32> {
+        if self.0.wc_flags & WC_WITH_IMM != 0 {
+            // SAFETY: the union holds imm_data when IBV_WC_WITH_IMM is set.
+            Some(u32::from_be(unsafe { self.0.imm_data_invalidated_rkey_union.imm_data }))
+        } else {
+            None
+        }
+    }
+}
+
+/// `ibv_wc_status_str`.
+pub fn wc_status_str(status: u32) -> &'static str {
+    // SAFETY: returns a pointer to a static string for any value.
+    let p = unsafe { r::ibv_wc_status_str(status) };
+    if p.is_null() {
+        return "unknown status";
+    }
+    // SAFETY: static NUL-terminated string owned by libibverbs.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("unknown status")
+}
+
+/// A verbs completion queue.
+#[derive(Debug)]
+pub struct Cq {
+    cq: NonNull<r::ibv_cq>,
+    ctx: Context,
+}
+
+// SAFETY: verbs CQ calls are thread-safe in rdma-core providers (they lock internally
+// unless a thread domain says otherwise, which rfabric does not use).
+unsafe impl Send for Cq {}
+// SAFETY: as above.
+unsafe impl Sync for Cq {}
+
+impl Cq {
+    pub fn new(ctx: Context, cqe: u32, comp_vector: i32) -> Result<Self, i32> {
+        // SAFETY: valid context; no completion channel.
+        let cq = unsafe {
+            r::ibv_create_cq(ctx.as_ptr(), cqe as i32, ptr::null_mut(), ptr::null_mut(), comp_vector)
+        };
+        NonNull::new(cq).map(|cq| Cq { cq, ctx }).ok_or_else(last_errno)
+    }
+
+    /// The number of entries the device gave (at least what was asked).
+    pub fn capacity(&self) -> u32 {
+        // SAFETY: valid CQ; cqe is updated by ibv_resize_cq, which takes &mut self.
+        unsafe { (*self.cq.as_ptr()).cqe.max(0) as u32 }
+    }
+
+    pub fn resize(&mut self, cqe: u32) -> Result<(), i32> {
+        // SAFETY: valid CQ; &mut self excludes concurrent polls.
+        let rc = unsafe { r::ibv_resize_cq(self.cq.as_ptr(), cqe as i32) };
+        if rc != 0 {
+            Err(rc.abs())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Polls up to `out.len()` completions; returns how many were written.
+    #[inline]
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, i32> {
+        let n = out.len().min(i32::MAX as usize) as i32;
+        // SAFETY: `out` is writable for n entries, laid out as ibv_wc (repr(transparent)).
+        let rc = unsafe { r::ibv_poll_cq(self.cq.as_ptr(), n, out.as_mut_ptr().cast()) };
+        if rc < 0 {
+            Err(libc::EIO)
+        } else {
+            Ok(rc as usize)
+        }
+    }
+
+    pub fn context(&self) -> Context {
+        self.ctx
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut r::ibv_cq {
+        self.cq.as_ptr()
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: ours; QPs using it hold an Arc of their CQ, so none is left.
+        let rc = unsafe { r::ibv_destroy_cq(self.cq.as_ptr()) };
+        if rc != 0 {
+            warn(&format!("ibv_destroy_cq failed: {}", std::io::Error::from_raw_os_error(rc)));
+        }
+    }
+}
+
+/// Capacities of a queue pair, as asked and as granted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `IBV_SEND_*` flags.
+pub mod send_flags {
+    pub const FENCE: u32 = 1;
+    pub const SIGNALED: u32 = 1 << 1;
+    pub const SOLICITED: u32 = 1 << 2;
+    pub const INLINE: u32 = 1 << 3;
+}
+
+/// A queue pair's posting side. Owned by its [`crate::cm::CmId`], which lends it out by
+/// reference, so it cannot outlive the QP.
+#[derive(Debug)]
+pub struct QpHandle {
+    qp: NonNull<r::ibv_qp>,
+    max_inline: u32,
+    max_send_sge: u32,
+    max_recv_sge: u32,
+}
+
+// SAFETY: posting is thread-safe in rdma-core providers; the handle is only used while
+// its CmId (which owns the QP) is alive — CmId hands it out by reference.
+unsafe impl Send for QpHandle {}
+// SAFETY: as above.
+unsafe impl Sync for QpHandle {}
+
+impl QpHandle {
+    pub(crate) fn new(qp: NonNull<r::ibv_qp>, caps: &QpCaps) -> Self {
+        QpHandle {
+            qp,
+            max_inline: caps.max_inline_data,
+            max_send_sge: caps.max_send_sge,
+            max_recv_sge: caps.max_recv_sge,
+        }
+    }
+
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: valid QP while the owning CmId lives.
+        unsafe { (*self.qp.as_ptr()).qp_num }
+    }
+
+    pub fn max_inline(&self) -> u32 {
+        self.max_inline
+    }
+
+    /// Posts one send of the memory named by `sges` (checked by the device).
+    /// `flags` must not contain `INLINE` (use [`QpHandle::post_send_inline`]).
+    #[inline]
+    pub fn post_send(&self, wr_id: u64, sges: &[Sge], flags: u32, imm: Option<u32>) -> Result<(), i32> {
+        if flags & send_flags::INLINE != 0 || sges.len() > self.max_send_sge as usize {
+            return Err(libc::EINVAL);
+        }
+        self.post_send_raw(wr_id, sges.as_ptr() as *mut Sge, sges.len(), flags, imm)
+    }
+
+    /// Posts one send whose payload the CPU copies into the work request now.
+    #[inline]
+    pub fn post_send_inline(&self, wr_id: u64, data: &[u8], flags: u32, imm: Option<u32>) -> Result<(), i32> {
+        if data.len() > self.max_inline as usize {
+            return Err(libc::EINVAL);
+        }
+        let mut sge = Sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        let n = usize::from(!data.is_empty());
+        self.post_send_raw(wr_id, &mut sge, n, flags | send_flags::INLINE, imm)
+    }
+
+    #[inline(always)]
+    fn post_send_raw(&self, wr_id: u64, sges: *mut Sge, n: usize, flags: u32, imm: Option<u32>) -> Result<(), i32> {
+        // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of those).
+        let mut wr: r::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = sges.cast();
+        wr.num_sge = n as i32;
+        wr.send_flags = flags;
+        match imm {
+            Some(v) => {
+                wr.opcode = r::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
+            }
+            None => wr.opcode = r::ibv_wr_opcode::IBV_WR_SEND,
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: the QP is valid while its CmId lives (QpHandle is borrowed from it); the
+        // SGEs either name registered memory (device-checked) or, with INLINE, point at a
+        // live slice that the provider copies before returning.
+        let rc = unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            Err(rc.abs())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Posts one receive into the memory named by `sges` (checked by the device).
+    #[inline]
+    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
+        if sges.len() > self.max_recv_sge as usize {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: ibv_recv_wr is plain data.
+        let mut wr: r::ibv_recv_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = sges.as_ptr() as *mut r::ibv_sge;
+        wr.num_sge = sges.len() as i32;
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid QP (see post_send_raw); SGEs are device-checked registered memory.
+        let rc = unsafe { r::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            Err(rc.abs())
+        } else {
+            Ok(())
+        }
+    }
+}
