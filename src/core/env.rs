@@ -1,0 +1,62 @@
+//! The `FI_RVERBS_*` knobs: one table, read by the provider, `rfab_info --env` and the README.
+
+use crate::core::error::{errno, Error, Result};
+
+/// A documented environment variable.
+#[derive(Debug)]
+pub struct Knob {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+/// Every knob rfabric reads.
+pub const KNOBS: &[Knob] = &[
+    Knob { name: "FI_LOG_LEVEL", default: "(unset: silent)", help: "warn, trace, info or debug: what the provider explains on stderr" },
+    Knob { name: "FI_RVERBS_TX_SIZE", default: "384", help: "default send queue depth of an endpoint when hints leave it 0" },
+    Knob { name: "FI_RVERBS_RX_SIZE", default: "384", help: "default receive queue depth of an endpoint when hints leave it 0" },
+    Knob { name: "FI_RVERBS_CQ_SIZE", default: "2048", help: "default completion queue size when fi_cq_attr.size is 0" },
+    Knob { name: "FI_RVERBS_INLINE_SIZE", default: "(device: max_sge x 16)", help: "largest send carried inline in the work request (inject_size)" },
+    Knob { name: "FI_RVERBS_CM_TIMEOUT_MS", default: "2000", help: "address and route resolution timeout of rdma_cm" },
+];
+
+/// Reads a numeric knob; a malformed value is an error naming the variable, not a silent default.
+pub fn get_usize(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+            Error::new(errno::EINVAL, format!("{name}={v:?} is not a number: unset it or give a non-negative integer"))
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+/// A numeric knob with its documented default.
+pub fn get_usize_or(name: &str, default: usize) -> Result<usize> {
+    Ok(get_usize(name)?.unwrap_or(default))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_knob_is_named_in_libfabric_form() {
+        for k in KNOBS {
+            assert!(k.name == "FI_LOG_LEVEL" || k.name.starts_with("FI_RVERBS_") || k.name.starts_with("FI_RSHM_"), "{}", k.name);
+            assert!(!k.help.is_empty() && !k.default.is_empty());
+        }
+    }
+
+    #[test]
+    fn malformed_numbers_are_rejected_with_the_variable_named() {
+        std::env::set_var("FI_RVERBS_TEST_KNOB", "lots");
+        let e = get_usize("FI_RVERBS_TEST_KNOB").unwrap_err();
+        assert_eq!(e.errno(), errno::EINVAL);
+        assert!(e.cause().contains("FI_RVERBS_TEST_KNOB"));
+        std::env::set_var("FI_RVERBS_TEST_KNOB", "64");
+        assert_eq!(get_usize_or("FI_RVERBS_TEST_KNOB", 1).unwrap(), 64);
+        std::env::remove_var("FI_RVERBS_TEST_KNOB");
+        assert_eq!(get_usize_or("FI_RVERBS_TEST_KNOB", 7).unwrap(), 7);
+    }
+}

@@ -1,0 +1,317 @@
+//! `fi_info` as Rust data, and the hint matching `fi_getinfo(3)` performs for any transport.
+
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rfabric_sys::fabric as fi;
+
+use crate::core::flags::*;
+
+/// A provider-specific handle carried in `fi_info.handle` (a connection request on MSG).
+pub type Handle = Arc<dyn Any + Send + Sync>;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxAttr {
+    pub caps: Flags,
+    pub mode: Mode,
+    pub op_flags: Flags,
+    pub msg_order: u64,
+    pub comp_order: u64,
+    pub inject_size: usize,
+    pub size: usize,
+    pub iov_limit: usize,
+    pub rma_iov_limit: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RxAttr {
+    pub caps: Flags,
+    pub mode: Mode,
+    pub op_flags: Flags,
+    pub msg_order: u64,
+    pub comp_order: u64,
+    pub total_buffered_recv: usize,
+    pub size: usize,
+    pub iov_limit: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EpAttr {
+    pub ep_type: EpType,
+    pub protocol: u32,
+    pub protocol_version: u32,
+    pub max_msg_size: usize,
+    pub msg_prefix_size: usize,
+    pub max_order_raw_size: usize,
+    pub max_order_war_size: usize,
+    pub max_order_waw_size: usize,
+    pub tx_ctx_cnt: usize,
+    pub rx_ctx_cnt: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DomainAttr {
+    pub name: String,
+    pub threading: Threading,
+    pub control_progress: Progress,
+    pub data_progress: Progress,
+    pub resource_mgmt: ResourceMgmt,
+    pub av_type: AvType,
+    pub mr_mode: MrMode,
+    pub mr_key_size: usize,
+    pub cq_data_size: usize,
+    pub cq_cnt: usize,
+    pub ep_cnt: usize,
+    pub tx_ctx_cnt: usize,
+    pub rx_ctx_cnt: usize,
+    pub max_ep_tx_ctx: usize,
+    pub max_ep_rx_ctx: usize,
+    pub max_ep_stx_ctx: usize,
+    pub max_ep_srx_ctx: usize,
+    pub cntr_cnt: usize,
+    pub mr_iov_limit: usize,
+    pub caps: Flags,
+    pub mode: Mode,
+    pub max_err_data: usize,
+    pub mr_cnt: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FabricAttr {
+    pub name: String,
+    pub prov_name: String,
+    pub prov_version: u32,
+    pub api_version: u32,
+}
+
+/// One fabric interface: what `fi_getinfo` returns and what hints are written in.
+#[derive(Clone, Debug, Default)]
+pub struct Info {
+    pub caps: Flags,
+    pub mode: Mode,
+    pub addr_format: AddrFormat,
+    pub src_addr: Option<SocketAddr>,
+    pub dest_addr: Option<SocketAddr>,
+    pub handle: Option<Handle>,
+    pub tx_attr: TxAttr,
+    pub rx_attr: RxAttr,
+    pub ep_attr: EpAttr,
+    pub domain_attr: DomainAttr,
+    pub fabric_attr: FabricAttr,
+}
+
+/// `FI_ORDER_*` bits an RC queue pair guarantees between operations of one endpoint.
+pub const RC_MSG_ORDER: u64 = fi::FI_ORDER_RAR
+    | fi::FI_ORDER_RAW
+    | fi::FI_ORDER_RAS
+    | fi::FI_ORDER_WAW
+    | fi::FI_ORDER_WAS
+    | fi::FI_ORDER_SAW
+    | fi::FI_ORDER_SAS;
+
+/// `FI_MR_BASIC`, the pre-1.5 mode value (an enumerator, not a bit).
+const MR_BASIC: u32 = fi::FI_MR_BASIC;
+/// `FI_MR_SCALABLE`, the pre-1.5 mode value.
+const MR_SCALABLE: u32 = fi::FI_MR_SCALABLE;
+
+/// The mr_mode bits an application's hints accept, with the old enumerators expanded.
+pub fn hinted_mr_mode(hints: &Info) -> Option<MrMode> {
+    let raw = hints.domain_attr.mr_mode.bits();
+    if raw == 0 {
+        return None; // FI_MR_UNSPEC: the provider chooses.
+    }
+    if raw == MR_BASIC {
+        let mut m = MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY;
+        if hints.mode.contains(Mode::LOCAL_MR) || hints.domain_attr.mode.contains(Mode::LOCAL_MR) {
+            m |= MrMode::LOCAL;
+        }
+        return Some(m);
+    }
+    if raw == MR_SCALABLE {
+        return Some(MrMode::empty());
+    }
+    Some(MrMode::from_bits_retain(raw))
+}
+
+fn name_mismatch(hint: &str, ours: &str) -> bool {
+    !hint.is_empty() && hint != ours
+}
+
+impl Info {
+    /// Why this provider info cannot satisfy `hints`, or `None` when it can.
+    pub fn mismatch(&self, hints: &Info) -> Option<String> {
+        let h = hints;
+        if h.ep_attr.ep_type != EpType::Unspec && h.ep_attr.ep_type != self.ep_attr.ep_type {
+            return Some(format!("endpoint type {:?} requested, {:?} offered", h.ep_attr.ep_type, self.ep_attr.ep_type));
+        }
+        let missing = h.caps - self.caps;
+        if !missing.is_empty() {
+            return Some(format!("capabilities {missing:?} not supported"));
+        }
+        let tx_missing = h.tx_attr.caps - self.tx_attr.caps;
+        let rx_missing = h.rx_attr.caps - self.rx_attr.caps;
+        if !tx_missing.is_empty() || !rx_missing.is_empty() {
+            return Some(format!("tx caps {tx_missing:?} / rx caps {rx_missing:?} not supported"));
+        }
+        let need = self.mode - h.mode;
+        if !h.mode.is_empty() && !need.is_empty() {
+            return Some(format!("mode bits {need:?} required but not accepted by the application"));
+        }
+        match (h.addr_format, self.addr_format) {
+            (AddrFormat::Unspec, _) => {}
+            (AddrFormat::Sockaddr, AddrFormat::SockaddrIn | AddrFormat::SockaddrIn6) => {}
+            (a, b) if a == b => {}
+            (a, b) => return Some(format!("address format {a:?} requested, {b:?} offered")),
+        }
+        if name_mismatch(&h.domain_attr.name, &self.domain_attr.name) {
+            return Some(format!("domain {:?} requested, this is {:?}", h.domain_attr.name, self.domain_attr.name));
+        }
+        if name_mismatch(&h.fabric_attr.name, &self.fabric_attr.name) {
+            return Some(format!("fabric {:?} requested, this is {:?}", h.fabric_attr.name, self.fabric_attr.name));
+        }
+        if name_mismatch(&h.fabric_attr.prov_name, &self.fabric_attr.prov_name) {
+            return Some(format!("provider {:?} requested", h.fabric_attr.prov_name));
+        }
+        if let Some(accepted) = hinted_mr_mode(h) {
+            let need = self.domain_attr.mr_mode - accepted;
+            if !need.is_empty() {
+                return Some(format!("mr_mode {need:?} required but not accepted by the application"));
+            }
+        }
+        if h.domain_attr.data_progress == Progress::Auto && self.domain_attr.data_progress == Progress::Manual {
+            return Some("FI_PROGRESS_AUTO data progress requested; rverbs progresses in fi_cq_read".into());
+        }
+        let limits = [
+            ("tx_attr.size", h.tx_attr.size, self.tx_attr.size),
+            ("rx_attr.size", h.rx_attr.size, self.rx_attr.size),
+            ("tx_attr.iov_limit", h.tx_attr.iov_limit, self.tx_attr.iov_limit),
+            ("rx_attr.iov_limit", h.rx_attr.iov_limit, self.rx_attr.iov_limit),
+            ("tx_attr.inject_size", h.tx_attr.inject_size, self.tx_attr.inject_size),
+            ("ep_attr.max_msg_size", h.ep_attr.max_msg_size, self.ep_attr.max_msg_size),
+            ("domain_attr.cq_data_size", h.domain_attr.cq_data_size, self.domain_attr.cq_data_size),
+        ];
+        for (what, asked, max) in limits {
+            if asked > max {
+                return Some(format!("{what} {asked} requested, at most {max} offered"));
+            }
+        }
+        let order = h.tx_attr.msg_order & !self.tx_attr.msg_order;
+        if order != 0 {
+            return Some(format!("tx_attr.msg_order bits {order:#x} not guaranteed"));
+        }
+        None
+    }
+
+    /// This info narrowed to what `hints` asked for (sizes, caps, threading, progress).
+    pub fn narrowed(&self, hints: &Info) -> Info {
+        let mut i = self.clone();
+        let h = hints;
+        if !h.caps.is_empty() {
+            i.caps = h.caps;
+        }
+        if !h.tx_attr.caps.is_empty() {
+            i.tx_attr.caps = h.tx_attr.caps;
+        }
+        if !h.rx_attr.caps.is_empty() {
+            i.rx_attr.caps = h.rx_attr.caps;
+        }
+        let pick = |asked: usize, ours: &mut usize| {
+            if asked != 0 {
+                *ours = asked;
+            }
+        };
+        pick(h.tx_attr.size, &mut i.tx_attr.size);
+        pick(h.rx_attr.size, &mut i.rx_attr.size);
+        pick(h.tx_attr.iov_limit, &mut i.tx_attr.iov_limit);
+        pick(h.rx_attr.iov_limit, &mut i.rx_attr.iov_limit);
+        pick(h.tx_attr.inject_size, &mut i.tx_attr.inject_size);
+        i.tx_attr.op_flags = h.tx_attr.op_flags;
+        i.rx_attr.op_flags = h.rx_attr.op_flags;
+        if h.domain_attr.threading != Threading::Unspec {
+            i.domain_attr.threading = h.domain_attr.threading;
+        }
+        if h.domain_attr.control_progress != Progress::Unspec {
+            i.domain_attr.control_progress = h.domain_attr.control_progress;
+        }
+        if h.domain_attr.resource_mgmt != ResourceMgmt::Unspec {
+            i.domain_attr.resource_mgmt = h.domain_attr.resource_mgmt;
+        }
+        i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offered() -> Info {
+        let mut i = Info {
+            caps: Flags::MSG | Flags::SEND | Flags::RECV,
+            addr_format: AddrFormat::SockaddrIn,
+            ..Default::default()
+        };
+        i.tx_attr = TxAttr { caps: i.caps, size: 1024, iov_limit: 4, inject_size: 512, msg_order: RC_MSG_ORDER, ..Default::default() };
+        i.rx_attr = RxAttr { caps: i.caps, size: 1024, iov_limit: 4, ..Default::default() };
+        i.ep_attr = EpAttr { ep_type: EpType::Msg, max_msg_size: 1 << 30, ..Default::default() };
+        i.domain_attr.name = "rxe0".into();
+        i.domain_attr.mr_mode = MrMode::LOCAL | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY;
+        i.domain_attr.data_progress = Progress::Manual;
+        i.domain_attr.cq_data_size = 4;
+        i.fabric_attr = FabricAttr { name: "IB-0xfe80000000000000".into(), prov_name: "rverbs".into(), ..Default::default() };
+        i
+    }
+
+    #[test]
+    fn empty_hints_match() {
+        assert_eq!(offered().mismatch(&Info::default()), None);
+    }
+
+    #[test]
+    fn each_unsatisfiable_hint_is_refused_with_its_reason() {
+        let o = offered();
+        let cases: Vec<(Box<dyn Fn(&mut Info)>, &str)> = vec![
+            (Box::new(|h| h.ep_attr.ep_type = EpType::Rdm), "endpoint type"),
+            (Box::new(|h| h.caps = Flags::TAGGED), "capabilities"),
+            (Box::new(|h| h.addr_format = AddrFormat::SockaddrIb), "address format"),
+            (Box::new(|h| h.domain_attr.name = "mlx5_0".into()), "domain"),
+            (Box::new(|h| h.fabric_attr.prov_name = "tcp".into()), "provider"),
+            (Box::new(|h| h.domain_attr.mr_mode = MrMode::VIRT_ADDR), "mr_mode"),
+            (Box::new(|h| h.tx_attr.size = 4096), "tx_attr.size"),
+            (Box::new(|h| h.tx_attr.inject_size = 4096), "inject_size"),
+            (Box::new(|h| h.ep_attr.max_msg_size = usize::MAX), "max_msg_size"),
+            (Box::new(|h| h.domain_attr.cq_data_size = 8), "cq_data_size"),
+            (Box::new(|h| h.domain_attr.data_progress = Progress::Auto), "FI_PROGRESS_AUTO"),
+            (Box::new(|h| h.tx_attr.msg_order = fi::FI_ORDER_DATA), "msg_order"),
+        ];
+        for (set, reason) in cases {
+            let mut h = Info::default();
+            set(&mut h);
+            let why = o.mismatch(&h).unwrap_or_else(|| panic!("hint for {reason} was accepted"));
+            assert!(why.contains(reason), "{why} should mention {reason}");
+        }
+    }
+
+    #[test]
+    fn satisfiable_hints_match_and_narrow_the_answer() {
+        let o = offered();
+        let mut h = Info { caps: Flags::MSG, addr_format: AddrFormat::Sockaddr, ..Default::default() };
+        h.ep_attr.ep_type = EpType::Msg;
+        h.tx_attr.size = 64;
+        h.domain_attr.mr_mode = MrMode::LOCAL | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY | MrMode::ENDPOINT;
+        h.domain_attr.threading = Threading::Domain;
+        assert_eq!(o.mismatch(&h), None);
+        let n = o.narrowed(&h);
+        assert_eq!((n.caps, n.tx_attr.size, n.rx_attr.size), (Flags::MSG, 64, 1024));
+        assert_eq!(n.domain_attr.threading, Threading::Domain);
+    }
+
+    #[test]
+    fn mr_basic_means_virt_addr_allocated_prov_key_and_local_with_local_mr_mode() {
+        let mut h = Info::default();
+        h.domain_attr.mr_mode = MrMode::from_bits_retain(fi::FI_MR_BASIC);
+        assert_eq!(offered().mismatch(&h).map(|s| s.contains("LOCAL")), Some(true));
+        h.mode = Mode::LOCAL_MR;
+        assert_eq!(offered().mismatch(&h), None);
+    }
+}

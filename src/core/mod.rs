@@ -1,0 +1,10 @@
+//! The transport-agnostic engine: flags, errors, info and hint matching, event and
+//! completion queue state. No I/O here, so all of it is tested on the host.
+
+pub mod cq;
+pub mod env;
+pub mod eq;
+pub mod error;
+pub mod flags;
+pub mod info;
+pub mod log;
