@@ -3,7 +3,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rdma_sys as r;
 
@@ -139,6 +139,13 @@ impl EventChannel {
         unsafe { (*self.ch.as_ptr()).fd }
     }
 
+    /// The channel's descriptor, borrowed for polling.
+    pub fn borrow_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the descriptor stays open until the channel is destroyed in Drop, which
+        // cannot happen while &self is borrowed.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd()) }
+    }
+
     /// The next event, or `None` when none is pending (the channel is non-blocking).
     pub fn get_event(self: &Arc<Self>) -> Result<Option<CmEvent>, i32> {
         let mut ev: *mut r::rdma_cm_event = ptr::null_mut();
@@ -166,8 +173,8 @@ impl EventChannel {
         let new_id = if e.event == event::RDMA_CM_EVENT_CONNECT_REQUEST {
             NonNull::new(e.id).map(|id| CmId {
                 id,
-                qp: None,
-                channel: Some(self.clone()),
+                qp: OnceLock::new(),
+                channel: Mutex::new(Some(self.clone())),
             })
         } else {
             None
@@ -208,9 +215,9 @@ pub fn event_str(kind: u32) -> &'static str {
 #[derive(Debug)]
 pub struct CmId {
     id: NonNull<r::rdma_cm_id>,
-    qp: Option<QpHandle>,
+    qp: OnceLock<QpHandle>,
     /// rdma_destroy_id writes to the id's channel: keep it open until then.
-    channel: Option<Arc<EventChannel>>,
+    channel: Mutex<Option<Arc<EventChannel>>>,
 }
 
 // SAFETY: rdma_cm calls on one id are serialised by the kernel; the id is destroyed only in Drop.
@@ -237,8 +244,8 @@ impl CmId {
         NonNull::new(id)
             .map(|id| CmId {
                 id,
-                qp: None,
-                channel: channel.cloned(),
+                qp: OnceLock::new(),
+                channel: Mutex::new(channel.cloned()),
             })
             .ok_or(libc::ENOMEM)
     }
@@ -273,10 +280,14 @@ impl CmId {
     }
 
     /// Moves the identifier's future events to `channel`.
-    pub fn migrate(&mut self, channel: &Arc<EventChannel>) -> Result<(), i32> {
-        // SAFETY: valid id and channel.
+    pub fn migrate(&self, channel: &Arc<EventChannel>) -> Result<(), i32> {
+        let mut cur = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, channel)) {
+            return Ok(());
+        }
+        // SAFETY: valid id and channel; the lock serialises migrations of this id.
         check(unsafe { r::rdma_migrate_id(self.id.as_ptr(), channel.ch.as_ptr()) })?;
-        self.channel = Some(channel.clone());
+        *cur = Some(channel.clone());
         Ok(())
     }
 
@@ -302,8 +313,8 @@ impl CmId {
     }
 
     /// Creates an RC QP on this identifier. Returns the capacities granted.
-    pub fn create_qp(&mut self, pd: &ProtectionDomain, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<QpCaps, i32> {
-        if self.qp.is_some() {
+    pub fn create_qp(&self, pd: &ProtectionDomain, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<QpCaps, i32> {
+        if self.qp.get().is_some() {
             return Err(libc::EBUSY);
         }
         // SAFETY: plain data; zero is valid.
@@ -332,14 +343,19 @@ impl CmId {
         };
         // SAFETY: rdma_create_qp succeeded, so id->qp is set.
         let qp = NonNull::new(unsafe { (*self.id.as_ptr()).qp }).ok_or(libc::EIO)?;
-        self.qp = Some(QpHandle::new(qp, &got));
+        if self.qp.set(QpHandle::new(qp, &got)).is_err() {
+            // Another thread created one first: ours must go.
+            // SAFETY: rdma_create_qp just succeeded on this id; no handle names this QP.
+            unsafe { r::rdma_destroy_qp(self.id.as_ptr()) };
+            return Err(libc::EBUSY);
+        }
         Ok(got)
     }
 
     /// The QP, once created.
     #[inline]
     pub fn qp(&self) -> Option<&QpHandle> {
-        self.qp.as_ref()
+        self.qp.get()
     }
 
     fn conn_param(data: &[u8]) -> r::rdma_conn_param {
@@ -403,6 +419,6 @@ impl Drop for CmId {
             warn(&format!("rdma_destroy_id failed: {}", std::io::Error::from_raw_os_error(last_errno())));
         }
         // Only now may the channel go.
-        self.channel.take();
+        self.channel.get_mut().unwrap_or_else(|p| p.into_inner()).take();
     }
 }

@@ -483,6 +483,10 @@ pub mod wc_opcode {
 pub const WC_WITH_IMM: u32 = 1 << 1;
 
 impl WorkCompletion {
+    /// An all-zero completion, to initialise poll arrays.
+    // SAFETY: ibv_wc is plain data; all-zero is a valid value.
+    pub const ZERO: WorkCompletion = WorkCompletion(unsafe { std::mem::zeroed() });
+
     #[inline]
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
@@ -539,6 +543,7 @@ pub fn wc_status_str(status: u32) -> &'static str {
 pub struct Cq {
     cq: NonNull<r::ibv_cq>,
     ctx: Context,
+    capacity: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: verbs CQ calls are thread-safe in rdma-core providers (they lock internally
@@ -553,23 +558,27 @@ impl Cq {
         let cq = unsafe {
             r::ibv_create_cq(ctx.as_ptr(), cqe as i32, ptr::null_mut(), ptr::null_mut(), comp_vector)
         };
-        NonNull::new(cq).map(|cq| Cq { cq, ctx }).ok_or_else(last_errno)
+        let cq = NonNull::new(cq).ok_or_else(last_errno)?;
+        // SAFETY: just created; nobody else sees it yet.
+        let got = unsafe { (*cq.as_ptr()).cqe }.max(0) as u32;
+        Ok(Cq { cq, ctx, capacity: got.into() })
     }
 
     /// The number of entries the device gave (at least what was asked).
     pub fn capacity(&self) -> u32 {
-        // SAFETY: valid CQ; cqe is updated by ibv_resize_cq, which takes &mut self.
-        unsafe { (*self.cq.as_ptr()).cqe.max(0) as u32 }
+        self.capacity.load(Ordering::Acquire)
     }
 
-    pub fn resize(&mut self, cqe: u32) -> Result<(), i32> {
-        // SAFETY: valid CQ; &mut self excludes concurrent polls.
+    /// Grows the CQ to at least `cqe` entries. Callers serialise resizes of one CQ; polls
+    /// may run concurrently (rdma-core providers lock the CQ in both paths).
+    pub fn resize(&self, cqe: u32) -> Result<(), i32> {
+        // SAFETY: valid CQ.
         let rc = unsafe { r::ibv_resize_cq(self.cq.as_ptr(), cqe as i32) };
         if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
+            return Err(rc.abs());
         }
+        self.capacity.store(cqe, Ordering::Release);
+        Ok(())
     }
 
     /// Polls up to `out.len()` completions; returns how many were written.
@@ -706,6 +715,28 @@ impl QpHandle {
             Err(rc.abs())
         } else {
             Ok(())
+        }
+    }
+
+    /// Posts one send of `len` bytes at `offset` in `mr`: inline when it fits, so the
+    /// buffer is free again at once and the device skips a DMA read.
+    #[inline]
+    pub fn post_send_mr(
+        &self,
+        wr_id: u64,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
+        let mut sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
+        let n = usize::from(len != 0);
+        if len <= self.max_inline as usize {
+            // The CPU reads the bytes during the call: valid memory by MemoryRegion's invariant.
+            self.post_send_raw(wr_id, &mut sge, n, flags | send_flags::INLINE, imm)
+        } else {
+            self.post_send_raw(wr_id, &mut sge, n, flags & !send_flags::INLINE, imm)
         }
     }
 

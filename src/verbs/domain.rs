@@ -1,0 +1,44 @@
+//! The domain: one verbs device and a protection domain on it.
+
+use std::sync::Arc;
+
+use rfabric_sys::verbs::ProtectionDomain;
+
+use crate::core::error::{errno, Error, Result};
+use crate::core::info::Info;
+use crate::verbs::info::{devices, Device};
+use crate::verbs::{os_err, Fabric};
+
+/// An open domain (`fi_domain`): a PD on the device the info names.
+#[derive(Debug)]
+pub struct Domain {
+    pd: Arc<ProtectionDomain>,
+    device: Device,
+    info: Info,
+    _fabric: Arc<Fabric>,
+}
+
+impl Domain {
+    pub fn open(fabric: &Arc<Fabric>, info: &Info) -> Result<Arc<Domain>> {
+        let name = &info.domain_attr.name;
+        let device = devices()?
+            .into_iter()
+            .find(|d| &d.name == name)
+            .ok_or_else(|| Error::new(errno::ENODEV, format!("no RDMA device named {name:?}: check fi_getinfo's domain name")))?;
+        let pd = ProtectionDomain::new(device.context).map_err(os_err("ibv_alloc_pd"))?;
+        crate::fi_info!("domain", "opened domain {} (pd on {})", name, device.name);
+        Ok(Arc::new(Domain { pd, device, info: info.clone(), _fabric: fabric.clone() }))
+    }
+
+    pub fn info(&self) -> &Info {
+        &self.info
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+}

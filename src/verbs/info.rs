@@ -1,0 +1,275 @@
+//! Device discovery and `fi_getinfo` for rverbs.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+
+use rfabric_sys::cm::{CmId, REJECT_PRIVATE_DATA_MAX};
+use rfabric_sys::fabric as fi;
+use rfabric_sys::verbs::{Context, DeviceAttr, PortAttr};
+
+use crate::core::env;
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::*;
+use crate::core::info::*;
+use crate::verbs::{no_device_error, os_err, PROVIDER_NAME, PROVIDER_VERSION};
+
+/// A verbs device as rverbs sees it: its attributes and the port it uses.
+#[derive(Clone, Debug)]
+pub struct Device {
+    pub name: String,
+    pub attr: DeviceAttr,
+    pub port: PortAttr,
+    /// GID index 0 (the subnet prefix names the fabric).
+    pub gid0: [u8; 16],
+    /// The IPv4 address behind the first IPv4-mapped GID (RoCE v2), if any.
+    pub ipv4: Option<Ipv4Addr>,
+    pub(crate) context: Context,
+}
+
+/// Every verbs device rdma_cm can use, with its first active port (else port 1).
+pub fn devices() -> Result<Vec<Device>> {
+    crate::verbs::install_sys_log();
+    let ctxs = Context::devices().map_err(os_err("rdma_get_devices"))?;
+    let mut out = Vec::with_capacity(ctxs.len());
+    for ctx in ctxs {
+        let name = ctx.name();
+        let attr = match ctx.query_device() {
+            Ok(a) => a,
+            Err(e) => {
+                crate::fi_warn!("core", "skipping {name}: ibv_query_device failed: {}", std::io::Error::from_raw_os_error(e));
+                continue;
+            }
+        };
+        let mut chosen = None;
+        for p in 1..=attr.phys_port_cnt.max(1) {
+            if let Ok(pa) = ctx.query_port(p) {
+                let active = pa.is_active();
+                if chosen.is_none() || active {
+                    chosen = Some(pa);
+                }
+                if active {
+                    break;
+                }
+            }
+        }
+        let Some(port) = chosen else {
+            crate::fi_warn!("core", "skipping {name}: no port could be queried");
+            continue;
+        };
+        if !port.is_active() {
+            crate::fi_info!("core", "{name} port {} is not active (state {})", port.port_num, port.state);
+        }
+        let gid0 = ctx.query_gid(port.port_num, 0).unwrap_or([0; 16]);
+        let ipv4 = (0..port.gid_tbl_len.min(16) as i32)
+            .filter_map(|i| ctx.query_gid(port.port_num, i).ok())
+            .find(|g| g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
+            .map(|g| Ipv4Addr::new(g[12], g[13], g[14], g[15]));
+        crate::fi_debug!("core", "found {name}: port {} mtu {} max_sge {} max_qp_wr {}", port.port_num, port.active_mtu, attr.max_sge, attr.max_qp_wr);
+        out.push(Device { name, attr, port, gid0, ipv4, context: ctx });
+    }
+    Ok(out)
+}
+
+/// The inject size a device supports: inline data shares the work request's space with its
+/// scatter list, so `max_sge` elements of 16 bytes bound it. No trial QP is created.
+fn inline_size(dev: &Device) -> Result<usize> {
+    let derived = dev.attr.max_sge as usize * 16;
+    Ok(env::get_usize("FI_RVERBS_INLINE_SIZE")?.unwrap_or(derived))
+}
+
+/// The MSG endpoint info a device offers, before addresses and hints.
+pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
+    let a = &dev.attr;
+    let caps = Flags::MSG | Flags::SEND | Flags::RECV;
+    let max_msg = dev.port.max_msg_sz as usize;
+    let prefix = u64::from_be_bytes(dev.gid0[..8].try_into().expect("8 bytes"));
+    let mut i = Info { caps, addr_format: AddrFormat::SockaddrIn, ..Default::default() };
+    i.tx_attr = TxAttr {
+        caps: Flags::MSG | Flags::SEND,
+        msg_order: RC_MSG_ORDER,
+        comp_order: fi::FI_ORDER_STRICT,
+        inject_size: inline_size(dev)?,
+        size: a.max_qp_wr as usize,
+        iov_limit: a.max_sge as usize,
+        rma_iov_limit: 1,
+        ..Default::default()
+    };
+    i.rx_attr = RxAttr {
+        caps: Flags::MSG | Flags::RECV,
+        msg_order: RC_MSG_ORDER,
+        comp_order: fi::FI_ORDER_STRICT,
+        size: a.max_qp_wr as usize,
+        iov_limit: a.max_sge as usize,
+        ..Default::default()
+    };
+    i.ep_attr = EpAttr {
+        ep_type: EpType::Msg,
+        protocol: PROTO_RDMA_CM_IB_RC,
+        protocol_version: 1,
+        max_msg_size: max_msg,
+        max_order_raw_size: max_msg,
+        max_order_war_size: max_msg,
+        max_order_waw_size: max_msg,
+        tx_ctx_cnt: 1,
+        rx_ctx_cnt: 1,
+        ..Default::default()
+    };
+    i.domain_attr = DomainAttr {
+        name: dev.name.clone(),
+        threading: Threading::Safe,
+        control_progress: Progress::Auto,
+        data_progress: Progress::Manual,
+        resource_mgmt: ResourceMgmt::Enabled,
+        av_type: AvType::Unspec,
+        mr_mode: MrMode::LOCAL | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY,
+        mr_key_size: 4,
+        cq_data_size: 4,
+        cq_cnt: a.max_cq as usize,
+        ep_cnt: a.max_qp as usize,
+        tx_ctx_cnt: a.max_qp as usize,
+        rx_ctx_cnt: a.max_qp as usize,
+        max_ep_tx_ctx: 1,
+        max_ep_rx_ctx: 1,
+        max_ep_stx_ctx: 0,
+        max_ep_srx_ctx: 0,
+        cntr_cnt: 0,
+        mr_iov_limit: 1,
+        caps: Flags::LOCAL_COMM | Flags::REMOTE_COMM,
+        mode: Mode::empty(),
+        max_err_data: REJECT_PRIVATE_DATA_MAX,
+        mr_cnt: a.max_mr as usize,
+    };
+    i.fabric_attr = FabricAttr {
+        name: format!("IB-0x{prefix:016x}"),
+        prov_name: PROVIDER_NAME.into(),
+        prov_version: PROVIDER_VERSION,
+        api_version: fi::RFABRIC_FI_VERSION,
+    };
+    Ok(i)
+}
+
+fn resolve(node: Option<&str>, service: Option<&str>, passive: bool) -> Result<Option<SocketAddr>> {
+    if node.is_none() && service.is_none() {
+        return Ok(None);
+    }
+    let port: u16 = match service {
+        None => 0,
+        Some(s) => s.parse().map_err(|_| Error::new(errno::EINVAL, format!("service {s:?} is not a port number")))?,
+    };
+    let host = match node {
+        Some(n) => n,
+        None if passive => "0.0.0.0",
+        None => return Err(Error::new(errno::EINVAL, "a service without a node names no destination: give the server's address")),
+    };
+    let mut addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::new(errno::EINVAL, format!("cannot resolve {host:?}: {e}")))?;
+    let first = addrs.next();
+    first
+        .ok_or_else(|| Error::new(errno::EINVAL, format!("{host:?} resolves to no address")))
+        .map(Some)
+}
+
+fn cm_timeout() -> Result<i32> {
+    Ok(env::get_usize_or("FI_RVERBS_CM_TIMEOUT_MS", 2000)?.min(i32::MAX as usize) as i32)
+}
+
+/// Resolves `dst` (from `src`, if given) with rdma_cm: the device and local address that reach it.
+pub(crate) fn resolve_route(src: Option<&SocketAddr>, dst: &SocketAddr) -> Result<CmId> {
+    let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
+    let t = cm_timeout()?;
+    id.resolve_addr(src, dst, t).map_err(|e| {
+        Error::os(e, "rdma_resolve_addr").with_prov_errno(e).tap_cause(format!("no RDMA route to {dst}"))
+    })?;
+    id.resolve_route(t).map_err(os_err("rdma_resolve_route"))?;
+    Ok(id)
+}
+
+trait TapCause {
+    fn tap_cause(self, cause: String) -> Error;
+}
+impl TapCause for Error {
+    fn tap_cause(self, cause: String) -> Error {
+        Error::new(self.errno(), format!("{cause}: {}", self.cause())).with_prov_errno(self.prov_errno())
+    }
+}
+
+fn addr_format_of(a: &SocketAddr) -> AddrFormat {
+    match a {
+        SocketAddr::V4(_) => AddrFormat::SockaddrIn,
+        SocketAddr::V6(_) => AddrFormat::SockaddrIn6,
+    }
+}
+
+/// `fi_getinfo` for rverbs: `node`/`service` name the peer (or, with `FI_SOURCE`, the local
+/// address to listen on); hints filter and narrow the answer. `ENODATA` when nothing matches.
+pub fn getinfo(node: Option<&str>, service: Option<&str>, flags: Flags, hints: Option<&Info>) -> Result<Vec<Info>> {
+    let devs = devices()?;
+    if devs.is_empty() {
+        return Err(no_device_error());
+    }
+    let default_hints = Info::default();
+    let hints = hints.unwrap_or(&default_hints);
+    let passive = flags.contains(Flags::SOURCE);
+    let named = resolve(node, service, passive)?;
+    let (mut src, dst) = if passive {
+        (named.or(hints.src_addr), hints.dest_addr)
+    } else {
+        (hints.src_addr, named.or(hints.dest_addr))
+    };
+
+    // Which device: the one rdma_cm routes to the destination, or the one owning the source.
+    let only: Option<String> = if let Some(d) = dst.as_ref() {
+        let id = resolve_route(src.as_ref(), d)?;
+        let ctx = id.context().ok_or_else(|| Error::new(errno::ENODATA, format!("{d} is not reachable through an RDMA device")))?;
+        if src.is_none() {
+            src = id.local_addr().map(|mut a| {
+                a.set_port(0);
+                a
+            });
+        }
+        Some(ctx.name())
+    } else if let Some(s) = src.filter(|s| !s.ip().is_unspecified()) {
+        let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
+        id.bind_addr(&s)
+            .map_err(|e| Error::os(e, "rdma_bind_addr").tap_cause(format!("cannot bind {s}")))?;
+        let ctx = id
+            .context()
+            .ok_or_else(|| Error::new(errno::ENODATA, format!("{} is not an address of an RDMA device's netdev", s.ip())))?;
+        Some(ctx.name())
+    } else {
+        None
+    };
+
+    let mut out = Vec::new();
+    let mut last_reason = String::from("no device matched");
+    for dev in devs.iter().filter(|d| only.as_ref().is_none_or(|n| n == &d.name)) {
+        let mut info = msg_info(dev)?;
+        info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
+        info.dest_addr = dst;
+        if let Some(a) = info.dest_addr.as_ref().or(info.src_addr.as_ref()) {
+            info.addr_format = addr_format_of(a);
+        }
+        if let Some(why) = info.mismatch(hints) {
+            crate::fi_info!("core", "{}: {}", dev.name, why);
+            last_reason = format!("{}: {why}", dev.name);
+            continue;
+        }
+        let mut n = info.narrowed(hints);
+        let default_tx = env::get_usize_or("FI_RVERBS_TX_SIZE", 384)?;
+        let default_rx = env::get_usize_or("FI_RVERBS_RX_SIZE", 384)?;
+        if hints.tx_attr.size == 0 {
+            n.tx_attr.size = default_tx.min(info.tx_attr.size).max(1);
+        }
+        if hints.rx_attr.size == 0 {
+            n.rx_attr.size = default_rx.min(info.rx_attr.size).max(1);
+        }
+        if hints.domain_attr.data_progress == Progress::Unspec {
+            n.domain_attr.data_progress = Progress::Manual;
+        }
+        out.push(n);
+    }
+    if out.is_empty() {
+        return Err(Error::new(errno::ENODATA, format!("no rverbs interface matches the hints ({last_reason})")));
+    }
+    Ok(out)
+}

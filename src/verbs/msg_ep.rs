@@ -1,0 +1,336 @@
+//! Connected (`FI_EP_MSG`) endpoints on RC queue pairs.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
+use rfabric_sys::verbs::{send_flags, QpCaps, QpHandle};
+
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::{EpType, Flags};
+use crate::core::info::Info;
+use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
+use crate::verbs::info::resolve_route;
+use crate::verbs::{os_err, CompletionQueue, Domain, EventQueue, MemoryRegion};
+
+/// Most CM data `fi_connect` / `fi_accept` carry (`FI_OPT_CM_DATA_SIZE`).
+pub const CM_DATA_SIZE: usize = CONNECT_PRIVATE_DATA_MAX - 1;
+
+const IDLE: u8 = 0;
+const CONNECTING: u8 = 1;
+const CONNECTED: u8 = 2;
+const LOCAL_SHUTDOWN: u8 = 3;
+const PEER_SHUTDOWN: u8 = 4;
+
+#[derive(Debug, Default)]
+struct Control {
+    eq: Option<Arc<EventQueue>>,
+    tx_cq: Option<Arc<CompletionQueue>>,
+    rx_cq: Option<Arc<CompletionQueue>>,
+    reserved: (u32, u32),
+}
+
+/// State shared between the endpoint and its event queue.
+#[derive(Debug)]
+pub(crate) struct EpShared {
+    /// Dropped first: the QP goes before the CQs and PD it uses.
+    id: CmId,
+    state: AtomicU8,
+    caps: OnceLock<QpCaps>,
+    ctl: Mutex<Control>,
+    max_msg_size: usize,
+    info: Info,
+    context: u64,
+    domain: Arc<Domain>,
+}
+
+impl EpShared {
+    pub(crate) fn mark_connected(&self) {
+        let _ = self.state.compare_exchange(CONNECTING, CONNECTED, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self.state.compare_exchange(IDLE, CONNECTED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Records a disconnect; true when the peer started it (so `FI_SHUTDOWN` is due).
+    pub(crate) fn mark_disconnected(&self) -> bool {
+        self.state.swap(PEER_SHUTDOWN, Ordering::AcqRel) != LOCAL_SHUTDOWN
+    }
+
+    pub(crate) fn disconnect_quietly(&self) {
+        if let Err(e) = self.id.disconnect() {
+            crate::fi_debug!("ep", "rdma_disconnect after the peer's: {}", std::io::Error::from_raw_os_error(e));
+        }
+    }
+
+    fn ctl(&self) -> MutexGuard<'_, Control> {
+        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for EpShared {
+    fn drop(&mut self) {
+        let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(eq) = c.eq.take() {
+            eq.unregister(self.id.ident());
+        }
+        if let Some(cq) = &c.tx_cq {
+            cq.release(c.reserved.0);
+        }
+        if let Some(cq) = &c.rx_cq {
+            cq.release(c.reserved.1);
+        }
+    }
+}
+
+/// A connected endpoint (`fi_endpoint` with `FI_EP_MSG`).
+#[derive(Debug)]
+pub struct MsgEndpoint {
+    shared: Arc<EpShared>,
+}
+
+fn not_enabled() -> Error {
+    Error::new(errno::EOPBADSTATE, "endpoint not enabled: bind its CQs and call enable first")
+}
+
+impl MsgEndpoint {
+    /// Opens an endpoint. With `info.handle` from an `FI_CONNREQ` event it is the accepting
+    /// side of that request; otherwise `info.dest_addr` names the peer to connect to.
+    /// `context` is reported as the `fid` of its events.
+    pub fn open(domain: &Arc<Domain>, info: &Info, context: u64) -> Result<Self> {
+        if info.ep_attr.ep_type != EpType::Msg && info.ep_attr.ep_type != EpType::Unspec {
+            return Err(Error::new(errno::EINVAL, format!("{:?} info given to a MSG endpoint", info.ep_attr.ep_type)));
+        }
+        let id = match &info.handle {
+            Some(h) => h
+                .clone()
+                .downcast::<ConnRequest>()
+                .map_err(|_| Error::new(errno::EINVAL, "info.handle is not an rverbs connection request"))?
+                .take()?,
+            None => {
+                let dst = info.dest_addr.ok_or_else(|| {
+                    Error::new(errno::EINVAL, "no destination: give fi_getinfo the server's node and service, or set dest_addr")
+                })?;
+                resolve_route(info.src_addr.as_ref(), &dst)?
+            }
+        };
+        let dev = id.context().map(|c| c.name()).unwrap_or_default();
+        if dev != domain.device().name {
+            return Err(Error::new(errno::EINVAL, format!("the peer is reached through {dev}, not this domain's {}", domain.device().name)));
+        }
+        let max_msg_size = if info.ep_attr.max_msg_size == 0 { domain.device().port.max_msg_sz as usize } else { info.ep_attr.max_msg_size };
+        Ok(MsgEndpoint {
+            shared: Arc::new(EpShared {
+                id,
+                state: AtomicU8::new(IDLE),
+                caps: OnceLock::new(),
+                ctl: Mutex::new(Control::default()),
+                max_msg_size,
+                info: info.clone(),
+                context,
+                domain: domain.clone(),
+            }),
+        })
+    }
+
+    /// Binds the event queue for connection events (`fi_ep_bind` of an EQ).
+    pub fn bind_eq(&self, eq: &Arc<EventQueue>) -> Result<()> {
+        let mut c = self.shared.ctl();
+        if c.eq.is_some() {
+            return Err(Error::new(errno::EINVAL, "endpoint already bound to an event queue"));
+        }
+        self.shared.id.migrate(eq.channel()).map_err(os_err("rdma_migrate_id"))?;
+        eq.register(self.shared.id.ident(), Owner::Active { fid: self.shared.context, ep: Arc::downgrade(&self.shared) });
+        c.eq = Some(eq.clone());
+        Ok(())
+    }
+
+    /// Binds a completion queue for `FI_TRANSMIT` and/or `FI_RECV` completions.
+    pub fn bind_cq(&self, cq: &Arc<CompletionQueue>, flags: Flags) -> Result<()> {
+        let dirs = flags & (Flags::TRANSMIT | Flags::RECV);
+        if dirs.is_empty() || !(flags - (Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION)).is_empty() {
+            return Err(Error::new(errno::EBADFLAGS, format!("CQ bind flags {flags:?}: use FI_TRANSMIT and/or FI_RECV")));
+        }
+        if flags.contains(Flags::SELECTIVE_COMPLETION) {
+            return Err(Error::new(errno::ENOSYS, "FI_SELECTIVE_COMPLETION is not implemented yet"));
+        }
+        if self.shared.caps.get().is_some() {
+            return Err(Error::new(errno::EOPBADSTATE, "bind CQs before enabling the endpoint"));
+        }
+        let mut c = self.shared.ctl();
+        if (dirs.contains(Flags::TRANSMIT) && c.tx_cq.is_some()) || (dirs.contains(Flags::RECV) && c.rx_cq.is_some()) {
+            return Err(Error::new(errno::EINVAL, "a CQ is already bound for that direction"));
+        }
+        if dirs.contains(Flags::TRANSMIT) {
+            c.tx_cq = Some(cq.clone());
+        }
+        if dirs.contains(Flags::RECV) {
+            c.rx_cq = Some(cq.clone());
+        }
+        Ok(())
+    }
+
+    /// Creates the queue pair (`fi_enable`).
+    pub fn enable(&self) -> Result<()> {
+        let mut c = self.shared.ctl();
+        if self.shared.caps.get().is_some() {
+            return Ok(());
+        }
+        let (Some(tx), Some(rx)) = (c.tx_cq.clone(), c.rx_cq.clone()) else {
+            return Err(Error::new(errno::ENOCQ, "bind a CQ for FI_TRANSMIT and one for FI_RECV (they may be the same) before enabling"));
+        };
+        let i = &self.shared.info;
+        let dev = &self.shared.domain.device().attr;
+        let want = QpCaps {
+            max_send_wr: (i.tx_attr.size.max(1) as u32).min(dev.max_qp_wr),
+            max_recv_wr: (i.rx_attr.size.max(1) as u32).min(dev.max_qp_wr),
+            max_send_sge: (i.tx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
+            max_recv_sge: (i.rx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
+            max_inline_data: i.tx_attr.inject_size as u32,
+        };
+        tx.reserve(want.max_send_wr)?;
+        if let Err(e) = rx.reserve(want.max_recv_wr) {
+            tx.release(want.max_send_wr);
+            return Err(e);
+        }
+        let pd = self.shared.domain.pd();
+        let got = match self.shared.id.create_qp(pd, tx.raw(), rx.raw(), want) {
+            Ok(g) => g,
+            Err(e) => {
+                tx.release(want.max_send_wr);
+                rx.release(want.max_recv_wr);
+                return Err(Error::os(e, format!("rdma_create_qp ({want:?}); FI_RVERBS_INLINE_SIZE lowers the inline size")));
+            }
+        };
+        c.reserved = (want.max_send_wr, want.max_recv_wr);
+        crate::fi_debug!("ep", "RC QP {} created: {:?}", self.qp()?.qp_num(), got);
+        let _ = self.shared.caps.set(got);
+        Ok(())
+    }
+
+    #[inline]
+    fn qp(&self) -> Result<&QpHandle> {
+        self.shared.id.qp().ok_or_else(not_enabled)
+    }
+
+    fn require_eq(&self) -> Result<()> {
+        if self.shared.ctl().eq.is_none() {
+            return Err(Error::new(errno::ENOEQ, "bind an event queue first: connection events are reported there"));
+        }
+        Ok(())
+    }
+
+    /// Starts connecting; `FI_CONNECTED` (or an error entry) arrives on the EQ (`fi_connect`).
+    pub fn connect(&self, data: &[u8]) -> Result<()> {
+        self.require_eq()?;
+        self.qp()?;
+        let enc = encode_cm_data(data, CONNECT_PRIVATE_DATA_MAX)?;
+        if self.shared.state.compare_exchange(IDLE, CONNECTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(Error::new(errno::EISCONN, "endpoint is already connecting or connected"));
+        }
+        self.shared.id.connect(&enc, 1).map_err(|e| {
+            self.shared.state.store(IDLE, Ordering::Release);
+            Error::os(e, "rdma_connect")
+        })
+    }
+
+    /// Accepts the request this endpoint was opened on (`fi_accept`).
+    pub fn accept(&self, data: &[u8]) -> Result<()> {
+        self.require_eq()?;
+        self.qp()?;
+        let enc = encode_cm_data(data, ACCEPT_PRIVATE_DATA_MAX.min(CONNECT_PRIVATE_DATA_MAX))?;
+        if self.shared.state.compare_exchange(IDLE, CONNECTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(Error::new(errno::EISCONN, "endpoint is already connecting or connected"));
+        }
+        self.shared.id.accept(&enc, 1).map_err(os_err("rdma_accept"))
+    }
+
+    /// Disconnects (`fi_shutdown`): the peer sees `FI_SHUTDOWN`; operations still posted
+    /// complete with `FI_ECANCELED`.
+    pub fn shutdown(&self) -> Result<()> {
+        let prev = self.shared.state.swap(LOCAL_SHUTDOWN, Ordering::AcqRel);
+        if prev == PEER_SHUTDOWN {
+            self.shared.state.store(PEER_SHUTDOWN, Ordering::Release);
+        }
+        match self.shared.id.disconnect() {
+            Ok(()) => Ok(()),
+            // Not connected (yet, or any more): nothing to tear down.
+            Err(e) if e == libc::EINVAL || e == libc::ENOTCONN => Ok(()),
+            Err(e) => Err(Error::os(e, "rdma_disconnect")),
+        }
+    }
+
+    /// Whether `FI_CONNECTED` was seen and no disconnect since.
+    pub fn is_connected(&self) -> bool {
+        self.shared.state.load(Ordering::Acquire) == CONNECTED
+    }
+
+    /// The local address (`fi_getname`).
+    pub fn getname(&self) -> Option<SocketAddr> {
+        self.shared.id.local_addr()
+    }
+
+    /// The peer's address (`fi_getpeer`).
+    pub fn getpeer(&self) -> Option<SocketAddr> {
+        self.shared.id.peer_addr()
+    }
+
+    /// Capacities the queue pair was given (after `enable`).
+    pub fn qp_caps(&self) -> Option<QpCaps> {
+        self.shared.caps.get().copied()
+    }
+
+    /// The largest payload of one send (`fi_tx_attr.inject_size` is what goes inline).
+    pub fn inject_size(&self) -> usize {
+        self.qp().map(|q| q.max_inline() as usize).unwrap_or(0)
+    }
+
+    #[inline]
+    fn check_mr(&self, mr: &MemoryRegion) -> Result<()> {
+        if !Arc::ptr_eq(mr.domain(), &self.shared.domain) {
+            return Err(Error::new(errno::EINVAL, "memory region belongs to another domain"));
+        }
+        Ok(())
+    }
+
+    /// Sends `len` bytes at `offset` of `mr` (`fi_send`); `context` comes back in the completion.
+    #[inline]
+    pub fn send(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
+        self.post_send(mr, offset, len, context, None)
+    }
+
+    /// Sends with 4 bytes of remote CQ data, delivered as `data` with `FI_REMOTE_CQ_DATA` (`fi_senddata`).
+    #[inline]
+    pub fn senddata(&self, mr: &MemoryRegion, offset: usize, len: usize, data: u64, context: u64) -> Result<()> {
+        let imm = u32::try_from(data).map_err(|_| Error::new(errno::EINVAL, "remote CQ data exceeds cq_data_size (4 bytes)"))?;
+        self.post_send(mr, offset, len, context, Some(imm))
+    }
+
+    #[inline]
+    fn post_send(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64, imm: Option<u32>) -> Result<()> {
+        self.check_mr(mr)?;
+        if len > self.shared.max_msg_size {
+            return Err(Error::new(errno::EMSGSIZE, format!("{len} bytes exceed max_msg_size {}", self.shared.max_msg_size)));
+        }
+        self.qp()?
+            .post_send_mr(context, mr.sys(), offset, len, send_flags::SIGNALED, imm)
+            .map_err(|e| if e == libc::EINVAL { mr.range_error(offset, len) } else { post_error(e, "send") })
+    }
+
+    /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`).
+    #[inline]
+    pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
+        self.check_mr(mr)?;
+        let sge = mr.sys().sge(offset, len).ok_or_else(|| mr.range_error(offset, len))?;
+        self.qp()?.post_recv(context, &[sge]).map_err(|e| post_error(e, "receive"))
+    }
+}
+
+/// A full work queue is `-FI_EAGAIN`: reading the CQ frees room.
+#[cold]
+fn post_error(e: i32, what: &str) -> Error {
+    if e == libc::ENOMEM || e == libc::EAGAIN {
+        Error::new(errno::EAGAIN, format!("{what} queue full: read the CQ to free room"))
+    } else {
+        Error::os(e, format!("post {what}"))
+    }
+}

@@ -1,0 +1,80 @@
+//! Passive endpoints: an rdma_cm identifier that listens for connection requests.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use rfabric_sys::cm::{CmId, REJECT_PRIVATE_DATA_MAX};
+
+use crate::core::error::{errno, Error, Result};
+use crate::core::info::Info;
+use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
+use crate::verbs::{os_err, EventQueue, Fabric};
+
+/// A passive endpoint (`fi_passive_ep`).
+#[derive(Debug)]
+pub struct PassiveEndpoint {
+    id: CmId,
+    info: Info,
+    context: u64,
+    eq: Mutex<Option<Arc<EventQueue>>>,
+    _fabric: Arc<Fabric>,
+}
+
+/// Backlog of `fi_listen` (rdma_cm's own default is similar).
+const DEFAULT_BACKLOG: i32 = 128;
+
+impl PassiveEndpoint {
+    /// Opens a passive endpoint bound to `info.src_addr` (any address, any port when unset).
+    /// `context` is reported as the `fid` of its events.
+    pub fn open(fabric: &Arc<Fabric>, info: &Info, context: u64) -> Result<Self> {
+        let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
+        let src = info.src_addr.unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+        id.bind_addr(&src).map_err(|e| {
+            let what = if e == libc::EADDRINUSE { "address in use" } else { "rdma_bind_addr" };
+            Error::os(e, format!("cannot bind passive endpoint to {src}: {what}"))
+        })?;
+        Ok(PassiveEndpoint { id, info: info.clone(), context, eq: Mutex::new(None), _fabric: fabric.clone() })
+    }
+
+    /// Binds the event queue that receives `FI_CONNREQ` events (`fi_pep_bind`).
+    pub fn bind_eq(&self, eq: &Arc<EventQueue>) -> Result<()> {
+        let mut cur = self.eq.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.is_some() {
+            return Err(Error::new(errno::EINVAL, "passive endpoint already bound to an event queue"));
+        }
+        self.id.migrate(eq.channel()).map_err(os_err("rdma_migrate_id"))?;
+        eq.register(self.id.ident(), Owner::Passive { fid: self.context, info: Box::new(self.info.clone()) });
+        *cur = Some(eq.clone());
+        Ok(())
+    }
+
+    /// Starts listening (`fi_listen`). Requires a bound event queue.
+    pub fn listen(&self) -> Result<()> {
+        if self.eq.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            return Err(Error::new(errno::ENOEQ, "bind an event queue before fi_listen: connection requests are reported there"));
+        }
+        self.id.listen(DEFAULT_BACKLOG).map_err(os_err("rdma_listen"))?;
+        crate::fi_info!("cm", "listening on {:?}", self.id.local_addr());
+        Ok(())
+    }
+
+    /// The bound address, with the port chosen when 0 was asked (`fi_getname`).
+    pub fn getname(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
+    }
+
+    /// Refuses a connection request, sending `data` to the connecting side (`fi_reject`).
+    pub fn reject(&self, request: &ConnRequest, data: &[u8]) -> Result<()> {
+        let id = request.take()?;
+        let enc = encode_cm_data(data, REJECT_PRIVATE_DATA_MAX)?;
+        id.reject(&enc).map_err(os_err("rdma_reject"))
+    }
+}
+
+impl Drop for PassiveEndpoint {
+    fn drop(&mut self) {
+        if let Some(eq) = self.eq.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            eq.unregister(self.id.ident());
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Fixtures for device tests: a connected pair of MSG endpoints on the first device.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rfabric::core::cq::CqEntry;
+use rfabric::core::eq::EqEvent;
+use rfabric::verbs::*;
+use rfabric::*;
+
+/// The first device's MSG info, or `None` (skip) on a machine without one. Where a device
+/// is required (`RFABRIC_REQUIRE_DEVICE=1`, set by the VM harness) its absence fails the test.
+pub fn device_info() -> Option<Info> {
+    let required = std::env::var("RFABRIC_REQUIRE_DEVICE").is_ok_and(|v| v == "1");
+    match getinfo(None, None, Flags::empty(), None) {
+        Ok(mut v) => Some(v.remove(0)),
+        Err(e) if !required && e.errno() == errno::ENODATA => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("RDMA device required but getinfo failed: {e}"),
+    }
+}
+
+/// Waits for the next event on `eq` (10 s at most).
+pub fn next_event(eq: &EventQueue) -> EqEvent {
+    match eq.sread(10_000) {
+        Ok(ev) => ev,
+        Err(e) if e.errno() == errno::EAVAIL => panic!("error event: {:?}", eq.readerr()),
+        Err(e) => panic!("no event: {e}"),
+    }
+}
+
+/// Reads one completion, polling up to 10 s. Error completions fail the test.
+pub fn wait_one(cq: &CompletionQueue) -> CqEntry {
+    let mut out = [CqEntry::default(); 1];
+    let start = std::time::Instant::now();
+    loop {
+        match cq.read(&mut out) {
+            Ok(1) => return out[0],
+            Ok(_) => {}
+            Err(e) if e.is_again() => {}
+            Err(e) if e.errno() == errno::EAVAIL => panic!("error completion: {:?}", cq.readerr()),
+            Err(e) => panic!("cq read: {e}"),
+        }
+        assert!(start.elapsed().as_secs() < 10, "no completion within 10 s");
+        std::hint::spin_loop();
+    }
+}
+
+/// Reads one error completion, polling up to 10 s.
+pub fn wait_err(cq: &CompletionQueue) -> rfabric::core::cq::CqErrEntry {
+    let mut out = [CqEntry::default(); 1];
+    let start = std::time::Instant::now();
+    loop {
+        match cq.read(&mut out) {
+            Err(e) if e.errno() == errno::EAVAIL => return cq.readerr().expect("readerr after EAVAIL"),
+            Err(e) if e.is_again() => {}
+            Ok(n) => panic!("expected an error completion, got {n} successful ones: {:?}", &out[..n]),
+            Err(e) => panic!("cq read: {e}"),
+        }
+        assert!(start.elapsed().as_secs() < 10, "no error completion within 10 s");
+    }
+}
+
+/// Both sides of a connection in one process.
+pub struct Pair {
+    pub info: Info,
+    pub fabric: Arc<Fabric>,
+    pub domain: Arc<Domain>,
+    pub server_eq: Arc<EventQueue>,
+    pub client_eq: Arc<EventQueue>,
+    pub server_cq: Arc<CompletionQueue>,
+    pub client_cq: Arc<CompletionQueue>,
+    pub pep: PassiveEndpoint,
+    pub server: MsgEndpoint,
+    pub client: MsgEndpoint,
+    pub accept_data: Vec<u8>,
+    pub connreq_data: Vec<u8>,
+}
+
+pub const SERVER_FID: u64 = 0x5e;
+pub const CLIENT_FID: u64 = 0xc1;
+pub const PEP_FID: u64 = 0x9e9;
+
+/// A listener on the device's address, an ephemeral port.
+pub fn listener(info: &Info) -> (Arc<Fabric>, Arc<EventQueue>, PassiveEndpoint, SocketAddr) {
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+    let mut pinfo = getinfo(Some(&info.src_addr.unwrap().ip().to_string()), Some("0"), Flags::SOURCE, None).unwrap().remove(0);
+    pinfo.src_addr.as_mut().unwrap().set_port(0);
+    let pep = PassiveEndpoint::open(&fabric, &pinfo, PEP_FID).unwrap();
+    pep.bind_eq(&eq).unwrap();
+    pep.listen().unwrap();
+    let addr = pep.getname().unwrap();
+    assert_ne!(addr.port(), 0, "listener got no port");
+    (fabric, eq, pep, addr)
+}
+
+/// Connects a pair; `before_connect` may post receives on both sides first.
+pub fn connect_pair_with(
+    info: &Info,
+    connect_data: &[u8],
+    accept_data: &[u8],
+    before: impl FnOnce(&Arc<Domain>, &MsgEndpoint, &MsgEndpoint),
+) -> Pair {
+    let (fabric, server_eq, pep, addr) = listener(info);
+    let domain = Domain::open(&fabric, info).unwrap();
+    let client_eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+    let server_cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let client_cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+
+    let cinfo = getinfo(Some(&addr.ip().to_string()), Some(&addr.port().to_string()), Flags::empty(), None).unwrap().remove(0);
+    assert_eq!(cinfo.dest_addr, Some(addr));
+    let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
+    client.bind_eq(&client_eq).unwrap();
+    client.bind_cq(&client_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    client.enable().unwrap();
+
+    // The server endpoint exists only once the request arrives; `before` gets both after that.
+    client.connect(connect_data).unwrap();
+    let (sinfo, connreq_data) = match next_event(&server_eq) {
+        EqEvent::ConnReq { fid, info, data } => {
+            assert_eq!(fid, PEP_FID);
+            (*info, data)
+        }
+        other => panic!("expected FI_CONNREQ, got {other:?}"),
+    };
+    let server = MsgEndpoint::open(&domain, &sinfo, SERVER_FID).unwrap();
+    server.bind_eq(&server_eq).unwrap();
+    server.bind_cq(&server_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    server.enable().unwrap();
+    before(&domain, &server, &client);
+    server.accept(accept_data).unwrap();
+    let mut got_accept = None;
+    let mut server_up = false;
+    while got_accept.is_none() || !server_up {
+        if got_accept.is_none() {
+            if let Ok(ev) = client_eq.sread(50) {
+                match ev {
+                    EqEvent::Connected { fid, data } => {
+                        assert_eq!(fid, CLIENT_FID);
+                        got_accept = Some(data);
+                    }
+                    other => panic!("client expected FI_CONNECTED, got {other:?}"),
+                }
+            }
+        }
+        if !server_up {
+            if let Ok(ev) = server_eq.sread(50) {
+                match ev {
+                    EqEvent::Connected { fid, .. } => {
+                        assert_eq!(fid, SERVER_FID);
+                        server_up = true;
+                    }
+                    other => panic!("server expected FI_CONNECTED, got {other:?}"),
+                }
+            }
+        }
+    }
+    Pair {
+        info: info.clone(),
+        fabric,
+        domain,
+        server_eq,
+        client_eq,
+        server_cq,
+        client_cq,
+        pep,
+        server,
+        client,
+        accept_data: got_accept.unwrap(),
+        connreq_data,
+    }
+}
+
+pub fn connect_pair(info: &Info) -> Pair {
+    connect_pair_with(info, b"", b"", |_, _, _| {})
+}
+
+/// A deterministic byte pattern, different per size and direction.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(31).wrapping_add(seed as u32 * 7 + (len as u32 >> 3)) as u8).collect()
+}
