@@ -33,7 +33,7 @@ pub fn no_device_error() -> Error {
     Error::new(
         errno::ENODATA,
         "no RDMA device found: load rdma_rxe (modprobe rdma_rxe; rdma link add rxe0 type rxe netdev <netdev>) \
-         or run the SoftRoCE VM script (ci/vm-run)",
+         or run the SoftRoCE VM script (ci/vm-run, or scripts/bench and scripts/test, which boot it)",
     )
 }
 

@@ -1,0 +1,523 @@
+//! What the perftest-style tools share: options, connection set-up through rverbs, the
+//! ping-pong and windowed-send loops, and perftest's output tables.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rfabric::core::cq::CqEntry;
+use rfabric::core::eq::EqEvent;
+use rfabric::verbs::*;
+use rfabric::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Test {
+    SendLat,
+    SendBw,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Opts {
+    pub(crate) test: Test,
+    pub(crate) server: Option<String>,
+    pub(crate) port: u16,
+    pub(crate) device: Option<String>,
+    pub(crate) size: usize,
+    pub(crate) all: bool,
+    pub(crate) iters: usize,
+    pub(crate) tx_depth: usize,
+    pub(crate) json: bool,
+    pub(crate) timeout: Duration,
+}
+
+const RX_DEPTH: usize = 512;
+const MAX_ALL: usize = 8 << 20;
+
+pub(crate) fn usage(test: Test) -> String {
+    let name = match test {
+        Test::SendLat => "rfab_send_lat",
+        Test::SendBw => "rfab_send_bw",
+    };
+    format!(
+        "usage: {name} [options]            (server)\n       {name} [options] SERVER     (client)\n\
+         \x20 -d, --ib-dev DEV     device (domain) to use, e.g. rxe0\n\
+         \x20 -p, --port PORT      rdma_cm port (default 18515)\n\
+         \x20 -s, --size BYTES     message size (default {})\n\
+         \x20 -a, --all            every power of two from 2 B to 8 MiB (capped by max_msg_size)\n\
+         \x20 -n, --iters N        iterations per size (default {})\n\
+         \x20 -t, --tx-depth N     sends in flight for bandwidth (default 128)\n\
+         \x20 -T, --timeout SEC    give up waiting for the peer after SEC seconds (default 60)\n\
+         \x20     --json           one JSON object per size instead of the table\n",
+        if test == Test::SendLat { 2 } else { 65536 },
+        if test == Test::SendLat { 1000 } else { 5000 }
+    )
+}
+
+pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Opts, String> {
+    let mut o = Opts {
+        test,
+        server: None,
+        port: 18515,
+        device: None,
+        size: if test == Test::SendLat { 2 } else { 65536 },
+        all: false,
+        iters: if test == Test::SendLat { 1000 } else { 5000 },
+        tx_depth: 128,
+        json: false,
+        timeout: Duration::from_secs(60),
+    };
+    let mut args = args.peekable();
+    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse().map_err(|_| format!("{flag}: {v:?} is not a valid number"))
+    }
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-d" | "--ib-dev" => o.device = Some(args.next().ok_or("-d needs a device name")?),
+            "-p" | "--port" => o.port = num(&a, args.next())?,
+            "-s" | "--size" => o.size = num(&a, args.next())?,
+            "-a" | "--all" => o.all = true,
+            "-n" | "--iters" => o.iters = num(&a, args.next())?,
+            "-t" | "--tx-depth" => o.tx_depth = num(&a, args.next())?,
+            "-T" | "--timeout" => o.timeout = Duration::from_secs(num(&a, args.next())?),
+            "--json" => o.json = true,
+            "-h" | "--help" => return Err(String::new()),
+            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
+            s => {
+                if o.server.replace(s.to_string()).is_some() {
+                    return Err("only one server address may be given".into());
+                }
+            }
+        }
+    }
+    if o.iters == 0 || o.tx_depth == 0 || o.tx_depth > 4096 {
+        return Err("iterations must be > 0 and the tx depth between 1 and 4096".into());
+    }
+    Ok(o)
+}
+
+/// The client's parameters travel in the connect request, so the server follows them.
+fn encode_params(o: &Opts) -> Vec<u8> {
+    let mut v = vec![o.test as u8, o.all as u8];
+    v.extend_from_slice(&(o.size as u64).to_le_bytes());
+    v.extend_from_slice(&(o.iters as u64).to_le_bytes());
+    v.extend_from_slice(&(o.tx_depth as u32).to_le_bytes());
+    v
+}
+
+fn decode_params(o: &mut Opts, d: &[u8]) -> Result<(), String> {
+    if d.len() != 22 || d[0] != o.test as u8 {
+        return Err("the client runs a different test: start both sides with the same tool".into());
+    }
+    o.all = d[1] != 0;
+    o.size = u64::from_le_bytes(d[2..10].try_into().unwrap()) as usize;
+    o.iters = u64::from_le_bytes(d[10..18].try_into().unwrap()) as usize;
+    o.tx_depth = u32::from_le_bytes(d[18..22].try_into().unwrap()) as usize;
+    Ok(())
+}
+
+pub(crate) struct Conn {
+    pub(crate) ep: MsgEndpoint,
+    pub(crate) cq: Arc<CompletionQueue>,
+    pub(crate) tx: MemoryRegion,
+    pub(crate) rx: MemoryRegion,
+    pub(crate) info: Info,
+    pub(crate) is_server: bool,
+    _eq: Arc<EventQueue>,
+    _pep: Option<PassiveEndpoint>,
+}
+
+fn hints(o: &Opts) -> Info {
+    let mut h = Info::default();
+    h.ep_attr.ep_type = EpType::Msg;
+    h.caps = Flags::MSG;
+    h.tx_attr.size = o.tx_depth.max(16);
+    h.rx_attr.size = RX_DEPTH;
+    if let Some(d) = &o.device {
+        h.domain_attr.name = d.clone();
+    }
+    h
+}
+
+fn wait_connected(eq: &EventQueue, deadline: Instant, what: &str) -> Result<Vec<u8>, String> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("timed out waiting for {what}"));
+        }
+        match eq.sread(left.as_millis().min(1000) as i32) {
+            Ok(EqEvent::Connected { data, .. }) => return Ok(data),
+            Ok(other) => return Err(format!("unexpected event {other:?} while waiting for {what}")),
+            Err(e) if e.errno() == errno::EAVAIL => {
+                let err = eq.readerr().map_err(|e| e.to_string())?;
+                return Err(format!("connection failed: {} (rdma_cm status {})", rfabric::core::error::strerror(err.err), err.prov_errno));
+            }
+            Err(e) if e.is_again() => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+fn post_rx(c: &Conn, n: usize, len: usize) -> Result<(), String> {
+    for _ in 0..n {
+        c.ep.recv(&c.rx, 0, len, 1).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Sets up the connection: the server waits (saying so) for one client; the client connects.
+pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
+    let h = hints(o);
+    let deadline = Instant::now() + o.timeout;
+    let port = o.port.to_string();
+    let max = if o.all { MAX_ALL } else { o.size };
+    match o.server.clone() {
+        None => {
+            let info = getinfo(None, Some(&port), Flags::SOURCE, Some(&h)).map_err(|e| e.to_string())?.remove(0);
+            let fabric = Fabric::open(&info.fabric_attr).map_err(|e| e.to_string())?;
+            let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(|e| e.to_string())?;
+            let pep = PassiveEndpoint::open(&fabric, &info, 0).map_err(|e| e.to_string())?;
+            pep.bind_eq(&eq).map_err(|e| e.to_string())?;
+            pep.listen().map_err(|e| e.to_string())?;
+            eprintln!("waiting for a client on port {} (device {}, giving up after {} s)...", o.port, info.domain_attr.name, o.timeout.as_secs());
+            let (cinfo, data) = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(format!("no client connected within {} s", o.timeout.as_secs()));
+                }
+                match eq.sread(left.as_millis().min(1000) as i32) {
+                    Ok(EqEvent::ConnReq { info, data, .. }) => break (*info, data),
+                    Ok(_) => {}
+                    Err(e) if e.is_again() => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+            };
+            decode_params(o, &data)?;
+            let max = if o.all { MAX_ALL } else { o.size }.min(cinfo.ep_attr.max_msg_size);
+            let domain = Domain::open(&fabric, &cinfo).map_err(|e| e.to_string())?;
+            let conn = endpoint(&domain, &cinfo, &eq, Some(pep), max, true)?;
+            post_rx(&conn, RX_DEPTH, max)?;
+            conn.ep.accept(b"").map_err(|e| e.to_string())?;
+            wait_connected(&eq, deadline, "the client's connection")?;
+            Ok(conn)
+        }
+        Some(server) => {
+            let info = getinfo(Some(&server), Some(&port), Flags::empty(), Some(&h))
+                .map_err(|e| format!("cannot reach {server}:{port}: {e}"))?
+                .remove(0);
+            let max = max.min(info.ep_attr.max_msg_size);
+            let fabric = Fabric::open(&info.fabric_attr).map_err(|e| e.to_string())?;
+            let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(|e| e.to_string())?;
+            let domain = Domain::open(&fabric, &info).map_err(|e| e.to_string())?;
+            let conn = endpoint(&domain, &info, &eq, None, max, false)?;
+            post_rx(&conn, RX_DEPTH, max)?;
+            conn.ep.connect(&encode_params(o)).map_err(|e| e.to_string())?;
+            wait_connected(&eq, deadline, &format!("the server at {server}:{port} (is it running?)"))?;
+            Ok(conn)
+        }
+    }
+}
+
+fn endpoint(domain: &Arc<Domain>, info: &Info, eq: &Arc<EventQueue>, pep: Option<PassiveEndpoint>, max: usize, is_server: bool) -> Result<Conn, String> {
+    let e = |e: Error| e.to_string();
+    let cq = CompletionQueue::open(domain, &CqAttr::default()).map_err(e)?;
+    let ep = MsgEndpoint::open(domain, info, 0).map_err(e)?;
+    ep.bind_eq(eq).map_err(e)?;
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).map_err(e)?;
+    ep.enable().map_err(e)?;
+    let tx = MemoryRegion::alloc(domain, max.max(1), Flags::SEND).map_err(e)?;
+    let rx = MemoryRegion::alloc(domain, max.max(1), Flags::RECV).map_err(e)?;
+    Ok(Conn { ep, cq, tx, rx, info: info.clone(), is_server, _eq: eq.clone(), _pep: pep })
+}
+
+/// The sizes to run: one, or every power of two from 2 B up to the largest message.
+pub(crate) fn sizes(o: &Opts, c: &Conn) -> Vec<usize> {
+    let max = c.info.ep_attr.max_msg_size.min(MAX_ALL);
+    if o.all {
+        (1..).map(|k| 1usize << k).take_while(|&s| s <= max).collect()
+    } else {
+        vec![o.size]
+    }
+}
+
+/// Counts completions until `recvs` receives were seen; sends are reaped on the way.
+/// Returns how many send completions were reaped.
+fn reap(c: &Conn, recvs: usize, deadline: Instant) -> Result<usize, String> {
+    let mut out = [CqEntry::default(); 16];
+    let (mut got, mut sends) = (0, 0);
+    while got < recvs {
+        match c.cq.read(&mut out) {
+            Ok(n) => {
+                for e in &out[..n] {
+                    if e.flags & Flags::RECV.bits() != 0 {
+                        got += 1;
+                    } else {
+                        sends += 1;
+                    }
+                }
+            }
+            Err(e) if e.is_again() => {
+                if Instant::now() > deadline {
+                    return Err("the peer stopped answering".into());
+                }
+            }
+            Err(e) if e.errno() == errno::EAVAIL => {
+                let err = c.cq.readerr().map_err(|e| e.to_string())?;
+                return Err(format!("completion error: {} ({})", rfabric::core::error::strerror(err.err), c.cq.strerror(err.prov_errno)));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(sends)
+}
+
+fn reap_sends(c: &Conn, mut n: usize, deadline: Instant) -> Result<(), String> {
+    let mut out = [CqEntry::default(); 16];
+    while n > 0 {
+        match c.cq.read(&mut out) {
+            Ok(k) => n = n.saturating_sub(out[..k].iter().filter(|e| e.flags & Flags::SEND.bits() != 0).count()),
+            Err(e) if e.is_again() => {
+                if Instant::now() > deadline {
+                    return Err("send completions stopped".into());
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
+}
+
+/// Ping-pong: the client times round trips; one-way latency is half of each.
+pub(crate) fn run_lat(c: &Conn, size: usize, iters: usize, timeout: Duration) -> Result<Vec<f64>, String> {
+    let warmup = (iters / 10).clamp(10, 1000);
+    let mut samples = Vec::with_capacity(iters);
+    let deadline = Instant::now() + timeout;
+    let e = |e: Error| e.to_string();
+    let mut unreaped = 0usize;
+    for i in 0..warmup + iters {
+        let t0 = Instant::now();
+        if c.is_server {
+            unreaped -= reap(c, 1, deadline)?.min(unreaped);
+            c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
+            c.ep.send(&c.tx, 0, size, 2).map_err(e)?;
+            unreaped += 1;
+        } else {
+            c.ep.send(&c.tx, 0, size, 2).map_err(e)?;
+            unreaped += 1;
+            unreaped -= reap(c, 1, deadline)?.min(unreaped);
+            c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
+        }
+        if i >= warmup && !c.is_server {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+    reap_sends(c, unreaped, deadline)?;
+    Ok(samples)
+}
+
+/// Windowed sends: the client keeps `depth` sends in flight; the server counts arrivals and
+/// answers with one message when all have come. Returns (total seconds, best window MB/s).
+pub(crate) fn run_bw(c: &Conn, size: usize, iters: usize, depth: usize, timeout: Duration) -> Result<(f64, f64), String> {
+    let deadline = Instant::now() + timeout;
+    let e = |e: Error| e.to_string();
+    if c.is_server {
+        let mut out = [CqEntry::default(); 16];
+        let mut got = 0;
+        while got < iters {
+            match c.cq.read(&mut out) {
+                Ok(n) => {
+                    for en in &out[..n] {
+                        if en.flags & Flags::RECV.bits() != 0 {
+                            if en.len != size {
+                                return Err(format!("received {} bytes, expected {size}", en.len));
+                            }
+                            got += 1;
+                            c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
+                        }
+                    }
+                }
+                Err(er) if er.is_again() => {
+                    if Instant::now() > deadline {
+                        return Err(format!("only {got} of {iters} messages arrived"));
+                    }
+                }
+                Err(er) => return Err(er.to_string()),
+            }
+        }
+        c.ep.send(&c.tx, 0, 0, 3).map_err(e)?;
+        reap_sends(c, 1, deadline)?;
+        return Ok((0.0, 0.0));
+    }
+    let mut out = [CqEntry::default(); 16];
+    let (mut posted, mut done) = (0usize, 0usize);
+    let start = Instant::now();
+    let mut window_start = start;
+    let mut window_done = 0usize;
+    let mut peak: f64 = 0.0;
+    while done < iters {
+        while posted < iters && posted - done < depth {
+            match c.ep.send(&c.tx, 0, size, 2) {
+                Ok(()) => posted += 1,
+                Err(er) if er.is_again() => break,
+                Err(er) => return Err(er.to_string()),
+            }
+        }
+        match c.cq.read(&mut out) {
+            Ok(n) => {
+                done += out[..n].iter().filter(|en| en.flags & Flags::SEND.bits() != 0).count();
+                if done - window_done >= depth {
+                    let dt = window_start.elapsed().as_secs_f64();
+                    if dt > 0.0 {
+                        peak = peak.max(((done - window_done) * size) as f64 / dt / 1e6);
+                    }
+                    window_start = Instant::now();
+                    window_done = done;
+                }
+            }
+            Err(er) if er.is_again() => {
+                if Instant::now() > deadline {
+                    return Err(format!("only {done} of {iters} sends completed"));
+                }
+            }
+            Err(er) if er.errno() == errno::EAVAIL => {
+                let err = c.cq.readerr().map_err(|e| e.to_string())?;
+                return Err(format!("send failed: {} ({})", rfabric::core::error::strerror(err.err), c.cq.strerror(err.prov_errno)));
+            }
+            Err(er) => return Err(er.to_string()),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // The server's answer closes the size: it has counted every message.
+    reap(c, 1, deadline)?;
+    c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
+    Ok((secs, peak))
+}
+
+pub(crate) fn banner(o: &Opts, c: &Conn) {
+    if o.json {
+        return;
+    }
+    let line = "-".repeat(87);
+    let title = match o.test {
+        Test::SendLat => "Send Latency Test",
+        Test::SendBw => "Send BW Test",
+    };
+    println!("{line}");
+    println!("                    {title} (rfabric rverbs, FI_EP_MSG)");
+    println!(" Device         : {}", c.info.domain_attr.name);
+    println!(" Transport type : RC over rdma_cm, manual progress");
+    println!(" TX depth       : {}", o.tx_depth);
+    println!(" Inline size    : {}", c.ep.inject_size());
+    println!(" Local address  : {:?}", c.ep.getname());
+    println!(" Remote address : {:?}", c.ep.getpeer());
+    println!("{line}");
+    match o.test {
+        Test::SendLat => println!(
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+        ),
+        Test::SendBw => println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"),
+    }
+}
+
+pub(crate) struct LatStats {
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) typical: f64,
+    pub(crate) avg: f64,
+    pub(crate) stdev: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+pub(crate) fn lat_stats(samples: &mut [f64]) -> LatStats {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let n = samples.len().max(1) as f64;
+    let avg = samples.iter().sum::<f64>() / n;
+    let var = samples.iter().map(|s| (s - avg) * (s - avg)).sum::<f64>() / n;
+    let pct = |p: f64| samples[(((samples.len() as f64) * p).ceil() as usize).clamp(1, samples.len()) - 1];
+    LatStats {
+        min: samples[0],
+        max: samples[samples.len() - 1],
+        typical: samples[samples.len() / 2],
+        avg,
+        stdev: var.sqrt(),
+        p99: pct(0.99),
+        p999: pct(0.999),
+    }
+}
+
+pub(crate) fn print_lat(o: &Opts, size: usize, s: &LatStats) {
+    if o.json {
+        println!(
+            "{{\"test\":\"send_lat\",\"bytes\":{size},\"iterations\":{},\"t_min\":{:.2},\"t_max\":{:.2},\"t_typical\":{:.2},\"t_avg\":{:.2},\"t_stdev\":{:.2},\"p99\":{:.2},\"p999\":{:.2}}}",
+            o.iters, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
+        );
+    } else {
+        println!(
+            " {:<6} {:<10}       {:<7.2}        {:<7.2}      {:<7.2}            {:<7.2}        {:<7.2}         {:<7.2}                {:<7.2}",
+            size, o.iters, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
+        );
+    }
+}
+
+pub(crate) fn print_bw(o: &Opts, size: usize, secs: f64, peak: f64) {
+    let avg = (size * o.iters) as f64 / secs / 1e6;
+    let rate = o.iters as f64 / secs / 1e6;
+    let peak = peak.max(avg);
+    if o.json {
+        println!("{{\"test\":\"send_bw\",\"bytes\":{size},\"iterations\":{},\"bw_peak\":{peak:.2},\"bw_avg\":{avg:.2},\"msg_rate\":{rate:.6}}}", o.iters);
+    } else {
+        println!(" {:<10} {:<10}       {:<7.2}            {:<7.2}              {:<.6}", size, o.iters, peak, avg, rate);
+    }
+}
+
+/// Runs a tool: parses arguments, connects, runs every size, prints the table.
+pub(crate) fn main(test: Test) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let mut o = match parse(test, std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(msg) => {
+            if msg.is_empty() {
+                print!("{}", usage(test));
+                return ExitCode::SUCCESS;
+            }
+            eprint!("error: {msg}\n{}", usage(test));
+            return ExitCode::from(2);
+        }
+    };
+    let mut run = || -> Result<(), String> {
+        let c = connect(&mut o)?;
+        if c.is_server {
+            eprintln!("client connected from {:?}", c.ep.getpeer());
+        }
+        banner(&o, &c);
+        for size in sizes(&o, &c) {
+            match o.test {
+                Test::SendLat => {
+                    let mut s = run_lat(&c, size, o.iters, o.timeout)?;
+                    if !c.is_server {
+                        print_lat(&o, size, &lat_stats(&mut s));
+                    }
+                }
+                Test::SendBw => {
+                    let (secs, peak) = run_bw(&c, size, o.iters, o.tx_depth, o.timeout)?;
+                    if !c.is_server {
+                        print_bw(&o, size, secs, peak);
+                    }
+                }
+            }
+        }
+        if !o.json {
+            println!("{}", "-".repeat(87));
+        }
+        c.ep.shutdown().map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
