@@ -12,7 +12,7 @@ fn addr() -> Option<String> {
 /// Runs a server and a client of `tool` on `port`; returns the client's stdout.
 fn run_pair(tool: &str, port: u16, args: &[&str], server_ip: &str) -> String {
     let port_s = port.to_string();
-    let mut server = Command::new(tool)
+    let server = Command::new(tool)
         .args(["-p", &port_s, "-T", "30"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
