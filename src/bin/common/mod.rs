@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rfabric::core::cq::CqEntry;
+use rfabric_sys::clock::{cycles, cycles_per_us};
 use rfabric::core::eq::EqEvent;
 use rfabric::verbs::*;
 use rfabric::*;
@@ -240,9 +241,27 @@ pub(crate) fn sizes(o: &Opts, c: &Conn) -> Vec<usize> {
     }
 }
 
+/// A timeout that costs a TSC read to check, and is checked only every 4096 empty polls.
+pub(crate) struct Deadline {
+    end: u64,
+    polls: u32,
+}
+
+impl Deadline {
+    pub(crate) fn after(d: Duration) -> Self {
+        Deadline { end: cycles() + (d.as_secs_f64() * 1e6 * cycles_per_us()) as u64, polls: 0 }
+    }
+
+    #[inline]
+    pub(crate) fn passed(&mut self) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        self.polls % 4096 == 0 && cycles() > self.end
+    }
+}
+
 /// Counts completions until `recvs` receives were seen; sends are reaped on the way.
 /// Returns how many send completions were reaped.
-fn reap(c: &Conn, recvs: usize, deadline: Instant) -> Result<usize, String> {
+fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String> {
     let mut out = [CqEntry::default(); 16];
     let (mut got, mut sends) = (0, 0);
     while got < recvs {
@@ -257,7 +276,7 @@ fn reap(c: &Conn, recvs: usize, deadline: Instant) -> Result<usize, String> {
                 }
             }
             Err(e) if e.is_again() => {
-                if Instant::now() > deadline {
+                if deadline.passed() {
                     return Err("the peer stopped answering".into());
                 }
             }
@@ -271,13 +290,13 @@ fn reap(c: &Conn, recvs: usize, deadline: Instant) -> Result<usize, String> {
     Ok(sends)
 }
 
-fn reap_sends(c: &Conn, mut n: usize, deadline: Instant) -> Result<(), String> {
+fn reap_sends(c: &Conn, mut n: usize, deadline: &mut Deadline) -> Result<(), String> {
     let mut out = [CqEntry::default(); 16];
     while n > 0 {
         match c.cq.read(&mut out) {
             Ok(k) => n = n.saturating_sub(out[..k].iter().filter(|e| e.flags & Flags::SEND.bits() != 0).count()),
             Err(e) if e.is_again() => {
-                if Instant::now() > deadline {
+                if deadline.passed() {
                     return Err("send completions stopped".into());
                 }
             }
@@ -291,11 +310,12 @@ fn reap_sends(c: &Conn, mut n: usize, deadline: Instant) -> Result<(), String> {
 pub(crate) fn run_lat(c: &Conn, size: usize, iters: usize, timeout: Duration) -> Result<Vec<f64>, String> {
     let warmup = (iters / 10).clamp(10, 1000);
     let mut samples = Vec::with_capacity(iters);
-    let deadline = Instant::now() + timeout;
+    let deadline = &mut Deadline::after(timeout);
     let e = |e: Error| e.to_string();
+    let per_us = cycles_per_us();
     let mut unreaped = 0usize;
     for i in 0..warmup + iters {
-        let t0 = Instant::now();
+        let t0 = cycles();
         if c.is_server {
             unreaped -= reap(c, 1, deadline)?.min(unreaped);
             c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
@@ -308,7 +328,7 @@ pub(crate) fn run_lat(c: &Conn, size: usize, iters: usize, timeout: Duration) ->
             c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
         }
         if i >= warmup && !c.is_server {
-            samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+            samples.push(cycles().wrapping_sub(t0) as f64 / per_us / 2.0);
         }
     }
     reap_sends(c, unreaped, deadline)?;
@@ -318,10 +338,10 @@ pub(crate) fn run_lat(c: &Conn, size: usize, iters: usize, timeout: Duration) ->
 /// Windowed sends: the client keeps `depth` sends in flight; the server counts arrivals and
 /// answers with one message when all have come. Returns (total seconds, best window MB/s).
 pub(crate) fn run_bw(c: &Conn, size: usize, iters: usize, depth: usize, timeout: Duration) -> Result<(f64, f64), String> {
-    let deadline = Instant::now() + timeout;
+    let deadline = &mut Deadline::after(timeout);
     let e = |e: Error| e.to_string();
+    let mut out = [CqEntry::default(); 16];
     if c.is_server {
-        let mut out = [CqEntry::default(); 16];
         let mut got = 0;
         while got < iters {
             match c.cq.read(&mut out) {
@@ -337,7 +357,7 @@ pub(crate) fn run_bw(c: &Conn, size: usize, iters: usize, depth: usize, timeout:
                     }
                 }
                 Err(er) if er.is_again() => {
-                    if Instant::now() > deadline {
+                    if deadline.passed() {
                         return Err(format!("only {got} of {iters} messages arrived"));
                     }
                 }
@@ -348,11 +368,10 @@ pub(crate) fn run_bw(c: &Conn, size: usize, iters: usize, depth: usize, timeout:
         reap_sends(c, 1, deadline)?;
         return Ok((0.0, 0.0));
     }
-    let mut out = [CqEntry::default(); 16];
-    let (mut posted, mut done) = (0usize, 0usize);
-    let start = Instant::now();
-    let mut window_start = start;
-    let mut window_done = 0usize;
+    let per_us = cycles_per_us();
+    let (mut posted, mut done, mut answered) = (0usize, 0usize, 0usize);
+    let start = cycles();
+    let (mut window_start, mut window_done) = (start, 0usize);
     let mut peak: f64 = 0.0;
     while done < iters {
         while posted < iters && posted - done < depth {
@@ -364,18 +383,25 @@ pub(crate) fn run_bw(c: &Conn, size: usize, iters: usize, depth: usize, timeout:
         }
         match c.cq.read(&mut out) {
             Ok(n) => {
-                done += out[..n].iter().filter(|en| en.flags & Flags::SEND.bits() != 0).count();
-                if done - window_done >= depth {
-                    let dt = window_start.elapsed().as_secs_f64();
-                    if dt > 0.0 {
-                        peak = peak.max(((done - window_done) * size) as f64 / dt / 1e6);
+                for en in &out[..n] {
+                    if en.flags & Flags::SEND.bits() != 0 {
+                        done += 1;
+                    } else {
+                        // The server's answer can overtake our last send completions.
+                        answered += 1;
                     }
-                    window_start = Instant::now();
-                    window_done = done;
+                }
+                if done - window_done >= depth {
+                    let now = cycles();
+                    let us = now.wrapping_sub(window_start) as f64 / per_us;
+                    if us > 0.0 {
+                        peak = peak.max(((done - window_done) * size) as f64 / us);
+                    }
+                    (window_start, window_done) = (now, done);
                 }
             }
             Err(er) if er.is_again() => {
-                if Instant::now() > deadline {
+                if deadline.passed() {
                     return Err(format!("only {done} of {iters} sends completed"));
                 }
             }
@@ -386,9 +412,11 @@ pub(crate) fn run_bw(c: &Conn, size: usize, iters: usize, depth: usize, timeout:
             Err(er) => return Err(er.to_string()),
         }
     }
-    let secs = start.elapsed().as_secs_f64();
+    let secs = cycles().wrapping_sub(start) as f64 / per_us / 1e6;
     // The server's answer closes the size: it has counted every message.
-    reap(c, 1, deadline)?;
+    if answered == 0 {
+        reap(c, 1, deadline)?;
+    }
     c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
     Ok((secs, peak))
 }
