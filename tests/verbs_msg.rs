@@ -11,7 +11,11 @@ use rfabric::*;
 #[test]
 fn getinfo_describes_the_device_from_its_attributes() {
     let Some(info) = device_info() else { return };
-    let dev = devices().unwrap().into_iter().find(|d| d.name == info.domain_attr.name).unwrap();
+    let dev = devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.name == info.domain_attr.name)
+        .unwrap();
     assert_eq!(info.ep_attr.ep_type, EpType::Msg);
     assert_eq!(info.fabric_attr.prov_name, "rverbs");
     assert_eq!(info.ep_attr.max_msg_size, dev.port.max_msg_sz as usize);
@@ -21,7 +25,10 @@ fn getinfo_describes_the_device_from_its_attributes() {
     assert!(info.domain_attr.mr_mode.contains(MrMode::LOCAL));
     assert_eq!(info.domain_attr.cq_data_size, 4);
     assert!(info.caps.contains(Flags::MSG | Flags::SEND | Flags::RECV));
-    assert!(info.src_addr.is_some(), "the device's IPv4 address should be found in its GID table");
+    assert!(
+        info.src_addr.is_some(),
+        "the device's IPv4 address should be found in its GID table"
+    );
 }
 
 #[test]
@@ -32,17 +39,34 @@ fn getinfo_filters_by_hints_and_answers_enodata() {
     h.ep_attr.ep_type = EpType::Msg;
     h.tx_attr.size = 16;
     let got = getinfo(None, None, Flags::empty(), Some(&h)).unwrap();
-    assert!(got.iter().all(|i| i.domain_attr.name == info.domain_attr.name && i.tx_attr.size == 16));
+    assert!(got
+        .iter()
+        .all(|i| i.domain_attr.name == info.domain_attr.name && i.tx_attr.size == 16));
 
     let mut h = Info::default();
     h.domain_attr.name = "no_such_dev".into();
-    assert_eq!(getinfo(None, None, Flags::empty(), Some(&h)).unwrap_err().errno(), errno::ENODATA);
+    assert_eq!(
+        getinfo(None, None, Flags::empty(), Some(&h))
+            .unwrap_err()
+            .errno(),
+        errno::ENODATA
+    );
     let mut h = Info::default();
     h.ep_attr.ep_type = EpType::Rdm;
-    assert_eq!(getinfo(None, None, Flags::empty(), Some(&h)).unwrap_err().errno(), errno::ENODATA);
+    assert_eq!(
+        getinfo(None, None, Flags::empty(), Some(&h))
+            .unwrap_err()
+            .errno(),
+        errno::ENODATA
+    );
     let mut h = Info::default();
     h.tx_attr.inject_size = 1 << 20;
-    assert_eq!(getinfo(None, None, Flags::empty(), Some(&h)).unwrap_err().errno(), errno::ENODATA);
+    assert_eq!(
+        getinfo(None, None, Flags::empty(), Some(&h))
+            .unwrap_err()
+            .errno(),
+        errno::ENODATA
+    );
 }
 
 #[test]
@@ -56,7 +80,14 @@ fn connect_accept_carries_cm_data_both_ways() {
     assert_eq!(p.server.getpeer(), p.client.getname());
 }
 
-fn exchange(p: &Pair, mr_tx: &MemoryRegion, mr_rx: &MemoryRegion, from_client: bool, len: usize, seed: u8) {
+fn exchange(
+    p: &Pair,
+    mr_tx: &MemoryRegion,
+    mr_rx: &MemoryRegion,
+    from_client: bool,
+    len: usize,
+    seed: u8,
+) {
     let (tx, rx, txcq, rxcq) = if from_client {
         (&p.client, &p.server, &p.client_cq, &p.server_cq)
     } else {
@@ -98,7 +129,10 @@ fn send_recv_every_size_both_directions_with_bytes_checked() {
     let Some(info) = device_info() else { return };
     let p = connect_pair(&info);
     let max = info.ep_attr.max_msg_size;
-    assert!(max <= 64 << 20, "max_msg_size {max}: this test moves every power of two up to it");
+    assert!(
+        max <= 64 << 20,
+        "max_msg_size {max}: this test moves every power of two up to it"
+    );
     let a = MemoryRegion::alloc(&p.domain, max + 1, Flags::SEND | Flags::RECV).unwrap();
     let b = MemoryRegion::alloc(&p.domain, max + 1, Flags::SEND | Flags::RECV).unwrap();
     for (k, len) in sizes(max).into_iter().enumerate() {
@@ -143,8 +177,15 @@ fn thousands_of_messages_in_a_row_arrive_in_order() {
                 let slot = e.op_context as usize;
                 let mut m = [0u8; MSG];
                 rxm.read_at(slot * MSG, &mut m).unwrap();
-                assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), received as u64, "message order");
-                assert!(m[8..].iter().all(|&b| b == received as u8), "payload of message {received}");
+                assert_eq!(
+                    u64::from_le_bytes(m[..8].try_into().unwrap()),
+                    received as u64,
+                    "message order"
+                );
+                assert!(
+                    m[8..].iter().all(|&b| b == received as u8),
+                    "payload of message {received}"
+                );
                 assert_eq!(slot, received % WINDOW);
                 received += 1;
                 p.server.recv(&rxm, slot * MSG, MSG, slot as u64).unwrap();
@@ -185,7 +226,10 @@ fn remote_cq_data_arrives_as_immediate_data() {
     let r = wait_one(&p.server_cq);
     assert_eq!(r.flags(), Flags::MSG | Flags::RECV | Flags::REMOTE_CQ_DATA);
     assert_eq!((r.data, r.len), (0xdead_beef, 16));
-    assert_eq!(p.client.senddata(&m, 0, 1, 1 << 32, 7).unwrap_err().errno(), errno::EINVAL);
+    assert_eq!(
+        p.client.senddata(&m, 0, 1, 1 << 32, 7).unwrap_err().errno(),
+        errno::EINVAL
+    );
     wait_one(&p.client_cq);
 }
 
@@ -203,7 +247,10 @@ fn shutdown_is_seen_by_the_peer_and_cancels_its_posted_receives() {
     assert!(!p.server.is_connected());
     let e = wait_err(&p.server_cq);
     assert_eq!((e.op_context, e.err), (42, errno::ECANCELED));
-    assert_eq!(p.server_cq.strerror(e.prov_errno), "Work Request Flushed Error");
+    assert_eq!(
+        p.server_cq.strerror(e.prov_errno),
+        "Work Request Flushed Error"
+    );
     // The side that shut down gets no FI_SHUTDOWN of its own.
     assert_eq!(p.client_eq.sread(300).unwrap_err().errno(), errno::EAGAIN);
 }
@@ -215,20 +262,44 @@ fn reject_delivers_its_data_in_an_econnrefused_error_entry() {
     let domain = Domain::open(&fabric, &info).unwrap();
     let ceq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
     let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
-    let cinfo = getinfo(Some(&addr.ip().to_string()), Some(&addr.port().to_string()), Flags::empty(), None).unwrap().remove(0);
+    let cinfo = getinfo(
+        Some(&addr.ip().to_string()),
+        Some(&addr.port().to_string()),
+        Flags::empty(),
+        None,
+    )
+    .unwrap()
+    .remove(0);
     let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&ceq).unwrap();
     client.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
     client.enable().unwrap();
     client.connect(b"let me in").unwrap();
-    let EqEvent::ConnReq { info: req, data, .. } = next_event(&server_eq) else { panic!("expected FI_CONNREQ") };
+    let EqEvent::ConnReq {
+        info: req, data, ..
+    } = next_event(&server_eq)
+    else {
+        panic!("expected FI_CONNREQ")
+    };
     assert_eq!(data, b"let me in");
-    let handle = req.handle.clone().unwrap().downcast::<ConnRequest>().unwrap();
+    let handle = req
+        .handle
+        .clone()
+        .unwrap()
+        .downcast::<ConnRequest>()
+        .unwrap();
     pep.reject(&handle, b"not today").unwrap();
-    assert_eq!(pep.reject(&handle, b"").unwrap_err().errno(), errno::EINVAL, "a request is answered once");
+    assert_eq!(
+        pep.reject(&handle, b"").unwrap_err().errno(),
+        errno::EINVAL,
+        "a request is answered once"
+    );
     assert_eq!(ceq.sread(10_000).unwrap_err().errno(), errno::EAVAIL);
     let e = ceq.readerr().unwrap();
-    assert_eq!((e.fid, e.err, e.err_data.as_slice()), (CLIENT_FID, errno::ECONNREFUSED, &b"not today"[..]));
+    assert_eq!(
+        (e.fid, e.err, e.err_data.as_slice()),
+        (CLIENT_FID, errno::ECONNREFUSED, &b"not today"[..])
+    );
 }
 
 #[test]
@@ -236,20 +307,63 @@ fn bad_calls_return_errors_and_leave_the_endpoint_usable() {
     let Some(info) = device_info() else { return };
     let p = connect_pair(&info);
     let m = MemoryRegion::alloc(&p.domain, 128, Flags::SEND | Flags::RECV).unwrap();
-    assert_eq!(p.client.send(&m, 100, 29, 0).unwrap_err().errno(), errno::EINVAL, "range past the region");
-    assert_eq!(p.client.recv(&m, usize::MAX, 2, 0).unwrap_err().errno(), errno::EINVAL, "offset overflow");
+    assert_eq!(
+        p.client.send(&m, 100, 29, 0).unwrap_err().errno(),
+        errno::EINVAL,
+        "range past the region"
+    );
+    assert_eq!(
+        p.client.recv(&m, usize::MAX, 2, 0).unwrap_err().errno(),
+        errno::EINVAL,
+        "offset overflow"
+    );
     let too_big = info.ep_attr.max_msg_size + 1;
-    assert_eq!(p.client.send(&m, 0, too_big, 0).unwrap_err().errno(), errno::EMSGSIZE);
+    assert_eq!(
+        p.client.send(&m, 0, too_big, 0).unwrap_err().errno(),
+        errno::EMSGSIZE
+    );
     let other = Domain::open(&p.fabric, &info).unwrap();
     let foreign = MemoryRegion::alloc(&other, 64, Flags::SEND).unwrap();
-    assert_eq!(p.client.send(&foreign, 0, 8, 0).unwrap_err().errno(), errno::EINVAL, "MR of another domain");
-    assert_eq!(MemoryRegion::alloc(&p.domain, 8, Flags::TAGGED).unwrap_err().errno(), errno::EINVAL);
+    assert_eq!(
+        p.client.send(&foreign, 0, 8, 0).unwrap_err().errno(),
+        errno::EINVAL,
+        "MR of another domain"
+    );
+    assert_eq!(
+        MemoryRegion::alloc(&p.domain, 8, Flags::TAGGED)
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL
+    );
     assert_eq!(p.client.connect(b"").unwrap_err().errno(), errno::EISCONN);
-    assert_eq!(p.client.bind_cq(&p.client_cq, Flags::TRANSMIT).unwrap_err().errno(), errno::EOPBADSTATE);
-    assert_eq!(p.client.bind_cq(&p.client_cq, Flags::READ).unwrap_err().errno(), errno::EBADFLAGS);
-    assert_eq!(p.client.connect(&[0; 56]).unwrap_err().errno(), errno::EINVAL, "CM data over FI_OPT_CM_DATA_SIZE");
+    assert_eq!(
+        p.client
+            .bind_cq(&p.client_cq, Flags::TRANSMIT)
+            .unwrap_err()
+            .errno(),
+        errno::EOPBADSTATE
+    );
+    assert_eq!(
+        p.client
+            .bind_cq(&p.client_cq, Flags::READ)
+            .unwrap_err()
+            .errno(),
+        errno::EBADFLAGS
+    );
+    assert_eq!(
+        p.client.connect(&[0; 56]).unwrap_err().errno(),
+        errno::EINVAL,
+        "CM data over FI_OPT_CM_DATA_SIZE"
+    );
     // Still usable.
-    exchange(&p, &m, &MemoryRegion::alloc(&p.domain, 128, Flags::RECV).unwrap(), true, 100, 3);
+    exchange(
+        &p,
+        &m,
+        &MemoryRegion::alloc(&p.domain, 128, Flags::RECV).unwrap(),
+        true,
+        100,
+        3,
+    );
 }
 
 #[test]
@@ -257,10 +371,21 @@ fn endpoints_refuse_to_connect_or_enable_without_their_queues() {
     let Some(info) = device_info() else { return };
     let (fabric, _eq, _pep, addr) = listener(&info);
     let domain = Domain::open(&fabric, &info).unwrap();
-    let cinfo = getinfo(Some(&addr.ip().to_string()), Some(&addr.port().to_string()), Flags::empty(), None).unwrap().remove(0);
+    let cinfo = getinfo(
+        Some(&addr.ip().to_string()),
+        Some(&addr.port().to_string()),
+        Flags::empty(),
+        None,
+    )
+    .unwrap()
+    .remove(0);
     let ep = MsgEndpoint::open(&domain, &cinfo, 1).unwrap();
     let m = MemoryRegion::alloc(&domain, 8, Flags::SEND).unwrap();
-    assert_eq!(ep.send(&m, 0, 8, 0).unwrap_err().errno(), errno::EOPBADSTATE, "send before enable");
+    assert_eq!(
+        ep.send(&m, 0, 8, 0).unwrap_err().errno(),
+        errno::EOPBADSTATE,
+        "send before enable"
+    );
     assert_eq!(ep.enable().unwrap_err().errno(), errno::ENOCQ);
     let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
     ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
@@ -268,14 +393,28 @@ fn endpoints_refuse_to_connect_or_enable_without_their_queues() {
     assert_eq!(ep.connect(b"").unwrap_err().errno(), errno::ENOEQ);
     let mut no_dest = cinfo.clone();
     no_dest.dest_addr = None;
-    assert_eq!(MsgEndpoint::open(&domain, &no_dest, 2).unwrap_err().errno(), errno::EINVAL);
+    assert_eq!(
+        MsgEndpoint::open(&domain, &no_dest, 2).unwrap_err().errno(),
+        errno::EINVAL
+    );
 }
 
 #[test]
 fn objects_close_in_any_order_a_rust_user_can_express() {
     let Some(info) = device_info() else { return };
     let p = connect_pair(&info);
-    let Pair { fabric, domain, server_eq, client_eq, server_cq, client_cq, pep, server, client, .. } = p;
+    let Pair {
+        fabric,
+        domain,
+        server_eq,
+        client_eq,
+        server_cq,
+        client_cq,
+        pep,
+        server,
+        client,
+        ..
+    } = p;
     let m = MemoryRegion::alloc(&domain, 64, Flags::SEND | Flags::RECV).unwrap();
     // Drop the parents first: the endpoints keep what they need alive.
     drop(fabric);
@@ -299,8 +438,22 @@ fn cq_grows_to_cover_every_bound_queue_pair() {
     let Some(info) = device_info() else { return };
     let (fabric, _eq, _pep, addr) = listener(&info);
     let domain = Domain::open(&fabric, &info).unwrap();
-    let cq = CompletionQueue::open(&domain, &CqAttr { size: 16, ..Default::default() }).unwrap();
-    let cinfo = getinfo(Some(&addr.ip().to_string()), Some(&addr.port().to_string()), Flags::empty(), None).unwrap().remove(0);
+    let cq = CompletionQueue::open(
+        &domain,
+        &CqAttr {
+            size: 16,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let cinfo = getinfo(
+        Some(&addr.ip().to_string()),
+        Some(&addr.port().to_string()),
+        Flags::empty(),
+        None,
+    )
+    .unwrap()
+    .remove(0);
     let mut eps = Vec::new();
     for i in 0..3 {
         let ep = MsgEndpoint::open(&domain, &cinfo, i).unwrap();
@@ -310,6 +463,14 @@ fn cq_grows_to_cover_every_bound_queue_pair() {
     }
     // Each endpoint keeps tx_size + rx_size entries; three of them need more than 16.
     assert!(cinfo.tx_attr.size + cinfo.rx_attr.size > 16);
-    assert!(cq.capacity() >= 3 * (cinfo.tx_attr.size + cinfo.rx_attr.size), "capacity {}", cq.capacity());
-    assert_eq!(cq.read(&mut []).unwrap(), 0, "a zero-count read only drives progress");
+    assert!(
+        cq.capacity() >= 3 * (cinfo.tx_attr.size + cinfo.rx_attr.size),
+        "capacity {}",
+        cq.capacity()
+    );
+    assert_eq!(
+        cq.read(&mut []).unwrap(),
+        0,
+        "a zero-count read only drives progress"
+    );
 }

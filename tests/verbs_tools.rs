@@ -19,38 +19,82 @@ fn run_pair(tool: &str, port: u16, args: &[&str], server_ip: &str) -> String {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    let client = Command::new(tool).args(["-p", &port_s, "-T", "30"]).args(args).arg(server_ip).output().unwrap();
+    let client = Command::new(tool)
+        .args(["-p", &port_s, "-T", "30"])
+        .args(args)
+        .arg(server_ip)
+        .output()
+        .unwrap();
     let server_out = server.wait_with_output().unwrap();
     let serr = String::from_utf8_lossy(&server_out.stderr).to_string();
-    assert!(client.status.success(), "client failed: {}\nserver said: {serr}", String::from_utf8_lossy(&client.stderr));
+    assert!(
+        client.status.success(),
+        "client failed: {}\nserver said: {serr}",
+        String::from_utf8_lossy(&client.stderr)
+    );
     assert!(server_out.status.success(), "server failed: {serr}");
-    assert!(serr.contains("waiting for a client"), "the server says it is waiting: {serr}");
+    assert!(
+        serr.contains("waiting for a client"),
+        "the server says it is waiting: {serr}"
+    );
     String::from_utf8(client.stdout).unwrap()
 }
 
 fn json_rows(out: &str) -> Vec<String> {
-    out.lines().filter(|l| l.starts_with('{')).map(str::to_string).collect()
+    out.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]
 fn send_lat_runs_between_two_processes_and_reports_every_size() {
     let Some(ip) = addr() else { return };
-    let out = run_pair(env!("CARGO_BIN_EXE_rfab_send_lat"), 18601, &["-s", "64", "-n", "200", "--json"], &ip);
+    let out = run_pair(
+        env!("CARGO_BIN_EXE_rfab_send_lat"),
+        18601,
+        &["-s", "64", "-n", "200", "--json"],
+        &ip,
+    );
     let rows = json_rows(&out);
     assert_eq!(rows.len(), 1, "{out}");
-    assert!(rows[0].contains("\"bytes\":64") && rows[0].contains("\"iterations\":200"), "{out}");
-    let table = run_pair(env!("CARGO_BIN_EXE_rfab_send_lat"), 18602, &["-s", "8", "-n", "100"], &ip);
+    assert!(
+        rows[0].contains("\"bytes\":64") && rows[0].contains("\"iterations\":200"),
+        "{out}"
+    );
+    let table = run_pair(
+        env!("CARGO_BIN_EXE_rfab_send_lat"),
+        18602,
+        &["-s", "8", "-n", "100"],
+        &ip,
+    );
     assert!(table.contains("t_typical[usec]"), "{table}");
-    assert!(table.lines().any(|l| l.trim_start().starts_with("8 ")), "{table}");
+    assert!(
+        table.lines().any(|l| l.trim_start().starts_with("8 ")),
+        "{table}"
+    );
 }
 
 #[test]
 fn send_bw_runs_between_two_processes() {
     let Some(ip) = addr() else { return };
-    let out = run_pair(env!("CARGO_BIN_EXE_rfab_send_bw"), 18603, &["-s", "4096", "-n", "500", "--json"], &ip);
+    let out = run_pair(
+        env!("CARGO_BIN_EXE_rfab_send_bw"),
+        18603,
+        &["-s", "4096", "-n", "500", "--json"],
+        &ip,
+    );
     let rows = json_rows(&out);
     assert_eq!(rows.len(), 1, "{out}");
-    let avg: f64 = rows[0].split("\"bw_avg\":").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    let avg: f64 = rows[0]
+        .split("\"bw_avg\":")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(avg > 0.0, "{out}");
 }
 
@@ -58,18 +102,30 @@ fn send_bw_runs_between_two_processes() {
 fn client_without_a_server_fails_with_a_clear_error_not_a_hang() {
     let Some(ip) = addr() else { return };
     let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_rfab_send_lat")).args(["-p", "18699", "-T", "10", &ip]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rfab_send_lat"))
+        .args(["-p", "18699", "-T", "10", &ip])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("error:") && (err.contains("refused") || err.contains("timed out")), "{err}");
+    assert!(
+        err.contains("error:") && (err.contains("refused") || err.contains("timed out")),
+        "{err}"
+    );
     assert!(start.elapsed() < Duration::from_secs(20));
 }
 
 #[test]
 fn bad_arguments_print_usage_and_exit_2() {
     for args in [&["-s", "lots"][..], &["--frobnicate"][..], &["-n", "0"][..]] {
-        let out = Command::new(env!("CARGO_BIN_EXE_rfab_send_bw")).args(args).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_rfab_send_bw"))
+            .args(args)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("usage:"),
+            "{args:?}"
+        );
     }
 }

@@ -18,8 +18,15 @@ fn print_short(i: &Info) {
     println!("provider: {}", i.fabric_attr.prov_name);
     println!("    fabric: {}", i.fabric_attr.name);
     println!("    domain: {}", i.domain_attr.name);
-    println!("    version: {}.{}", i.fabric_attr.prov_version >> 16, i.fabric_attr.prov_version & 0xffff);
-    println!("    type: FI_EP_{}", format!("{:?}", i.ep_attr.ep_type).to_uppercase());
+    println!(
+        "    version: {}.{}",
+        i.fabric_attr.prov_version >> 16,
+        i.fabric_attr.prov_version & 0xffff
+    );
+    println!(
+        "    type: FI_EP_{}",
+        format!("{:?}", i.ep_attr.ep_type).to_uppercase()
+    );
     println!("    protocol: FI_PROTO_RDMA_CM_IB_RC");
 }
 
@@ -29,8 +36,14 @@ fn print_verbose(i: &Info) {
     println!("    caps: {:?}", i.caps);
     println!("    mode: {:?}", i.mode);
     println!("    addr_format: {:?}", i.addr_format);
-    println!("    src_addr: {}", i.src_addr.map_or("(null)".into(), |a| a.to_string()));
-    println!("    dest_addr: {}", i.dest_addr.map_or("(null)".into(), |a| a.to_string()));
+    println!(
+        "    src_addr: {}",
+        i.src_addr.map_or("(null)".into(), |a| a.to_string())
+    );
+    println!(
+        "    dest_addr: {}",
+        i.dest_addr.map_or("(null)".into(), |a| a.to_string())
+    );
     let t = &i.tx_attr;
     println!("    fi_tx_attr:\n        caps: {:?}\n        msg_order: {:#x}\n        comp_order: {:#x}\n        inject_size: {}\n        size: {}\n        iov_limit: {}\n        rma_iov_limit: {}", t.caps, t.msg_order, t.comp_order, t.inject_size, t.size, t.iov_limit, t.rma_iov_limit);
     let r = &i.rx_attr;
@@ -45,7 +58,8 @@ fn print_verbose(i: &Info) {
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let (mut node, mut port, mut domain, mut source, mut verbose) = (None, None, None, false, false);
+    let (mut node, mut port, mut domain, mut source, mut verbose) =
+        (None, None, None, false, false);
     while let Some(a) = args.next() {
         match a.as_str() {
             "-n" => node = args.next(),
@@ -74,7 +88,11 @@ fn main() -> ExitCode {
     if let Some(d) = &domain {
         hints.domain_attr.name = d.clone();
     }
-    let flags = if source { Flags::SOURCE } else { Flags::empty() };
+    let flags = if source {
+        Flags::SOURCE
+    } else {
+        Flags::empty()
+    };
     match getinfo(node.as_deref(), port.as_deref(), flags, Some(&hints)) {
         Ok(infos) => {
             for i in &infos {

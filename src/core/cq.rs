@@ -61,7 +61,11 @@ pub struct CqState {
 
 impl CqState {
     pub fn new(capacity: usize) -> Self {
-        CqState { q: VecDeque::with_capacity(capacity.min(4096)), capacity: capacity.max(1), overrun: false }
+        CqState {
+            q: VecDeque::with_capacity(capacity.min(4096)),
+            capacity: capacity.max(1),
+            overrun: false,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -79,7 +83,10 @@ impl CqState {
     fn push(&mut self, s: Staged) -> Result<()> {
         if self.q.len() >= self.capacity {
             self.overrun = true;
-            return Err(Error::new(errno::EOVERRUN, "completion queue overrun: size the CQ for every outstanding operation"));
+            return Err(Error::new(
+                errno::EOVERRUN,
+                "completion queue overrun: size the CQ for every outstanding operation",
+            ));
         }
         self.q.push_back(s);
         Ok(())
@@ -105,13 +112,19 @@ impl CqState {
                     n += 1;
                 }
                 Some(Staged::Error(_)) if n == 0 => {
-                    return Err(Error::new(errno::EAVAIL, "an error completion is at the head: read it with readerr"));
+                    return Err(Error::new(
+                        errno::EAVAIL,
+                        "an error completion is at the head: read it with readerr",
+                    ));
                 }
                 _ => break,
             }
         }
         if n == 0 && self.overrun {
-            return Err(Error::new(errno::EOVERRUN, "completion queue overrun: completions were lost"));
+            return Err(Error::new(
+                errno::EOVERRUN,
+                "completion queue overrun: completions were lost",
+            ));
         }
         Ok(n)
     }
@@ -136,19 +149,44 @@ mod tests {
     #[test]
     fn entry_is_laid_out_as_fi_cq_tagged_entry() {
         assert_eq!(size_of::<CqEntry>(), size_of::<fi_cq_tagged_entry>());
-        assert_eq!(offset_of!(CqEntry, flags), offset_of!(fi_cq_tagged_entry, flags));
-        assert_eq!(offset_of!(CqEntry, len), offset_of!(fi_cq_tagged_entry, len));
-        assert_eq!(offset_of!(CqEntry, buf), offset_of!(fi_cq_tagged_entry, buf));
-        assert_eq!(offset_of!(CqEntry, data), offset_of!(fi_cq_tagged_entry, data));
-        assert_eq!(offset_of!(CqEntry, tag), offset_of!(fi_cq_tagged_entry, tag));
+        assert_eq!(
+            offset_of!(CqEntry, flags),
+            offset_of!(fi_cq_tagged_entry, flags)
+        );
+        assert_eq!(
+            offset_of!(CqEntry, len),
+            offset_of!(fi_cq_tagged_entry, len)
+        );
+        assert_eq!(
+            offset_of!(CqEntry, buf),
+            offset_of!(fi_cq_tagged_entry, buf)
+        );
+        assert_eq!(
+            offset_of!(CqEntry, data),
+            offset_of!(fi_cq_tagged_entry, data)
+        );
+        assert_eq!(
+            offset_of!(CqEntry, tag),
+            offset_of!(fi_cq_tagged_entry, tag)
+        );
     }
 
     fn ok(ctx: u64) -> CqEntry {
-        CqEntry { op_context: ctx, flags: (Flags::MSG | Flags::RECV).bits(), len: 8, ..Default::default() }
+        CqEntry {
+            op_context: ctx,
+            flags: (Flags::MSG | Flags::RECV).bits(),
+            len: 8,
+            ..Default::default()
+        }
     }
 
     fn bad(ctx: u64) -> CqErrEntry {
-        CqErrEntry { op_context: ctx, err: errno::ECANCELED, prov_errno: 5, ..Default::default() }
+        CqErrEntry {
+            op_context: ctx,
+            err: errno::ECANCELED,
+            prov_errno: 5,
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -12,12 +12,36 @@ pub struct Knob {
 
 /// Every knob rfabric reads.
 pub const KNOBS: &[Knob] = &[
-    Knob { name: "FI_LOG_LEVEL", default: "(unset: silent)", help: "warn, trace, info or debug: what the provider explains on stderr" },
-    Knob { name: "FI_RVERBS_TX_SIZE", default: "384", help: "default send queue depth of an endpoint when hints leave it 0" },
-    Knob { name: "FI_RVERBS_RX_SIZE", default: "384", help: "default receive queue depth of an endpoint when hints leave it 0" },
-    Knob { name: "FI_RVERBS_CQ_SIZE", default: "2048", help: "default completion queue size when fi_cq_attr.size is 0" },
-    Knob { name: "FI_RVERBS_INLINE_SIZE", default: "(device: max_sge x 16)", help: "largest send carried inline in the work request (inject_size)" },
-    Knob { name: "FI_RVERBS_CM_TIMEOUT_MS", default: "2000", help: "address and route resolution timeout of rdma_cm" },
+    Knob {
+        name: "FI_LOG_LEVEL",
+        default: "(unset: silent)",
+        help: "warn, trace, info or debug: what the provider explains on stderr",
+    },
+    Knob {
+        name: "FI_RVERBS_TX_SIZE",
+        default: "384",
+        help: "default send queue depth of an endpoint when hints leave it 0",
+    },
+    Knob {
+        name: "FI_RVERBS_RX_SIZE",
+        default: "384",
+        help: "default receive queue depth of an endpoint when hints leave it 0",
+    },
+    Knob {
+        name: "FI_RVERBS_CQ_SIZE",
+        default: "2048",
+        help: "default completion queue size when fi_cq_attr.size is 0",
+    },
+    Knob {
+        name: "FI_RVERBS_INLINE_SIZE",
+        default: "(device: max_sge x 16)",
+        help: "largest send carried inline in the work request (inject_size)",
+    },
+    Knob {
+        name: "FI_RVERBS_CM_TIMEOUT_MS",
+        default: "2000",
+        help: "address and route resolution timeout of rdma_cm",
+    },
 ];
 
 /// Reads a numeric knob; a malformed value is an error naming the variable, not a silent default.
@@ -25,7 +49,10 @@ pub fn get_usize(name: &str) -> Result<Option<usize>> {
     match std::env::var(name) {
         Ok(v) if v.trim().is_empty() => Ok(None),
         Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-            Error::new(errno::EINVAL, format!("{name}={v:?} is not a number: unset it or give a non-negative integer"))
+            Error::new(
+                errno::EINVAL,
+                format!("{name}={v:?} is not a number: unset it or give a non-negative integer"),
+            )
         }),
         Err(_) => Ok(None),
     }
@@ -43,7 +70,13 @@ mod tests {
     #[test]
     fn every_knob_is_named_in_libfabric_form() {
         for k in KNOBS {
-            assert!(k.name == "FI_LOG_LEVEL" || k.name.starts_with("FI_RVERBS_") || k.name.starts_with("FI_RSHM_"), "{}", k.name);
+            assert!(
+                k.name == "FI_LOG_LEVEL"
+                    || k.name.starts_with("FI_RVERBS_")
+                    || k.name.starts_with("FI_RSHM_"),
+                "{}",
+                k.name
+            );
             assert!(!k.help.is_empty() && !k.default.is_empty());
         }
     }

@@ -12,7 +12,11 @@ use crate::core::info::Info;
 #[derive(Debug)]
 pub enum EqEvent {
     /// `FI_CONNREQ` on a passive endpoint: `info.handle` identifies the request to accept.
-    ConnReq { fid: u64, info: Box<Info>, data: Vec<u8> },
+    ConnReq {
+        fid: u64,
+        info: Box<Info>,
+        data: Vec<u8>,
+    },
     /// `FI_CONNECTED` on either side, with the accept data on the connecting side.
     Connected { fid: u64, data: Vec<u8> },
     /// `FI_SHUTDOWN`: the peer disconnected or went away.
@@ -22,7 +26,9 @@ pub enum EqEvent {
 impl EqEvent {
     pub fn fid(&self) -> u64 {
         match self {
-            EqEvent::ConnReq { fid, .. } | EqEvent::Connected { fid, .. } | EqEvent::Shutdown { fid } => *fid,
+            EqEvent::ConnReq { fid, .. }
+            | EqEvent::Connected { fid, .. }
+            | EqEvent::Shutdown { fid } => *fid,
         }
     }
 
@@ -66,7 +72,11 @@ pub struct EventQueueState {
 
 impl EventQueueState {
     pub fn new(capacity: usize) -> Self {
-        EventQueueState { entries: VecDeque::new(), capacity: capacity.max(1), overrun: false }
+        EventQueueState {
+            entries: VecDeque::new(),
+            capacity: capacity.max(1),
+            overrun: false,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -80,7 +90,10 @@ impl EventQueueState {
     fn push(&mut self, e: Entry) -> Result<()> {
         if self.entries.len() >= self.capacity {
             self.overrun = true;
-            return Err(Error::new(errno::EOVERRUN, "event queue full: open it with a larger fi_eq_attr.size"));
+            return Err(Error::new(
+                errno::EOVERRUN,
+                "event queue full: open it with a larger fi_eq_attr.size",
+            ));
         }
         self.entries.push_back(e);
         Ok(())
@@ -98,9 +111,15 @@ impl EventQueueState {
     /// `EOVERRUN` once events were lost.
     pub fn read(&mut self) -> Result<EqEvent> {
         match self.entries.front() {
-            None if self.overrun => Err(Error::new(errno::EOVERRUN, "event queue overrun: events were lost")),
+            None if self.overrun => Err(Error::new(
+                errno::EOVERRUN,
+                "event queue overrun: events were lost",
+            )),
             None => Err(Error::new(errno::EAGAIN, "no event")),
-            Some(Entry::Error(_)) => Err(Error::new(errno::EAVAIL, "an error entry is at the head: read it with readerr")),
+            Some(Entry::Error(_)) => Err(Error::new(
+                errno::EAVAIL,
+                "an error entry is at the head: read it with readerr",
+            )),
             Some(Entry::Event(_)) => match self.entries.pop_front() {
                 Some(Entry::Event(ev)) => Ok(ev),
                 _ => unreachable!("front was an event"),
@@ -124,7 +143,14 @@ mod tests {
     use super::*;
 
     fn err(fid: u64) -> EqErrEntry {
-        EqErrEntry { fid, context: 0, data: 0, err: errno::ECONNREFUSED, prov_errno: 28, err_data: b"no".to_vec() }
+        EqErrEntry {
+            fid,
+            context: 0,
+            data: 0,
+            err: errno::ECONNREFUSED,
+            prov_errno: 28,
+            err_data: b"no".to_vec(),
+        }
     }
 
     #[test]
@@ -139,7 +165,11 @@ mod tests {
         let mut q = EventQueueState::new(4);
         q.push_event(EqEvent::Shutdown { fid: 1 }).unwrap();
         q.push_error(err(2)).unwrap();
-        q.push_event(EqEvent::Connected { fid: 3, data: vec![7] }).unwrap();
+        q.push_event(EqEvent::Connected {
+            fid: 3,
+            data: vec![7],
+        })
+        .unwrap();
         assert!(matches!(q.read().unwrap(), EqEvent::Shutdown { fid: 1 }));
         assert_eq!(q.read().unwrap_err().errno(), errno::EAVAIL);
         assert_eq!(q.readerr().unwrap(), err(2));
@@ -153,7 +183,12 @@ mod tests {
     fn overrun_is_reported_once_the_queue_drains() {
         let mut q = EventQueueState::new(1);
         q.push_event(EqEvent::Shutdown { fid: 1 }).unwrap();
-        assert_eq!(q.push_event(EqEvent::Shutdown { fid: 2 }).unwrap_err().errno(), errno::EOVERRUN);
+        assert_eq!(
+            q.push_event(EqEvent::Shutdown { fid: 2 })
+                .unwrap_err()
+                .errno(),
+            errno::EOVERRUN
+        );
         assert!(q.read().is_ok());
         assert_eq!(q.read().unwrap_err().errno(), errno::EOVERRUN);
     }
@@ -162,6 +197,13 @@ mod tests {
     fn event_codes_are_the_header_values() {
         use rfabric_sys::fabric as fi;
         assert_eq!(EqEvent::Shutdown { fid: 0 }.code(), fi::FI_SHUTDOWN);
-        assert_eq!(EqEvent::Connected { fid: 0, data: vec![] }.code(), fi::FI_CONNECTED);
+        assert_eq!(
+            EqEvent::Connected {
+                fid: 0,
+                data: vec![]
+            }
+            .code(),
+            fi::FI_CONNECTED
+        );
     }
 }

@@ -87,7 +87,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// An error with its libfabric errno (positive) and the cause, naming the fix where known.
     pub fn new(errno: i32, cause: impl Into<Cow<'static, str>>) -> Self {
-        Error { errno: errno.abs(), prov_errno: 0, cause: cause.into() }
+        Error {
+            errno: errno.abs(),
+            prov_errno: 0,
+            cause: cause.into(),
+        }
     }
 
     /// Adds the provider-specific errno (an OS errno or an `ibv_wc_status`).
@@ -138,7 +142,11 @@ impl fmt::Display for Error {
 
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Error {{ errno: {}, prov_errno: {}, cause: {:?} }}", self.errno, self.prov_errno, self.cause)
+        write!(
+            f,
+            "Error {{ errno: {}, prov_errno: {}, cause: {:?} }}",
+            self.errno, self.prov_errno, self.cause
+        )
     }
 }
 
@@ -153,7 +161,10 @@ mod tests {
         let e = Error::new(-errno::ENODATA, "no RDMA device found: load rdma_rxe");
         assert_eq!(e.errno(), errno::ENODATA);
         assert_eq!(e.to_neg(), -(errno::ENODATA as isize));
-        assert_eq!(e.to_string(), "no RDMA device found: load rdma_rxe (No data available)");
+        assert_eq!(
+            e.to_string(),
+            "no RDMA device found: load rdma_rxe (No data available)"
+        );
     }
 
     #[test]

@@ -172,7 +172,10 @@ mod tests {
         assert_eq!(EpType::from_raw(1), Some(EpType::Msg));
         assert_eq!(EpType::Rdm.raw(), fi::FI_EP_RDM);
         assert_eq!(EpType::from_raw(99), None);
-        assert_eq!(Progress::from_raw(fi::FI_PROGRESS_MANUAL), Some(Progress::Manual));
+        assert_eq!(
+            Progress::from_raw(fi::FI_PROGRESS_MANUAL),
+            Some(Progress::Manual)
+        );
         assert_eq!(CqFormat::default(), CqFormat::Unspec);
     }
 }

@@ -143,7 +143,10 @@ impl Info {
     pub fn mismatch(&self, hints: &Info) -> Option<String> {
         let h = hints;
         if h.ep_attr.ep_type != EpType::Unspec && h.ep_attr.ep_type != self.ep_attr.ep_type {
-            return Some(format!("endpoint type {:?} requested, {:?} offered", h.ep_attr.ep_type, self.ep_attr.ep_type));
+            return Some(format!(
+                "endpoint type {:?} requested, {:?} offered",
+                h.ep_attr.ep_type, self.ep_attr.ep_type
+            ));
         }
         let missing = h.caps - self.caps;
         if !missing.is_empty() {
@@ -152,11 +155,15 @@ impl Info {
         let tx_missing = h.tx_attr.caps - self.tx_attr.caps;
         let rx_missing = h.rx_attr.caps - self.rx_attr.caps;
         if !tx_missing.is_empty() || !rx_missing.is_empty() {
-            return Some(format!("tx caps {tx_missing:?} / rx caps {rx_missing:?} not supported"));
+            return Some(format!(
+                "tx caps {tx_missing:?} / rx caps {rx_missing:?} not supported"
+            ));
         }
         let need = self.mode - h.mode;
         if !h.mode.is_empty() && !need.is_empty() {
-            return Some(format!("mode bits {need:?} required but not accepted by the application"));
+            return Some(format!(
+                "mode bits {need:?} required but not accepted by the application"
+            ));
         }
         match (h.addr_format, self.addr_format) {
             (AddrFormat::Unspec, _) => {}
@@ -165,10 +172,16 @@ impl Info {
             (a, b) => return Some(format!("address format {a:?} requested, {b:?} offered")),
         }
         if name_mismatch(&h.domain_attr.name, &self.domain_attr.name) {
-            return Some(format!("domain {:?} requested, this is {:?}", h.domain_attr.name, self.domain_attr.name));
+            return Some(format!(
+                "domain {:?} requested, this is {:?}",
+                h.domain_attr.name, self.domain_attr.name
+            ));
         }
         if name_mismatch(&h.fabric_attr.name, &self.fabric_attr.name) {
-            return Some(format!("fabric {:?} requested, this is {:?}", h.fabric_attr.name, self.fabric_attr.name));
+            return Some(format!(
+                "fabric {:?} requested, this is {:?}",
+                h.fabric_attr.name, self.fabric_attr.name
+            ));
         }
         if name_mismatch(&h.fabric_attr.prov_name, &self.fabric_attr.prov_name) {
             return Some(format!("provider {:?} requested", h.fabric_attr.prov_name));
@@ -176,20 +189,46 @@ impl Info {
         if let Some(accepted) = hinted_mr_mode(h) {
             let need = self.domain_attr.mr_mode - accepted;
             if !need.is_empty() {
-                return Some(format!("mr_mode {need:?} required but not accepted by the application"));
+                return Some(format!(
+                    "mr_mode {need:?} required but not accepted by the application"
+                ));
             }
         }
-        if h.domain_attr.data_progress == Progress::Auto && self.domain_attr.data_progress == Progress::Manual {
-            return Some("FI_PROGRESS_AUTO data progress requested; rverbs progresses in fi_cq_read".into());
+        if h.domain_attr.data_progress == Progress::Auto
+            && self.domain_attr.data_progress == Progress::Manual
+        {
+            return Some(
+                "FI_PROGRESS_AUTO data progress requested; rverbs progresses in fi_cq_read".into(),
+            );
         }
         let limits = [
             ("tx_attr.size", h.tx_attr.size, self.tx_attr.size),
             ("rx_attr.size", h.rx_attr.size, self.rx_attr.size),
-            ("tx_attr.iov_limit", h.tx_attr.iov_limit, self.tx_attr.iov_limit),
-            ("rx_attr.iov_limit", h.rx_attr.iov_limit, self.rx_attr.iov_limit),
-            ("tx_attr.inject_size", h.tx_attr.inject_size, self.tx_attr.inject_size),
-            ("ep_attr.max_msg_size", h.ep_attr.max_msg_size, self.ep_attr.max_msg_size),
-            ("domain_attr.cq_data_size", h.domain_attr.cq_data_size, self.domain_attr.cq_data_size),
+            (
+                "tx_attr.iov_limit",
+                h.tx_attr.iov_limit,
+                self.tx_attr.iov_limit,
+            ),
+            (
+                "rx_attr.iov_limit",
+                h.rx_attr.iov_limit,
+                self.rx_attr.iov_limit,
+            ),
+            (
+                "tx_attr.inject_size",
+                h.tx_attr.inject_size,
+                self.tx_attr.inject_size,
+            ),
+            (
+                "ep_attr.max_msg_size",
+                h.ep_attr.max_msg_size,
+                self.ep_attr.max_msg_size,
+            ),
+            (
+                "domain_attr.cq_data_size",
+                h.domain_attr.cq_data_size,
+                self.domain_attr.cq_data_size,
+            ),
         ];
         for (what, asked, max) in limits {
             if asked > max {
@@ -251,14 +290,35 @@ mod tests {
             addr_format: AddrFormat::SockaddrIn,
             ..Default::default()
         };
-        i.tx_attr = TxAttr { caps: i.caps, size: 1024, iov_limit: 4, inject_size: 512, msg_order: RC_MSG_ORDER, ..Default::default() };
-        i.rx_attr = RxAttr { caps: i.caps, size: 1024, iov_limit: 4, ..Default::default() };
-        i.ep_attr = EpAttr { ep_type: EpType::Msg, max_msg_size: 1 << 30, ..Default::default() };
+        i.tx_attr = TxAttr {
+            caps: i.caps,
+            size: 1024,
+            iov_limit: 4,
+            inject_size: 512,
+            msg_order: RC_MSG_ORDER,
+            ..Default::default()
+        };
+        i.rx_attr = RxAttr {
+            caps: i.caps,
+            size: 1024,
+            iov_limit: 4,
+            ..Default::default()
+        };
+        i.ep_attr = EpAttr {
+            ep_type: EpType::Msg,
+            max_msg_size: 1 << 30,
+            ..Default::default()
+        };
         i.domain_attr.name = "rxe0".into();
-        i.domain_attr.mr_mode = MrMode::LOCAL | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY;
+        i.domain_attr.mr_mode =
+            MrMode::LOCAL | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY;
         i.domain_attr.data_progress = Progress::Manual;
         i.domain_attr.cq_data_size = 4;
-        i.fabric_attr = FabricAttr { name: "IB-0xfe80000000000000".into(), prov_name: "rverbs".into(), ..Default::default() };
+        i.fabric_attr = FabricAttr {
+            name: "IB-0xfe80000000000000".into(),
+            prov_name: "rverbs".into(),
+            ..Default::default()
+        };
         i
     }
 
@@ -270,24 +330,48 @@ mod tests {
     #[test]
     fn each_unsatisfiable_hint_is_refused_with_its_reason() {
         let o = offered();
-        let cases: Vec<(Box<dyn Fn(&mut Info)>, &str)> = vec![
-            (Box::new(|h| h.ep_attr.ep_type = EpType::Rdm), "endpoint type"),
+        type SetHint = Box<dyn Fn(&mut Info)>;
+        let cases: Vec<(SetHint, &str)> = vec![
+            (
+                Box::new(|h| h.ep_attr.ep_type = EpType::Rdm),
+                "endpoint type",
+            ),
             (Box::new(|h| h.caps = Flags::TAGGED), "capabilities"),
-            (Box::new(|h| h.addr_format = AddrFormat::SockaddrIb), "address format"),
+            (
+                Box::new(|h| h.addr_format = AddrFormat::SockaddrIb),
+                "address format",
+            ),
             (Box::new(|h| h.domain_attr.name = "mlx5_0".into()), "domain"),
-            (Box::new(|h| h.fabric_attr.prov_name = "tcp".into()), "provider"),
-            (Box::new(|h| h.domain_attr.mr_mode = MrMode::VIRT_ADDR), "mr_mode"),
+            (
+                Box::new(|h| h.fabric_attr.prov_name = "tcp".into()),
+                "provider",
+            ),
+            (
+                Box::new(|h| h.domain_attr.mr_mode = MrMode::VIRT_ADDR),
+                "mr_mode",
+            ),
             (Box::new(|h| h.tx_attr.size = 4096), "tx_attr.size"),
             (Box::new(|h| h.tx_attr.inject_size = 4096), "inject_size"),
-            (Box::new(|h| h.ep_attr.max_msg_size = usize::MAX), "max_msg_size"),
+            (
+                Box::new(|h| h.ep_attr.max_msg_size = usize::MAX),
+                "max_msg_size",
+            ),
             (Box::new(|h| h.domain_attr.cq_data_size = 8), "cq_data_size"),
-            (Box::new(|h| h.domain_attr.data_progress = Progress::Auto), "FI_PROGRESS_AUTO"),
-            (Box::new(|h| h.tx_attr.msg_order = fi::FI_ORDER_DATA), "msg_order"),
+            (
+                Box::new(|h| h.domain_attr.data_progress = Progress::Auto),
+                "FI_PROGRESS_AUTO",
+            ),
+            (
+                Box::new(|h| h.tx_attr.msg_order = fi::FI_ORDER_DATA),
+                "msg_order",
+            ),
         ];
         for (set, reason) in cases {
             let mut h = Info::default();
             set(&mut h);
-            let why = o.mismatch(&h).unwrap_or_else(|| panic!("hint for {reason} was accepted"));
+            let why = o
+                .mismatch(&h)
+                .unwrap_or_else(|| panic!("hint for {reason} was accepted"));
             assert!(why.contains(reason), "{why} should mention {reason}");
         }
     }
@@ -295,14 +379,25 @@ mod tests {
     #[test]
     fn satisfiable_hints_match_and_narrow_the_answer() {
         let o = offered();
-        let mut h = Info { caps: Flags::MSG, addr_format: AddrFormat::Sockaddr, ..Default::default() };
+        let mut h = Info {
+            caps: Flags::MSG,
+            addr_format: AddrFormat::Sockaddr,
+            ..Default::default()
+        };
         h.ep_attr.ep_type = EpType::Msg;
         h.tx_attr.size = 64;
-        h.domain_attr.mr_mode = MrMode::LOCAL | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY | MrMode::ENDPOINT;
+        h.domain_attr.mr_mode = MrMode::LOCAL
+            | MrMode::VIRT_ADDR
+            | MrMode::ALLOCATED
+            | MrMode::PROV_KEY
+            | MrMode::ENDPOINT;
         h.domain_attr.threading = Threading::Domain;
         assert_eq!(o.mismatch(&h), None);
         let n = o.narrowed(&h);
-        assert_eq!((n.caps, n.tx_attr.size, n.rx_attr.size), (Flags::MSG, 64, 1024));
+        assert_eq!(
+            (n.caps, n.tx_attr.size, n.rx_attr.size),
+            (Flags::MSG, 64, 1024)
+        );
         assert_eq!(n.domain_attr.threading, Threading::Domain);
     }
 
@@ -310,7 +405,10 @@ mod tests {
     fn mr_basic_means_virt_addr_allocated_prov_key_and_local_with_local_mr_mode() {
         let mut h = Info::default();
         h.domain_attr.mr_mode = MrMode::from_bits_retain(fi::FI_MR_BASIC);
-        assert_eq!(offered().mismatch(&h).map(|s| s.contains("LOCAL")), Some(true));
+        assert_eq!(
+            offered().mismatch(&h).map(|s| s.contains("LOCAL")),
+            Some(true)
+        );
         h.mode = Mode::LOCAL_MR;
         assert_eq!(offered().mismatch(&h), None);
     }

@@ -36,7 +36,12 @@ pub fn parse_level(v: &str) -> Option<Level> {
 
 fn max_level() -> Option<Level> {
     static LEVEL: OnceLock<Option<Level>> = OnceLock::new();
-    *LEVEL.get_or_init(|| std::env::var("FI_LOG_LEVEL").ok().as_deref().and_then(parse_level))
+    *LEVEL.get_or_init(|| {
+        std::env::var("FI_LOG_LEVEL")
+            .ok()
+            .as_deref()
+            .and_then(parse_level)
+    })
 }
 
 /// Whether messages at `level` are printed.
@@ -47,7 +52,10 @@ pub fn enabled(level: Level) -> bool {
 
 /// Prints one line as libfabric does: `libfabric:PID:TIME:rverbs:SUBSYS:FUNC():LINE<LEVEL> msg`.
 pub fn emit(level: Level, subsys: &str, func: &str, line: u32, msg: std::fmt::Arguments<'_>) {
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     eprintln!(
         "libfabric:{}:{}:rverbs:{}:{}():{}<{}> {}",
         std::process::id(),

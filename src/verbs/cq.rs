@@ -49,7 +49,9 @@ pub(crate) fn status_errno(status: u32) -> i32 {
     match status {
         st::IBV_WC_WR_FLUSH_ERR => errno::ECANCELED,
         st::IBV_WC_LOC_LEN_ERR => errno::ETRUNC,
-        st::IBV_WC_LOC_PROT_ERR | st::IBV_WC_REM_ACCESS_ERR | st::IBV_WC_MW_BIND_ERR => errno::EACCES,
+        st::IBV_WC_LOC_PROT_ERR | st::IBV_WC_REM_ACCESS_ERR | st::IBV_WC_MW_BIND_ERR => {
+            errno::EACCES
+        }
         st::IBV_WC_REM_INV_REQ_ERR => errno::EINVAL,
         st::IBV_WC_RETRY_EXC_ERR | st::IBV_WC_RESP_TIMEOUT_ERR => errno::ETIMEDOUT,
         st::IBV_WC_RNR_RETRY_EXC_ERR => errno::ECONNREFUSED,
@@ -63,7 +65,9 @@ pub(crate) fn status_errno(status: u32) -> i32 {
 fn wc_flags(wc: &WorkCompletion) -> Flags {
     match wc.opcode() {
         op::IBV_WC_SEND => Flags::MSG | Flags::SEND,
-        op::IBV_WC_RECV if wc.imm_data().is_some() => Flags::MSG | Flags::RECV | Flags::REMOTE_CQ_DATA,
+        op::IBV_WC_RECV if wc.imm_data().is_some() => {
+            Flags::MSG | Flags::RECV | Flags::REMOTE_CQ_DATA
+        }
         op::IBV_WC_RECV => Flags::MSG | Flags::RECV,
         op::IBV_WC_RDMA_WRITE => Flags::RMA | Flags::WRITE,
         op::IBV_WC_RDMA_READ => Flags::RMA | Flags::READ,
@@ -78,7 +82,11 @@ fn to_entry(wc: &WorkCompletion) -> CqEntry {
     CqEntry {
         op_context: wc.wr_id(),
         flags: flags.bits(),
-        len: if flags.contains(Flags::RECV) || flags.contains(Flags::REMOTE_WRITE) { wc.byte_len() as usize } else { 0 },
+        len: if flags.contains(Flags::RECV) || flags.contains(Flags::REMOTE_WRITE) {
+            wc.byte_len() as usize
+        } else {
+            0
+        },
         buf: 0,
         data: u64::from(wc.imm_data().unwrap_or(0)),
         tag: 0,
@@ -99,14 +107,31 @@ impl CompletionQueue {
     pub fn open(domain: &Arc<Domain>, attr: &CqAttr) -> Result<Arc<Self>> {
         match attr.wait_obj {
             WaitObj::None | WaitObj::Unspec => {}
-            w => return Err(Error::new(errno::ENOSYS, format!("CQ wait object {w:?} is not implemented yet: use FI_WAIT_NONE"))),
+            w => {
+                return Err(Error::new(
+                    errno::ENOSYS,
+                    format!("CQ wait object {w:?} is not implemented yet: use FI_WAIT_NONE"),
+                ))
+            }
         }
         let max_cqe = domain.device().attr.max_cqe;
-        let size = if attr.size == 0 { env::get_usize_or("FI_RVERBS_CQ_SIZE", 2048)? } else { attr.size };
+        let size = if attr.size == 0 {
+            env::get_usize_or("FI_RVERBS_CQ_SIZE", 2048)?
+        } else {
+            attr.size
+        };
         if size > max_cqe as usize {
-            return Err(Error::new(errno::EINVAL, format!("CQ size {size} exceeds the device's max_cqe {max_cqe}")));
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("CQ size {size} exceeds the device's max_cqe {max_cqe}"),
+            ));
         }
-        let cq = Cq::new(domain.device().context, size as u32, attr.signaling_vector.max(0)).map_err(os_err("ibv_create_cq"))?;
+        let cq = Cq::new(
+            domain.device().context,
+            size as u32,
+            attr.signaling_vector.max(0),
+        )
+        .map_err(os_err("ibv_create_cq"))?;
         let mut attr = *attr;
         attr.size = cq.capacity() as usize;
         if attr.format == CqFormat::Unspec {
@@ -150,10 +175,17 @@ impl CompletionQueue {
         if out.is_empty() {
             return Ok(0);
         }
-        let n = if out.len() == 1 { self.poll_into::<1>(out)? } else { self.poll_into::<POLL_BATCH>(out)? };
+        let n = if out.len() == 1 {
+            self.poll_into::<1>(out)?
+        } else {
+            self.poll_into::<POLL_BATCH>(out)?
+        };
         if n == 0 {
             return Err(if self.staged.load(Ordering::Acquire) != 0 {
-                Error::new(errno::EAVAIL, "an error completion is at the head: read it with readerr")
+                Error::new(
+                    errno::EAVAIL,
+                    "an error completion is at the head: read it with readerr",
+                )
             } else {
                 Error::new(errno::EAGAIN, "no completion")
             });
@@ -172,7 +204,10 @@ impl CompletionQueue {
     fn poll_into<const N: usize>(&self, out: &mut [CqEntry]) -> Result<usize> {
         let mut wc: [WorkCompletion; N] = [WorkCompletion::ZERO; N];
         let want = out.len().min(N);
-        let got = self.cq.poll(&mut wc[..want]).map_err(os_err("ibv_poll_cq"))?;
+        let got = self
+            .cq
+            .poll(&mut wc[..want])
+            .map_err(os_err("ibv_poll_cq"))?;
         for (i, w) in wc[..got].iter().enumerate() {
             if w.status() != st::IBV_WC_SUCCESS {
                 self.stage(&wc[i..got]);
@@ -192,7 +227,13 @@ impl CompletionQueue {
                 s.push_entry(to_entry(w))
             } else {
                 let e = to_err_entry(w);
-                crate::fi_info!("cq", "completion error for context {:#x}: {} ({})", e.op_context, wc_status_str(w.status()), w.vendor_err());
+                crate::fi_info!(
+                    "cq",
+                    "completion error for context {:#x}: {} ({})",
+                    e.op_context,
+                    wc_status_str(w.status()),
+                    w.vendor_err()
+                );
                 s.push_error(e)
             };
             if let Err(e) = r {
@@ -205,7 +246,9 @@ impl CompletionQueue {
     /// The head error completion (`fi_cq_readerr`); `EAGAIN` when the head is not an error.
     pub fn readerr(&self) -> Result<CqErrEntry> {
         let mut s = self.state();
-        let r = s.readerr().ok_or_else(|| Error::new(errno::EAGAIN, "no error completion at the head"));
+        let r = s
+            .readerr()
+            .ok_or_else(|| Error::new(errno::EAGAIN, "no error completion at the head"));
         self.staged.store(s.len(), Ordering::Release);
         r
     }
@@ -228,7 +271,11 @@ impl CompletionQueue {
                 ));
             }
             self.cq.resize(want).map_err(os_err("ibv_resize_cq"))?;
-            crate::fi_info!("cq", "grew CQ to {} entries for its endpoints", self.cq.capacity());
+            crate::fi_info!(
+                "cq",
+                "grew CQ to {} entries for its endpoints",
+                self.cq.capacity()
+            );
         }
         *r = want;
         Ok(())

@@ -24,10 +24,20 @@ impl Domain {
         let device = devices()?
             .into_iter()
             .find(|d| &d.name == name)
-            .ok_or_else(|| Error::new(errno::ENODEV, format!("no RDMA device named {name:?}: check fi_getinfo's domain name")))?;
+            .ok_or_else(|| {
+                Error::new(
+                    errno::ENODEV,
+                    format!("no RDMA device named {name:?}: check fi_getinfo's domain name"),
+                )
+            })?;
         let pd = ProtectionDomain::new(device.context).map_err(os_err("ibv_alloc_pd"))?;
         crate::fi_info!("domain", "opened domain {} (pd on {})", name, device.name);
-        Ok(Arc::new(Domain { pd, device, info: info.clone(), _fabric: fabric.clone() }))
+        Ok(Arc::new(Domain {
+            pd,
+            device,
+            info: info.clone(),
+            _fabric: fabric.clone(),
+        }))
     }
 
     pub fn info(&self) -> &Info {

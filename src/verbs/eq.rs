@@ -39,7 +39,12 @@ impl ConnRequest {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
-            .ok_or_else(|| Error::new(errno::EINVAL, "this connection request was already accepted or rejected"))
+            .ok_or_else(|| {
+                Error::new(
+                    errno::EINVAL,
+                    "this connection request was already accepted or rejected",
+                )
+            })
     }
 }
 
@@ -69,7 +74,13 @@ pub struct EventQueue {
 pub(crate) fn encode_cm_data(data: &[u8], transport_max: usize) -> Result<Vec<u8>> {
     let max = transport_max - 1;
     if data.len() > max {
-        return Err(Error::new(errno::EINVAL, format!("{} bytes of CM data exceed FI_OPT_CM_DATA_SIZE ({max})", data.len())));
+        return Err(Error::new(
+            errno::EINVAL,
+            format!(
+                "{} bytes of CM data exceed FI_OPT_CM_DATA_SIZE ({max})",
+                data.len()
+            ),
+        ));
     }
     let mut v = Vec::with_capacity(data.len() + 1);
     v.push(data.len() as u8);
@@ -88,13 +99,23 @@ impl EventQueue {
     pub fn open(fabric: &Arc<Fabric>, attr: &EqAttr) -> Result<Arc<Self>> {
         match attr.wait_obj {
             WaitObj::None | WaitObj::Unspec | WaitObj::Fd => {}
-            w => return Err(Error::new(errno::ENOSYS, format!("EQ wait object {w:?} is not implemented yet: use FI_WAIT_UNSPEC or FI_WAIT_FD"))),
+            w => {
+                return Err(Error::new(
+                    errno::ENOSYS,
+                    format!(
+                    "EQ wait object {w:?} is not implemented yet: use FI_WAIT_UNSPEC or FI_WAIT_FD"
+                ),
+                ))
+            }
         }
         let channel = Arc::new(EventChannel::new().map_err(os_err("rdma_create_event_channel"))?);
         let size = if attr.size == 0 { 256 } else { attr.size };
         Ok(Arc::new(EventQueue {
             channel,
-            inner: Mutex::new(Inner { q: EventQueueState::new(size), owners: HashMap::new() }),
+            inner: Mutex::new(Inner {
+                q: EventQueueState::new(size),
+                owners: HashMap::new(),
+            }),
             _fabric: fabric.clone(),
         }))
     }
@@ -136,7 +157,8 @@ impl EventQueue {
 
     /// Waits up to `timeout_ms` (negative: forever) for an event (`fi_eq_sread`).
     pub fn sread(&self, timeout_ms: i32) -> Result<EqEvent> {
-        let deadline = (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+        let deadline =
+            (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
         loop {
             match self.read() {
                 Err(e) if e.is_again() => {}
@@ -166,14 +188,24 @@ impl EventQueue {
     }
 
     fn progress(&self, g: &mut Inner) -> Result<()> {
-        while let Some(e) = self.channel.get_event().map_err(os_err("rdma_get_cm_event"))? {
+        while let Some(e) = self
+            .channel
+            .get_event()
+            .map_err(os_err("rdma_get_cm_event"))?
+        {
             Self::translate(g, e);
         }
         Ok(())
     }
 
     fn translate(g: &mut Inner, e: CmEvent) {
-        crate::fi_debug!("eq", "{} (status {}) on id {:#x}", event_str(e.kind), e.status, e.id);
+        crate::fi_debug!(
+            "eq",
+            "{} (status {}) on id {:#x}",
+            event_str(e.kind),
+            e.status,
+            e.id
+        );
         let owner_fid = |g: &Inner, id: usize| match g.owners.get(&id) {
             Some(Owner::Active { fid, ep }) => Some((*fid, ep.upgrade())),
             _ => None,
@@ -181,7 +213,10 @@ impl EventQueue {
         let pushed = match e.kind {
             ev::RDMA_CM_EVENT_CONNECT_REQUEST => {
                 let Some(Owner::Passive { fid, info }) = g.owners.get(&e.listen_id) else {
-                    crate::fi_warn!("eq", "connection request for an unknown listener: refusing it");
+                    crate::fi_warn!(
+                        "eq",
+                        "connection request for an unknown listener: refusing it"
+                    );
                     return; // Dropping the new id refuses the request.
                 };
                 let Some(id) = e.new_id else { return };
@@ -192,16 +227,25 @@ impl EventQueue {
                     info.domain_attr.name = ctx.name();
                 }
                 let fid = *fid;
-                info.handle = Some(Arc::new(ConnRequest { id: Mutex::new(Some(id)) }));
+                info.handle = Some(Arc::new(ConnRequest {
+                    id: Mutex::new(Some(id)),
+                }));
                 crate::fi_info!("eq", "connection request from {:?}", info.dest_addr);
-                g.q.push_event(EqEvent::ConnReq { fid, info: Box::new(info), data: decode_cm_data(&e.private_data) })
+                g.q.push_event(EqEvent::ConnReq {
+                    fid,
+                    info: Box::new(info),
+                    data: decode_cm_data(&e.private_data),
+                })
             }
             ev::RDMA_CM_EVENT_ESTABLISHED => match owner_fid(g, e.id) {
                 Some((fid, ep)) => {
                     if let Some(ep) = ep {
                         ep.mark_connected();
                     }
-                    g.q.push_event(EqEvent::Connected { fid, data: decode_cm_data(&e.private_data) })
+                    g.q.push_event(EqEvent::Connected {
+                        fid,
+                        data: decode_cm_data(&e.private_data),
+                    })
                 }
                 None => return,
             },
@@ -230,12 +274,31 @@ impl EventQueue {
                     let err = match e.kind {
                         ev::RDMA_CM_EVENT_REJECTED => errno::ECONNREFUSED,
                         ev::RDMA_CM_EVENT_DEVICE_REMOVAL => errno::ENODEV,
-                        ev::RDMA_CM_EVENT_UNREACHABLE | ev::RDMA_CM_EVENT_ADDR_ERROR | ev::RDMA_CM_EVENT_ROUTE_ERROR => errno::EHOSTUNREACH,
+                        ev::RDMA_CM_EVENT_UNREACHABLE
+                        | ev::RDMA_CM_EVENT_ADDR_ERROR
+                        | ev::RDMA_CM_EVENT_ROUTE_ERROR => errno::EHOSTUNREACH,
                         _ => errno::ECONNABORTED,
                     };
-                    crate::fi_info!("eq", "{} for endpoint {:#x} (status {})", event_str(e.kind), fid, e.status);
-                    let err_data = if e.kind == ev::RDMA_CM_EVENT_REJECTED { decode_cm_data(&e.private_data) } else { Vec::new() };
-                    g.q.push_error(EqErrEntry { fid, context: fid, data: 0, err, prov_errno: e.status, err_data })
+                    crate::fi_info!(
+                        "eq",
+                        "{} for endpoint {:#x} (status {})",
+                        event_str(e.kind),
+                        fid,
+                        e.status
+                    );
+                    let err_data = if e.kind == ev::RDMA_CM_EVENT_REJECTED {
+                        decode_cm_data(&e.private_data)
+                    } else {
+                        Vec::new()
+                    };
+                    g.q.push_error(EqErrEntry {
+                        fid,
+                        context: fid,
+                        data: 0,
+                        err,
+                        prov_errno: e.status,
+                        err_data,
+                    })
                 }
                 None => return,
             },
@@ -264,7 +327,10 @@ mod tests {
 
     #[test]
     fn oversized_cm_data_is_refused() {
-        assert_eq!(encode_cm_data(&[0; 56], 56).unwrap_err().errno(), errno::EINVAL);
+        assert_eq!(
+            encode_cm_data(&[0; 56], 56).unwrap_err().errno(),
+            errno::EINVAL
+        );
         assert!(encode_cm_data(&[0; 55], 56).is_ok());
     }
 }

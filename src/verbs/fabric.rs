@@ -16,7 +16,13 @@ impl Fabric {
     /// Opens the fabric an info names (`fi_fabric(info->fabric_attr, …)`).
     pub fn open(attr: &FabricAttr) -> Result<Arc<Fabric>> {
         if !attr.prov_name.is_empty() && attr.prov_name != PROVIDER_NAME {
-            return Err(Error::new(errno::EINVAL, format!("fabric attributes name provider {:?}, not rverbs", attr.prov_name)));
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "fabric attributes name provider {:?}, not rverbs",
+                    attr.prov_name
+                ),
+            ));
         }
         crate::verbs::install_sys_log();
         Ok(Arc::new(Fabric { attr: attr.clone() }))

@@ -35,7 +35,11 @@ pub fn devices() -> Result<Vec<Device>> {
         let attr = match ctx.query_device() {
             Ok(a) => a,
             Err(e) => {
-                crate::fi_warn!("core", "skipping {name}: ibv_query_device failed: {}", std::io::Error::from_raw_os_error(e));
+                crate::fi_warn!(
+                    "core",
+                    "skipping {name}: ibv_query_device failed: {}",
+                    std::io::Error::from_raw_os_error(e)
+                );
                 continue;
             }
         };
@@ -56,15 +60,34 @@ pub fn devices() -> Result<Vec<Device>> {
             continue;
         };
         if !port.is_active() {
-            crate::fi_info!("core", "{name} port {} is not active (state {})", port.port_num, port.state);
+            crate::fi_info!(
+                "core",
+                "{name} port {} is not active (state {})",
+                port.port_num,
+                port.state
+            );
         }
         let gid0 = ctx.query_gid(port.port_num, 0).unwrap_or([0; 16]);
         let ipv4 = (0..port.gid_tbl_len.min(16) as i32)
             .filter_map(|i| ctx.query_gid(port.port_num, i).ok())
             .find(|g| g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
             .map(|g| Ipv4Addr::new(g[12], g[13], g[14], g[15]));
-        crate::fi_debug!("core", "found {name}: port {} mtu {} max_sge {} max_qp_wr {}", port.port_num, port.active_mtu, attr.max_sge, attr.max_qp_wr);
-        out.push(Device { name, attr, port, gid0, ipv4, context: ctx });
+        crate::fi_debug!(
+            "core",
+            "found {name}: port {} mtu {} max_sge {} max_qp_wr {}",
+            port.port_num,
+            port.active_mtu,
+            attr.max_sge,
+            attr.max_qp_wr
+        );
+        out.push(Device {
+            name,
+            attr,
+            port,
+            gid0,
+            ipv4,
+            context: ctx,
+        });
     }
     Ok(out)
 }
@@ -82,7 +105,11 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
     let caps = Flags::MSG | Flags::SEND | Flags::RECV;
     let max_msg = dev.port.max_msg_sz as usize;
     let prefix = u64::from_be_bytes(dev.gid0[..8].try_into().expect("8 bytes"));
-    let mut i = Info { caps, addr_format: AddrFormat::SockaddrIn, ..Default::default() };
+    let mut i = Info {
+        caps,
+        addr_format: AddrFormat::SockaddrIn,
+        ..Default::default()
+    };
     i.tx_attr = TxAttr {
         caps: Flags::MSG | Flags::SEND,
         msg_order: RC_MSG_ORDER,
@@ -153,12 +180,19 @@ fn resolve(node: Option<&str>, service: Option<&str>, passive: bool) -> Result<O
     }
     let port: u16 = match service {
         None => 0,
-        Some(s) => s.parse().map_err(|_| Error::new(errno::EINVAL, format!("service {s:?} is not a port number")))?,
+        Some(s) => s.parse().map_err(|_| {
+            Error::new(errno::EINVAL, format!("service {s:?} is not a port number"))
+        })?,
     };
     let host = match node {
         Some(n) => n,
         None if passive => "0.0.0.0",
-        None => return Err(Error::new(errno::EINVAL, "a service without a node names no destination: give the server's address")),
+        None => {
+            return Err(Error::new(
+                errno::EINVAL,
+                "a service without a node names no destination: give the server's address",
+            ))
+        }
     };
     let mut addrs = (host, port)
         .to_socket_addrs()
@@ -178,7 +212,9 @@ pub(crate) fn resolve_route(src: Option<&SocketAddr>, dst: &SocketAddr) -> Resul
     let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
     let t = cm_timeout()?;
     id.resolve_addr(src, dst, t).map_err(|e| {
-        Error::os(e, "rdma_resolve_addr").with_prov_errno(e).tap_cause(format!("no RDMA route to {dst}"))
+        Error::os(e, "rdma_resolve_addr")
+            .with_prov_errno(e)
+            .tap_cause(format!("no RDMA route to {dst}"))
     })?;
     id.resolve_route(t).map_err(os_err("rdma_resolve_route"))?;
     Ok(id)
@@ -189,7 +225,8 @@ trait TapCause {
 }
 impl TapCause for Error {
     fn tap_cause(self, cause: String) -> Error {
-        Error::new(self.errno(), format!("{cause}: {}", self.cause())).with_prov_errno(self.prov_errno())
+        Error::new(self.errno(), format!("{cause}: {}", self.cause()))
+            .with_prov_errno(self.prov_errno())
     }
 }
 
@@ -202,7 +239,12 @@ fn addr_format_of(a: &SocketAddr) -> AddrFormat {
 
 /// `fi_getinfo` for rverbs: `node`/`service` name the peer (or, with `FI_SOURCE`, the local
 /// address to listen on); hints filter and narrow the answer. `ENODATA` when nothing matches.
-pub fn getinfo(node: Option<&str>, service: Option<&str>, flags: Flags, hints: Option<&Info>) -> Result<Vec<Info>> {
+pub fn getinfo(
+    node: Option<&str>,
+    service: Option<&str>,
+    flags: Flags,
+    hints: Option<&Info>,
+) -> Result<Vec<Info>> {
     let devs = devices()?;
     if devs.is_empty() {
         return Err(no_device_error());
@@ -220,7 +262,12 @@ pub fn getinfo(node: Option<&str>, service: Option<&str>, flags: Flags, hints: O
     // Which device: the one rdma_cm routes to the destination, or the one owning the source.
     let only: Option<String> = if let Some(d) = dst.as_ref() {
         let id = resolve_route(src.as_ref(), d)?;
-        let ctx = id.context().ok_or_else(|| Error::new(errno::ENODATA, format!("{d} is not reachable through an RDMA device")))?;
+        let ctx = id.context().ok_or_else(|| {
+            Error::new(
+                errno::ENODATA,
+                format!("{d} is not reachable through an RDMA device"),
+            )
+        })?;
         if src.is_none() {
             src = id.local_addr().map(|mut a| {
                 a.set_port(0);
@@ -232,9 +279,12 @@ pub fn getinfo(node: Option<&str>, service: Option<&str>, flags: Flags, hints: O
         let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
         id.bind_addr(&s)
             .map_err(|e| Error::os(e, "rdma_bind_addr").tap_cause(format!("cannot bind {s}")))?;
-        let ctx = id
-            .context()
-            .ok_or_else(|| Error::new(errno::ENODATA, format!("{} is not an address of an RDMA device's netdev", s.ip())))?;
+        let ctx = id.context().ok_or_else(|| {
+            Error::new(
+                errno::ENODATA,
+                format!("{} is not an address of an RDMA device's netdev", s.ip()),
+            )
+        })?;
         Some(ctx.name())
     } else {
         None
@@ -242,7 +292,10 @@ pub fn getinfo(node: Option<&str>, service: Option<&str>, flags: Flags, hints: O
 
     let mut out = Vec::new();
     let mut last_reason = String::from("no device matched");
-    for dev in devs.iter().filter(|d| only.as_ref().is_none_or(|n| n == &d.name)) {
+    for dev in devs
+        .iter()
+        .filter(|d| only.as_ref().is_none_or(|n| n == &d.name))
+    {
         let mut info = msg_info(dev)?;
         info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
         info.dest_addr = dst;
@@ -269,7 +322,10 @@ pub fn getinfo(node: Option<&str>, service: Option<&str>, flags: Flags, hints: O
         out.push(n);
     }
     if out.is_empty() {
-        return Err(Error::new(errno::ENODATA, format!("no rverbs interface matches the hints ({last_reason})")));
+        return Err(Error::new(
+            errno::ENODATA,
+            format!("no rverbs interface matches the hints ({last_reason})"),
+        ));
     }
     Ok(out)
 }

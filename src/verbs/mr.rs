@@ -32,17 +32,35 @@ impl MemoryRegion {
     /// Allocates `len` bytes owned by the region and registers them for `access`
     /// (`FI_SEND`, `FI_RECV`, `FI_READ`, `FI_WRITE`, `FI_REMOTE_READ`, `FI_REMOTE_WRITE`).
     pub fn alloc(domain: &Arc<Domain>, len: usize, access: Flags) -> Result<Self> {
-        let allowed = Flags::SEND | Flags::RECV | Flags::READ | Flags::WRITE | Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+        let allowed = Flags::SEND
+            | Flags::RECV
+            | Flags::READ
+            | Flags::WRITE
+            | Flags::REMOTE_READ
+            | Flags::REMOTE_WRITE;
         if !(access - allowed).is_empty() {
-            return Err(Error::new(errno::EINVAL, format!("access flags {:?} are not memory access flags", access - allowed)));
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "access flags {:?} are not memory access flags",
+                    access - allowed
+                ),
+            ));
         }
-        let mr = sv::MemoryRegion::alloc(domain.pd(), len, verbs_access(access)).map_err(os_err("ibv_reg_mr"))?;
-        Ok(MemoryRegion { mr: Arc::new(mr), domain: domain.clone() })
+        let mr = sv::MemoryRegion::alloc(domain.pd(), len, verbs_access(access))
+            .map_err(os_err("ibv_reg_mr"))?;
+        Ok(MemoryRegion {
+            mr: Arc::new(mr),
+            domain: domain.clone(),
+        })
     }
 
     /// Wraps a registration made through `rfabric-sys` (the C ABI registers caller memory).
     pub fn from_registered(domain: &Arc<Domain>, mr: sv::MemoryRegion) -> Self {
-        MemoryRegion { mr: Arc::new(mr), domain: domain.clone() }
+        MemoryRegion {
+            mr: Arc::new(mr),
+            domain: domain.clone(),
+        }
     }
 
     pub fn addr(&self) -> u64 {
@@ -60,17 +78,29 @@ impl MemoryRegion {
     }
 
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.mr.write_at(offset, src).map_err(|_| self.range_error(offset, src.len()))
+        self.mr
+            .write_at(offset, src)
+            .map_err(|_| self.range_error(offset, src.len()))
     }
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.mr.read_at(offset, dst).map_err(|_| self.range_error(offset, dst.len()))
+        self.mr
+            .read_at(offset, dst)
+            .map_err(|_| self.range_error(offset, dst.len()))
     }
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
-        self.mr.fill(offset, len, byte).map_err(|_| self.range_error(offset, len))
+        self.mr
+            .fill(offset, len, byte)
+            .map_err(|_| self.range_error(offset, len))
     }
 
     pub(crate) fn range_error(&self, offset: usize, len: usize) -> Error {
-        Error::new(errno::EINVAL, format!("{len} bytes at offset {offset} do not fit a {}-byte memory region", self.len()))
+        Error::new(
+            errno::EINVAL,
+            format!(
+                "{len} bytes at offset {offset} do not fit a {}-byte memory region",
+                self.len()
+            ),
+        )
     }
 
     pub(crate) fn sys(&self) -> &sv::MemoryRegion {

@@ -47,8 +47,12 @@ pub(crate) struct EpShared {
 
 impl EpShared {
     pub(crate) fn mark_connected(&self) {
-        let _ = self.state.compare_exchange(CONNECTING, CONNECTED, Ordering::AcqRel, Ordering::Acquire);
-        let _ = self.state.compare_exchange(IDLE, CONNECTED, Ordering::AcqRel, Ordering::Acquire);
+        let _ =
+            self.state
+                .compare_exchange(CONNECTING, CONNECTED, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self
+            .state
+            .compare_exchange(IDLE, CONNECTED, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Records a disconnect; true when the peer started it (so `FI_SHUTDOWN` is due).
@@ -58,7 +62,11 @@ impl EpShared {
 
     pub(crate) fn disconnect_quietly(&self) {
         if let Err(e) = self.id.disconnect() {
-            crate::fi_debug!("ep", "rdma_disconnect after the peer's: {}", std::io::Error::from_raw_os_error(e));
+            crate::fi_debug!(
+                "ep",
+                "rdma_disconnect after the peer's: {}",
+                std::io::Error::from_raw_os_error(e)
+            );
         }
     }
 
@@ -89,7 +97,10 @@ pub struct MsgEndpoint {
 }
 
 fn not_enabled() -> Error {
-    Error::new(errno::EOPBADSTATE, "endpoint not enabled: bind its CQs and call enable first")
+    Error::new(
+        errno::EOPBADSTATE,
+        "endpoint not enabled: bind its CQs and call enable first",
+    )
 }
 
 impl MsgEndpoint {
@@ -98,13 +109,21 @@ impl MsgEndpoint {
     /// `context` is reported as the `fid` of its events.
     pub fn open(domain: &Arc<Domain>, info: &Info, context: u64) -> Result<Self> {
         if info.ep_attr.ep_type != EpType::Msg && info.ep_attr.ep_type != EpType::Unspec {
-            return Err(Error::new(errno::EINVAL, format!("{:?} info given to a MSG endpoint", info.ep_attr.ep_type)));
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("{:?} info given to a MSG endpoint", info.ep_attr.ep_type),
+            ));
         }
         let id = match &info.handle {
             Some(h) => h
                 .clone()
                 .downcast::<ConnRequest>()
-                .map_err(|_| Error::new(errno::EINVAL, "info.handle is not an rverbs connection request"))?
+                .map_err(|_| {
+                    Error::new(
+                        errno::EINVAL,
+                        "info.handle is not an rverbs connection request",
+                    )
+                })?
                 .take()?,
             None => {
                 let dst = info.dest_addr.ok_or_else(|| {
@@ -115,9 +134,19 @@ impl MsgEndpoint {
         };
         let dev = id.context().map(|c| c.name()).unwrap_or_default();
         if dev != domain.device().name {
-            return Err(Error::new(errno::EINVAL, format!("the peer is reached through {dev}, not this domain's {}", domain.device().name)));
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "the peer is reached through {dev}, not this domain's {}",
+                    domain.device().name
+                ),
+            ));
         }
-        let max_msg_size = if info.ep_attr.max_msg_size == 0 { domain.device().port.max_msg_sz as usize } else { info.ep_attr.max_msg_size };
+        let max_msg_size = if info.ep_attr.max_msg_size == 0 {
+            domain.device().port.max_msg_sz as usize
+        } else {
+            info.ep_attr.max_msg_size
+        };
         Ok(MsgEndpoint {
             shared: Arc::new(EpShared {
                 id,
@@ -136,10 +165,22 @@ impl MsgEndpoint {
     pub fn bind_eq(&self, eq: &Arc<EventQueue>) -> Result<()> {
         let mut c = self.shared.ctl();
         if c.eq.is_some() {
-            return Err(Error::new(errno::EINVAL, "endpoint already bound to an event queue"));
+            return Err(Error::new(
+                errno::EINVAL,
+                "endpoint already bound to an event queue",
+            ));
         }
-        self.shared.id.migrate(eq.channel()).map_err(os_err("rdma_migrate_id"))?;
-        eq.register(self.shared.id.ident(), Owner::Active { fid: self.shared.context, ep: Arc::downgrade(&self.shared) });
+        self.shared
+            .id
+            .migrate(eq.channel())
+            .map_err(os_err("rdma_migrate_id"))?;
+        eq.register(
+            self.shared.id.ident(),
+            Owner::Active {
+                fid: self.shared.context,
+                ep: Arc::downgrade(&self.shared),
+            },
+        );
         c.eq = Some(eq.clone());
         Ok(())
     }
@@ -147,18 +188,34 @@ impl MsgEndpoint {
     /// Binds a completion queue for `FI_TRANSMIT` and/or `FI_RECV` completions.
     pub fn bind_cq(&self, cq: &Arc<CompletionQueue>, flags: Flags) -> Result<()> {
         let dirs = flags & (Flags::TRANSMIT | Flags::RECV);
-        if dirs.is_empty() || !(flags - (Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION)).is_empty() {
-            return Err(Error::new(errno::EBADFLAGS, format!("CQ bind flags {flags:?}: use FI_TRANSMIT and/or FI_RECV")));
+        if dirs.is_empty()
+            || !(flags - (Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION)).is_empty()
+        {
+            return Err(Error::new(
+                errno::EBADFLAGS,
+                format!("CQ bind flags {flags:?}: use FI_TRANSMIT and/or FI_RECV"),
+            ));
         }
         if flags.contains(Flags::SELECTIVE_COMPLETION) {
-            return Err(Error::new(errno::ENOSYS, "FI_SELECTIVE_COMPLETION is not implemented yet"));
+            return Err(Error::new(
+                errno::ENOSYS,
+                "FI_SELECTIVE_COMPLETION is not implemented yet",
+            ));
         }
         if self.shared.caps.get().is_some() {
-            return Err(Error::new(errno::EOPBADSTATE, "bind CQs before enabling the endpoint"));
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "bind CQs before enabling the endpoint",
+            ));
         }
         let mut c = self.shared.ctl();
-        if (dirs.contains(Flags::TRANSMIT) && c.tx_cq.is_some()) || (dirs.contains(Flags::RECV) && c.rx_cq.is_some()) {
-            return Err(Error::new(errno::EINVAL, "a CQ is already bound for that direction"));
+        if (dirs.contains(Flags::TRANSMIT) && c.tx_cq.is_some())
+            || (dirs.contains(Flags::RECV) && c.rx_cq.is_some())
+        {
+            return Err(Error::new(
+                errno::EINVAL,
+                "a CQ is already bound for that direction",
+            ));
         }
         if dirs.contains(Flags::TRANSMIT) {
             c.tx_cq = Some(cq.clone());
@@ -198,7 +255,12 @@ impl MsgEndpoint {
             Err(e) => {
                 tx.release(want.max_send_wr);
                 rx.release(want.max_recv_wr);
-                return Err(Error::os(e, format!("rdma_create_qp ({want:?}); FI_RVERBS_INLINE_SIZE lowers the inline size")));
+                return Err(Error::os(
+                    e,
+                    format!(
+                        "rdma_create_qp ({want:?}); FI_RVERBS_INLINE_SIZE lowers the inline size"
+                    ),
+                ));
             }
         };
         c.reserved = (want.max_send_wr, want.max_recv_wr);
@@ -214,7 +276,10 @@ impl MsgEndpoint {
 
     fn require_eq(&self) -> Result<()> {
         if self.shared.ctl().eq.is_none() {
-            return Err(Error::new(errno::ENOEQ, "bind an event queue first: connection events are reported there"));
+            return Err(Error::new(
+                errno::ENOEQ,
+                "bind an event queue first: connection events are reported there",
+            ));
         }
         Ok(())
     }
@@ -224,8 +289,16 @@ impl MsgEndpoint {
         self.require_eq()?;
         self.qp()?;
         let enc = encode_cm_data(data, CONNECT_PRIVATE_DATA_MAX)?;
-        if self.shared.state.compare_exchange(IDLE, CONNECTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            return Err(Error::new(errno::EISCONN, "endpoint is already connecting or connected"));
+        if self
+            .shared
+            .state
+            .compare_exchange(IDLE, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(Error::new(
+                errno::EISCONN,
+                "endpoint is already connecting or connected",
+            ));
         }
         self.shared.id.connect(&enc, 1).map_err(|e| {
             self.shared.state.store(IDLE, Ordering::Release);
@@ -238,10 +311,21 @@ impl MsgEndpoint {
         self.require_eq()?;
         self.qp()?;
         let enc = encode_cm_data(data, ACCEPT_PRIVATE_DATA_MAX.min(CONNECT_PRIVATE_DATA_MAX))?;
-        if self.shared.state.compare_exchange(IDLE, CONNECTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            return Err(Error::new(errno::EISCONN, "endpoint is already connecting or connected"));
+        if self
+            .shared
+            .state
+            .compare_exchange(IDLE, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(Error::new(
+                errno::EISCONN,
+                "endpoint is already connecting or connected",
+            ));
         }
-        self.shared.id.accept(&enc, 1).map_err(os_err("rdma_accept"))
+        self.shared
+            .id
+            .accept(&enc, 1)
+            .map_err(os_err("rdma_accept"))
     }
 
     /// Disconnects (`fi_shutdown`): the peer sees `FI_SHUTDOWN`; operations still posted
@@ -287,7 +371,10 @@ impl MsgEndpoint {
     #[inline]
     fn check_mr(&self, mr: &MemoryRegion) -> Result<()> {
         if !Arc::ptr_eq(mr.domain(), &self.shared.domain) {
-            return Err(Error::new(errno::EINVAL, "memory region belongs to another domain"));
+            return Err(Error::new(
+                errno::EINVAL,
+                "memory region belongs to another domain",
+            ));
         }
         Ok(())
     }
@@ -300,28 +387,64 @@ impl MsgEndpoint {
 
     /// Sends with 4 bytes of remote CQ data, delivered as `data` with `FI_REMOTE_CQ_DATA` (`fi_senddata`).
     #[inline]
-    pub fn senddata(&self, mr: &MemoryRegion, offset: usize, len: usize, data: u64, context: u64) -> Result<()> {
-        let imm = u32::try_from(data).map_err(|_| Error::new(errno::EINVAL, "remote CQ data exceeds cq_data_size (4 bytes)"))?;
+    pub fn senddata(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        data: u64,
+        context: u64,
+    ) -> Result<()> {
+        let imm = u32::try_from(data).map_err(|_| {
+            Error::new(
+                errno::EINVAL,
+                "remote CQ data exceeds cq_data_size (4 bytes)",
+            )
+        })?;
         self.post_send(mr, offset, len, context, Some(imm))
     }
 
     #[inline]
-    fn post_send(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64, imm: Option<u32>) -> Result<()> {
+    fn post_send(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        context: u64,
+        imm: Option<u32>,
+    ) -> Result<()> {
         self.check_mr(mr)?;
         if len > self.shared.max_msg_size {
-            return Err(Error::new(errno::EMSGSIZE, format!("{len} bytes exceed max_msg_size {}", self.shared.max_msg_size)));
+            return Err(Error::new(
+                errno::EMSGSIZE,
+                format!(
+                    "{len} bytes exceed max_msg_size {}",
+                    self.shared.max_msg_size
+                ),
+            ));
         }
         self.qp()?
             .post_send_mr(context, mr.sys(), offset, len, send_flags::SIGNALED, imm)
-            .map_err(|e| if e == libc::EINVAL { mr.range_error(offset, len) } else { post_error(e, "send") })
+            .map_err(|e| {
+                if e == libc::EINVAL {
+                    mr.range_error(offset, len)
+                } else {
+                    post_error(e, "send")
+                }
+            })
     }
 
     /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`).
     #[inline]
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
         self.check_mr(mr)?;
-        let sge = mr.sys().sge(offset, len).ok_or_else(|| mr.range_error(offset, len))?;
-        self.qp()?.post_recv(context, &[sge]).map_err(|e| post_error(e, "receive"))
+        let sge = mr
+            .sys()
+            .sge(offset, len)
+            .ok_or_else(|| mr.range_error(offset, len))?;
+        self.qp()?
+            .post_recv(context, &[sge])
+            .map_err(|e| post_error(e, "receive"))
     }
 }
 
@@ -329,7 +452,10 @@ impl MsgEndpoint {
 #[cold]
 fn post_error(e: i32, what: &str) -> Error {
     if e == libc::ENOMEM || e == libc::EAGAIN {
-        Error::new(errno::EAGAIN, format!("{what} queue full: read the CQ to free room"))
+        Error::new(
+            errno::EAGAIN,
+            format!("{what} queue full: read the CQ to free room"),
+        )
     } else {
         Error::os(e, format!("post {what}"))
     }

@@ -28,22 +28,45 @@ impl PassiveEndpoint {
     /// `context` is reported as the `fid` of its events.
     pub fn open(fabric: &Arc<Fabric>, info: &Info, context: u64) -> Result<Self> {
         let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
-        let src = info.src_addr.unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+        let src = info
+            .src_addr
+            .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
         id.bind_addr(&src).map_err(|e| {
-            let what = if e == libc::EADDRINUSE { "address in use" } else { "rdma_bind_addr" };
+            let what = if e == libc::EADDRINUSE {
+                "address in use"
+            } else {
+                "rdma_bind_addr"
+            };
             Error::os(e, format!("cannot bind passive endpoint to {src}: {what}"))
         })?;
-        Ok(PassiveEndpoint { id, info: info.clone(), context, eq: Mutex::new(None), _fabric: fabric.clone() })
+        Ok(PassiveEndpoint {
+            id,
+            info: info.clone(),
+            context,
+            eq: Mutex::new(None),
+            _fabric: fabric.clone(),
+        })
     }
 
     /// Binds the event queue that receives `FI_CONNREQ` events (`fi_pep_bind`).
     pub fn bind_eq(&self, eq: &Arc<EventQueue>) -> Result<()> {
         let mut cur = self.eq.lock().unwrap_or_else(|p| p.into_inner());
         if cur.is_some() {
-            return Err(Error::new(errno::EINVAL, "passive endpoint already bound to an event queue"));
+            return Err(Error::new(
+                errno::EINVAL,
+                "passive endpoint already bound to an event queue",
+            ));
         }
-        self.id.migrate(eq.channel()).map_err(os_err("rdma_migrate_id"))?;
-        eq.register(self.id.ident(), Owner::Passive { fid: self.context, info: Box::new(self.info.clone()) });
+        self.id
+            .migrate(eq.channel())
+            .map_err(os_err("rdma_migrate_id"))?;
+        eq.register(
+            self.id.ident(),
+            Owner::Passive {
+                fid: self.context,
+                info: Box::new(self.info.clone()),
+            },
+        );
         *cur = Some(eq.clone());
         Ok(())
     }
@@ -51,9 +74,14 @@ impl PassiveEndpoint {
     /// Starts listening (`fi_listen`). Requires a bound event queue.
     pub fn listen(&self) -> Result<()> {
         if self.eq.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
-            return Err(Error::new(errno::ENOEQ, "bind an event queue before fi_listen: connection requests are reported there"));
+            return Err(Error::new(
+                errno::ENOEQ,
+                "bind an event queue before fi_listen: connection requests are reported there",
+            ));
         }
-        self.id.listen(DEFAULT_BACKLOG).map_err(os_err("rdma_listen"))?;
+        self.id
+            .listen(DEFAULT_BACKLOG)
+            .map_err(os_err("rdma_listen"))?;
         crate::fi_info!("cm", "listening on {:?}", self.id.local_addr());
         Ok(())
     }

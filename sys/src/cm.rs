@@ -73,7 +73,10 @@ pub unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
             // SAFETY: the family says this is a sockaddr_in.
             let sin = unsafe { &*sa.cast::<libc::sockaddr_in>() };
             let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says this is a sockaddr_in6.
@@ -208,7 +211,9 @@ pub fn event_str(kind: u32) -> &'static str {
         return "RDMA_CM_EVENT_UNKNOWN";
     }
     // SAFETY: static NUL-terminated string.
-    unsafe { std::ffi::CStr::from_ptr(p) }.to_str().unwrap_or("RDMA_CM_EVENT_UNKNOWN")
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_str()
+        .unwrap_or("RDMA_CM_EVENT_UNKNOWN")
 }
 
 /// An rdma_cm communication identifier, and the QP created on it.
@@ -240,7 +245,14 @@ impl CmId {
         let ch = channel.map_or(ptr::null_mut(), |c| c.ch.as_ptr());
         let mut id = ptr::null_mut();
         // SAFETY: ch is NULL or a valid channel; id receives the new identifier.
-        check(unsafe { r::rdma_create_id(ch, &mut id, ptr::null_mut(), r::rdma_port_space::RDMA_PS_TCP) })?;
+        check(unsafe {
+            r::rdma_create_id(
+                ch,
+                &mut id,
+                ptr::null_mut(),
+                r::rdma_port_space::RDMA_PS_TCP,
+            )
+        })?;
         NonNull::new(id)
             .map(|id| CmId {
                 id,
@@ -261,12 +273,26 @@ impl CmId {
         check(unsafe { r::rdma_bind_addr(self.id.as_ptr(), ptr::addr_of_mut!(ss).cast()) })
     }
 
-    pub fn resolve_addr(&self, src: Option<&SocketAddr>, dst: &SocketAddr, timeout_ms: i32) -> Result<(), i32> {
+    pub fn resolve_addr(
+        &self,
+        src: Option<&SocketAddr>,
+        dst: &SocketAddr,
+        timeout_ms: i32,
+    ) -> Result<(), i32> {
         let mut s = src.map(to_sockaddr);
-        let sp = s.as_mut().map_or(ptr::null_mut(), |(ss, _)| ptr::addr_of_mut!(*ss).cast());
+        let sp = s
+            .as_mut()
+            .map_or(ptr::null_mut(), |(ss, _)| ptr::addr_of_mut!(*ss).cast());
         let (mut d, _) = to_sockaddr(dst);
         // SAFETY: valid id; sp NULL or a sockaddr; d a sockaddr.
-        check(unsafe { r::rdma_resolve_addr(self.id.as_ptr(), sp, ptr::addr_of_mut!(d).cast(), timeout_ms) })
+        check(unsafe {
+            r::rdma_resolve_addr(
+                self.id.as_ptr(),
+                sp,
+                ptr::addr_of_mut!(d).cast(),
+                timeout_ms,
+            )
+        })
     }
 
     pub fn resolve_route(&self, timeout_ms: i32) -> Result<(), i32> {
@@ -313,7 +339,13 @@ impl CmId {
     }
 
     /// Creates an RC QP on this identifier. Returns the capacities granted.
-    pub fn create_qp(&self, pd: &ProtectionDomain, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<QpCaps, i32> {
+    pub fn create_qp(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+    ) -> Result<QpCaps, i32> {
         if self.qp.get().is_some() {
             return Err(libc::EBUSY);
         }
@@ -398,7 +430,13 @@ impl CmId {
             return Err(libc::EINVAL);
         }
         // SAFETY: valid id; the data is read during the call.
-        check(unsafe { r::rdma_reject(self.id.as_ptr(), private_data.as_ptr().cast(), private_data.len() as u8) })
+        check(unsafe {
+            r::rdma_reject(
+                self.id.as_ptr(),
+                private_data.as_ptr().cast(),
+                private_data.len() as u8,
+            )
+        })
     }
 
     pub fn disconnect(&self) -> Result<(), i32> {
@@ -416,9 +454,15 @@ impl Drop for CmId {
         // SAFETY: ours; rdma_destroy_id waits for unacked events, and we ack every event
         // as soon as it is read, so this cannot block forever.
         if unsafe { r::rdma_destroy_id(self.id.as_ptr()) } != 0 {
-            warn(&format!("rdma_destroy_id failed: {}", std::io::Error::from_raw_os_error(last_errno())));
+            warn(&format!(
+                "rdma_destroy_id failed: {}",
+                std::io::Error::from_raw_os_error(last_errno())
+            ));
         }
         // Only now may the channel go.
-        self.channel.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        self.channel
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 }

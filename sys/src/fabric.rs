@@ -6,7 +6,8 @@
     unreachable_pub,
     unsafe_op_in_unsafe_fn,
     missing_debug_implementations,
-    clippy::all
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
 )]
 
 include!(concat!(env!("OUT_DIR"), "/fabric.rs"));

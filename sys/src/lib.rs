@@ -15,5 +15,7 @@ pub use rdma_sys;
 
 /// The last OS error as a positive errno.
 pub(crate) fn last_errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }

@@ -168,7 +168,9 @@ impl Context {
             return Err(rc.abs());
         }
         // SAFETY: fw_ver is a NUL-terminated char array inside `a`.
-        let fw = unsafe { CStr::from_ptr(a.fw_ver.as_ptr()) }.to_string_lossy().into_owned();
+        let fw = unsafe { CStr::from_ptr(a.fw_ver.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
         let u = |v: i32| v.max(0) as u32;
         Ok(DeviceAttr {
             fw_ver: fw,
@@ -263,7 +265,10 @@ impl Drop for ProtectionDomain {
         // SAFETY: the PD is ours; every child holds an Arc of it, so none is left.
         let rc = unsafe { r::ibv_dealloc_pd(self.pd.as_ptr()) };
         if rc != 0 {
-            warn(&format!("ibv_dealloc_pd failed: {}", std::io::Error::from_raw_os_error(rc)));
+            warn(&format!(
+                "ibv_dealloc_pd failed: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ));
         }
     }
 }
@@ -408,7 +413,9 @@ impl MemoryRegion {
         self.sge(offset, src.len()).ok_or(libc::EINVAL)?;
         // SAFETY: bounds checked above; the region is valid memory (owned, or the
         // registrant's contract). Raw copies, because the device may also access it.
-        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), (self.addr as *mut u8).add(offset), src.len()) };
+        unsafe {
+            ptr::copy_nonoverlapping(src.as_ptr(), (self.addr as *mut u8).add(offset), src.len())
+        };
         Ok(())
     }
 
@@ -416,7 +423,13 @@ impl MemoryRegion {
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), i32> {
         self.sge(offset, dst.len()).ok_or(libc::EINVAL)?;
         // SAFETY: bounds checked above; see write_at.
-        unsafe { ptr::copy_nonoverlapping((self.addr as *const u8).add(offset), dst.as_mut_ptr(), dst.len()) };
+        unsafe {
+            ptr::copy_nonoverlapping(
+                (self.addr as *const u8).add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
         Ok(())
     }
 
@@ -520,7 +533,9 @@ impl WorkCompletion {
     pub fn imm_data(&self) -> Option<u32> {
         if self.0.wc_flags & WC_WITH_IMM != 0 {
             // SAFETY: the union holds imm_data when IBV_WC_WITH_IMM is set.
-            Some(u32::from_be(unsafe { self.0.imm_data_invalidated_rkey_union.imm_data }))
+            Some(u32::from_be(unsafe {
+                self.0.imm_data_invalidated_rkey_union.imm_data
+            }))
         } else {
             None
         }
@@ -535,7 +550,9 @@ pub fn wc_status_str(status: u32) -> &'static str {
         return "unknown status";
     }
     // SAFETY: static NUL-terminated string owned by libibverbs.
-    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("unknown status")
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .unwrap_or("unknown status")
 }
 
 /// A verbs completion queue.
@@ -556,12 +573,22 @@ impl Cq {
     pub fn new(ctx: Context, cqe: u32, comp_vector: i32) -> Result<Self, i32> {
         // SAFETY: valid context; no completion channel.
         let cq = unsafe {
-            r::ibv_create_cq(ctx.as_ptr(), cqe as i32, ptr::null_mut(), ptr::null_mut(), comp_vector)
+            r::ibv_create_cq(
+                ctx.as_ptr(),
+                cqe as i32,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                comp_vector,
+            )
         };
         let cq = NonNull::new(cq).ok_or_else(last_errno)?;
         // SAFETY: just created; nobody else sees it yet.
         let got = unsafe { (*cq.as_ptr()).cqe }.max(0) as u32;
-        Ok(Cq { cq, ctx, capacity: got.into() })
+        Ok(Cq {
+            cq,
+            ctx,
+            capacity: got.into(),
+        })
     }
 
     /// The number of entries the device gave (at least what was asked).
@@ -608,7 +635,10 @@ impl Drop for Cq {
         // SAFETY: ours; QPs using it hold an Arc of their CQ, so none is left.
         let rc = unsafe { r::ibv_destroy_cq(self.cq.as_ptr()) };
         if rc != 0 {
-            warn(&format!("ibv_destroy_cq failed: {}", std::io::Error::from_raw_os_error(rc)));
+            warn(&format!(
+                "ibv_destroy_cq failed: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ));
         }
     }
 }
@@ -669,7 +699,13 @@ impl QpHandle {
     /// Posts one send of the memory named by `sges` (checked by the device).
     /// `flags` must not contain `INLINE` (use [`QpHandle::post_send_inline`]).
     #[inline]
-    pub fn post_send(&self, wr_id: u64, sges: &[Sge], flags: u32, imm: Option<u32>) -> Result<(), i32> {
+    pub fn post_send(
+        &self,
+        wr_id: u64,
+        sges: &[Sge],
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
         if flags & send_flags::INLINE != 0 || sges.len() > self.max_send_sge as usize {
             return Err(libc::EINVAL);
         }
@@ -678,7 +714,13 @@ impl QpHandle {
 
     /// Posts one send whose payload the CPU copies into the work request now.
     #[inline]
-    pub fn post_send_inline(&self, wr_id: u64, data: &[u8], flags: u32, imm: Option<u32>) -> Result<(), i32> {
+    pub fn post_send_inline(
+        &self,
+        wr_id: u64,
+        data: &[u8],
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
         if data.len() > self.max_inline as usize {
             return Err(libc::EINVAL);
         }
@@ -692,7 +734,14 @@ impl QpHandle {
     }
 
     #[inline(always)]
-    fn post_send_raw(&self, wr_id: u64, sges: *mut Sge, n: usize, flags: u32, imm: Option<u32>) -> Result<(), i32> {
+    fn post_send_raw(
+        &self,
+        wr_id: u64,
+        sges: *mut Sge,
+        n: usize,
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
         // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of those).
         let mut wr: r::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;

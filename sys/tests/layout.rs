@@ -7,7 +7,10 @@ fn every_struct_size_and_field_offset_matches_the_c_compiler() {
     let mut checked = 0;
     for (name, rust) in rust_values() {
         let c = c_value(name).unwrap_or_else(|| panic!("{name} missing from the C table"));
-        assert_eq!(*rust, c, "{name}: bindgen says {rust}, the C compiler says {c}");
+        assert_eq!(
+            *rust, c,
+            "{name}: bindgen says {rust}, the C compiler says {c}"
+        );
         checked += 1;
     }
     assert!(checked > 200, "only {checked} layout entries checked");
@@ -17,7 +20,10 @@ fn every_struct_size_and_field_offset_matches_the_c_compiler() {
 fn peer_rx_entry_is_castable_to_a_dlist_entry() {
     // fi_ext.h: "Castable to dlist_entry" — next and prev come first.
     assert_eq!(c_value("fi_peer_rx_entry.next"), Some(0));
-    assert_eq!(c_value("fi_peer_rx_entry.prev"), Some(std::mem::size_of::<usize>()));
+    assert_eq!(
+        c_value("fi_peer_rx_entry.prev"),
+        Some(std::mem::size_of::<usize>())
+    );
 }
 
 #[test]

@@ -55,12 +55,20 @@ pub fn wait_err(cq: &CompletionQueue) -> rfabric::core::cq::CqErrEntry {
     let start = std::time::Instant::now();
     loop {
         match cq.read(&mut out) {
-            Err(e) if e.errno() == errno::EAVAIL => return cq.readerr().expect("readerr after EAVAIL"),
+            Err(e) if e.errno() == errno::EAVAIL => {
+                return cq.readerr().expect("readerr after EAVAIL")
+            }
             Err(e) if e.is_again() => {}
-            Ok(n) => panic!("expected an error completion, got {n} successful ones: {:?}", &out[..n]),
+            Ok(n) => panic!(
+                "expected an error completion, got {n} successful ones: {:?}",
+                &out[..n]
+            ),
             Err(e) => panic!("cq read: {e}"),
         }
-        assert!(start.elapsed().as_secs() < 10, "no error completion within 10 s");
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "no error completion within 10 s"
+        );
     }
 }
 
@@ -88,7 +96,14 @@ pub const PEP_FID: u64 = 0x9e9;
 pub fn listener(info: &Info) -> (Arc<Fabric>, Arc<EventQueue>, PassiveEndpoint, SocketAddr) {
     let fabric = Fabric::open(&info.fabric_attr).unwrap();
     let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
-    let mut pinfo = getinfo(Some(&info.src_addr.unwrap().ip().to_string()), Some("0"), Flags::SOURCE, None).unwrap().remove(0);
+    let mut pinfo = getinfo(
+        Some(&info.src_addr.unwrap().ip().to_string()),
+        Some("0"),
+        Flags::SOURCE,
+        None,
+    )
+    .unwrap()
+    .remove(0);
     pinfo.src_addr.as_mut().unwrap().set_port(0);
     let pep = PassiveEndpoint::open(&fabric, &pinfo, PEP_FID).unwrap();
     pep.bind_eq(&eq).unwrap();
@@ -111,11 +126,20 @@ pub fn connect_pair_with(
     let server_cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
     let client_cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
 
-    let cinfo = getinfo(Some(&addr.ip().to_string()), Some(&addr.port().to_string()), Flags::empty(), None).unwrap().remove(0);
+    let cinfo = getinfo(
+        Some(&addr.ip().to_string()),
+        Some(&addr.port().to_string()),
+        Flags::empty(),
+        None,
+    )
+    .unwrap()
+    .remove(0);
     assert_eq!(cinfo.dest_addr, Some(addr));
     let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&client_eq).unwrap();
-    client.bind_cq(&client_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    client
+        .bind_cq(&client_cq, Flags::TRANSMIT | Flags::RECV)
+        .unwrap();
     client.enable().unwrap();
 
     // The server endpoint exists only once the request arrives; `before` gets both after that.
@@ -129,7 +153,9 @@ pub fn connect_pair_with(
     };
     let server = MsgEndpoint::open(&domain, &sinfo, SERVER_FID).unwrap();
     server.bind_eq(&server_eq).unwrap();
-    server.bind_cq(&server_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    server
+        .bind_cq(&server_cq, Flags::TRANSMIT | Flags::RECV)
+        .unwrap();
     server.enable().unwrap();
     before(&domain, &server, &client);
     server.accept(accept_data).unwrap();
@@ -181,5 +207,11 @@ pub fn connect_pair(info: &Info) -> Pair {
 
 /// A deterministic byte pattern, different per size and direction.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u32).wrapping_mul(31).wrapping_add(seed as u32 * 7 + (len as u32 >> 3)) as u8).collect()
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(31)
+                .wrapping_add(seed as u32 * 7 + (len as u32 >> 3)) as u8
+        })
+        .collect()
 }

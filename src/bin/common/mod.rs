@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rfabric::core::cq::CqEntry;
-use rfabric_sys::clock::{cycles, cycles_per_us};
 use rfabric::core::eq::EqEvent;
 use rfabric::verbs::*;
 use rfabric::*;
+use rfabric_sys::clock::{cycles, cycles_per_us};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Test {
@@ -70,7 +70,8 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
     let mut args = args.peekable();
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
         let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-        v.parse().map_err(|_| format!("{flag}: {v:?} is not a valid number"))
+        v.parse()
+            .map_err(|_| format!("{flag}: {v:?} is not a valid number"))
     }
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -148,10 +149,18 @@ fn wait_connected(eq: &EventQueue, deadline: Instant, what: &str) -> Result<Vec<
         }
         match eq.sread(left.as_millis().min(1000) as i32) {
             Ok(EqEvent::Connected { data, .. }) => return Ok(data),
-            Ok(other) => return Err(format!("unexpected event {other:?} while waiting for {what}")),
+            Ok(other) => {
+                return Err(format!(
+                    "unexpected event {other:?} while waiting for {what}"
+                ))
+            }
             Err(e) if e.errno() == errno::EAVAIL => {
                 let err = eq.readerr().map_err(|e| e.to_string())?;
-                return Err(format!("connection failed: {} (rdma_cm status {})", rfabric::core::error::strerror(err.err), err.prov_errno));
+                return Err(format!(
+                    "connection failed: {} (rdma_cm status {})",
+                    rfabric::core::error::strerror(err.err),
+                    err.prov_errno
+                ));
             }
             Err(e) if e.is_again() => {}
             Err(e) => return Err(e.to_string()),
@@ -174,17 +183,27 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
     let max = if o.all { MAX_ALL } else { o.size };
     match o.server.clone() {
         None => {
-            let info = getinfo(None, Some(&port), Flags::SOURCE, Some(&h)).map_err(|e| e.to_string())?.remove(0);
+            let info = getinfo(None, Some(&port), Flags::SOURCE, Some(&h))
+                .map_err(|e| e.to_string())?
+                .remove(0);
             let fabric = Fabric::open(&info.fabric_attr).map_err(|e| e.to_string())?;
             let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(|e| e.to_string())?;
             let pep = PassiveEndpoint::open(&fabric, &info, 0).map_err(|e| e.to_string())?;
             pep.bind_eq(&eq).map_err(|e| e.to_string())?;
             pep.listen().map_err(|e| e.to_string())?;
-            eprintln!("waiting for a client on port {} (device {}, giving up after {} s)...", o.port, info.domain_attr.name, o.timeout.as_secs());
+            eprintln!(
+                "waiting for a client on port {} (device {}, giving up after {} s)...",
+                o.port,
+                info.domain_attr.name,
+                o.timeout.as_secs()
+            );
             let (cinfo, data) = loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(format!("no client connected within {} s", o.timeout.as_secs()));
+                    return Err(format!(
+                        "no client connected within {} s",
+                        o.timeout.as_secs()
+                    ));
                 }
                 match eq.sread(left.as_millis().min(1000) as i32) {
                     Ok(EqEvent::ConnReq { info, data, .. }) => break (*info, data),
@@ -212,14 +231,27 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             let domain = Domain::open(&fabric, &info).map_err(|e| e.to_string())?;
             let conn = endpoint(&domain, &info, &eq, None, max, false)?;
             post_rx(&conn, RX_DEPTH, max)?;
-            conn.ep.connect(&encode_params(o)).map_err(|e| e.to_string())?;
-            wait_connected(&eq, deadline, &format!("the server at {server}:{port} (is it running?)"))?;
+            conn.ep
+                .connect(&encode_params(o))
+                .map_err(|e| e.to_string())?;
+            wait_connected(
+                &eq,
+                deadline,
+                &format!("the server at {server}:{port} (is it running?)"),
+            )?;
             Ok(conn)
         }
     }
 }
 
-fn endpoint(domain: &Arc<Domain>, info: &Info, eq: &Arc<EventQueue>, pep: Option<PassiveEndpoint>, max: usize, is_server: bool) -> Result<Conn, String> {
+fn endpoint(
+    domain: &Arc<Domain>,
+    info: &Info,
+    eq: &Arc<EventQueue>,
+    pep: Option<PassiveEndpoint>,
+    max: usize,
+    is_server: bool,
+) -> Result<Conn, String> {
     let e = |e: Error| e.to_string();
     let cq = CompletionQueue::open(domain, &CqAttr::default()).map_err(e)?;
     let ep = MsgEndpoint::open(domain, info, 0).map_err(e)?;
@@ -228,14 +260,26 @@ fn endpoint(domain: &Arc<Domain>, info: &Info, eq: &Arc<EventQueue>, pep: Option
     ep.enable().map_err(e)?;
     let tx = MemoryRegion::alloc(domain, max.max(1), Flags::SEND).map_err(e)?;
     let rx = MemoryRegion::alloc(domain, max.max(1), Flags::RECV).map_err(e)?;
-    Ok(Conn { ep, cq, tx, rx, info: info.clone(), is_server, _eq: eq.clone(), _pep: pep })
+    Ok(Conn {
+        ep,
+        cq,
+        tx,
+        rx,
+        info: info.clone(),
+        is_server,
+        _eq: eq.clone(),
+        _pep: pep,
+    })
 }
 
 /// The sizes to run: one, or every power of two from 2 B up to the largest message.
 pub(crate) fn sizes(o: &Opts, c: &Conn) -> Vec<usize> {
     let max = c.info.ep_attr.max_msg_size.min(MAX_ALL);
     if o.all {
-        (1..).map(|k| 1usize << k).take_while(|&s| s <= max).collect()
+        (1..)
+            .map(|k| 1usize << k)
+            .take_while(|&s| s <= max)
+            .collect()
     } else {
         vec![o.size]
     }
@@ -249,7 +293,10 @@ pub(crate) struct Deadline {
 
 impl Deadline {
     pub(crate) fn after(d: Duration) -> Self {
-        Deadline { end: cycles() + (d.as_secs_f64() * 1e6 * cycles_per_us()) as u64, polls: 0 }
+        Deadline {
+            end: cycles() + (d.as_secs_f64() * 1e6 * cycles_per_us()) as u64,
+            polls: 0,
+        }
     }
 
     #[inline]
@@ -282,7 +329,11 @@ fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String
             }
             Err(e) if e.errno() == errno::EAVAIL => {
                 let err = c.cq.readerr().map_err(|e| e.to_string())?;
-                return Err(format!("completion error: {} ({})", rfabric::core::error::strerror(err.err), c.cq.strerror(err.prov_errno)));
+                return Err(format!(
+                    "completion error: {} ({})",
+                    rfabric::core::error::strerror(err.err),
+                    c.cq.strerror(err.prov_errno)
+                ));
             }
             Err(e) => return Err(e.to_string()),
         }
@@ -294,7 +345,14 @@ fn reap_sends(c: &Conn, mut n: usize, deadline: &mut Deadline) -> Result<(), Str
     let mut out = [CqEntry::default(); 16];
     while n > 0 {
         match c.cq.read(&mut out) {
-            Ok(k) => n = n.saturating_sub(out[..k].iter().filter(|e| e.flags & Flags::SEND.bits() != 0).count()),
+            Ok(k) => {
+                n = n.saturating_sub(
+                    out[..k]
+                        .iter()
+                        .filter(|e| e.flags & Flags::SEND.bits() != 0)
+                        .count(),
+                )
+            }
             Err(e) if e.is_again() => {
                 if deadline.passed() {
                     return Err("send completions stopped".into());
@@ -307,7 +365,12 @@ fn reap_sends(c: &Conn, mut n: usize, deadline: &mut Deadline) -> Result<(), Str
 }
 
 /// Ping-pong: the client times round trips; one-way latency is half of each.
-pub(crate) fn run_lat(c: &Conn, size: usize, iters: usize, timeout: Duration) -> Result<Vec<f64>, String> {
+pub(crate) fn run_lat(
+    c: &Conn,
+    size: usize,
+    iters: usize,
+    timeout: Duration,
+) -> Result<Vec<f64>, String> {
     let warmup = (iters / 10).clamp(10, 1000);
     let mut samples = Vec::with_capacity(iters);
     let deadline = &mut Deadline::after(timeout);
@@ -337,7 +400,13 @@ pub(crate) fn run_lat(c: &Conn, size: usize, iters: usize, timeout: Duration) ->
 
 /// Windowed sends: the client keeps `depth` sends in flight; the server counts arrivals and
 /// answers with one message when all have come. Returns (total seconds, best window MB/s).
-pub(crate) fn run_bw(c: &Conn, size: usize, iters: usize, depth: usize, timeout: Duration) -> Result<(f64, f64), String> {
+pub(crate) fn run_bw(
+    c: &Conn,
+    size: usize,
+    iters: usize,
+    depth: usize,
+    timeout: Duration,
+) -> Result<(f64, f64), String> {
     let deadline = &mut Deadline::after(timeout);
     let e = |e: Error| e.to_string();
     let mut out = [CqEntry::default(); 16];
@@ -407,7 +476,11 @@ pub(crate) fn run_bw(c: &Conn, size: usize, iters: usize, depth: usize, timeout:
             }
             Err(er) if er.errno() == errno::EAVAIL => {
                 let err = c.cq.readerr().map_err(|e| e.to_string())?;
-                return Err(format!("send failed: {} ({})", rfabric::core::error::strerror(err.err), c.cq.strerror(err.prov_errno)));
+                return Err(format!(
+                    "send failed: {} ({})",
+                    rfabric::core::error::strerror(err.err),
+                    c.cq.strerror(err.prov_errno)
+                ));
             }
             Err(er) => return Err(er.to_string()),
         }
@@ -462,7 +535,9 @@ pub(crate) fn lat_stats(samples: &mut [f64]) -> LatStats {
     let n = samples.len().max(1) as f64;
     let avg = samples.iter().sum::<f64>() / n;
     let var = samples.iter().map(|s| (s - avg) * (s - avg)).sum::<f64>() / n;
-    let pct = |p: f64| samples[(((samples.len() as f64) * p).ceil() as usize).clamp(1, samples.len()) - 1];
+    let pct = |p: f64| {
+        samples[(((samples.len() as f64) * p).ceil() as usize).clamp(1, samples.len()) - 1]
+    };
     LatStats {
         min: samples[0],
         max: samples[samples.len() - 1],
@@ -495,7 +570,10 @@ pub(crate) fn print_bw(o: &Opts, size: usize, secs: f64, peak: f64) {
     if o.json {
         println!("{{\"test\":\"send_bw\",\"bytes\":{size},\"iterations\":{},\"bw_peak\":{peak:.2},\"bw_avg\":{avg:.2},\"msg_rate\":{rate:.6}}}", o.iters);
     } else {
-        println!(" {:<10} {:<10}       {:<7.2}            {:<7.2}              {:<.6}", size, o.iters, peak, avg, rate);
+        println!(
+            " {:<10} {:<10}       {:<7.2}            {:<7.2}              {:<.6}",
+            size, o.iters, peak, avg, rate
+        );
     }
 }
 
