@@ -76,8 +76,9 @@ fn wc_flags(wc: &WorkCompletion) -> Flags {
     }
 }
 
+/// Translates a successful work completion into a CQ entry: the fast path's whole work.
 #[inline]
-fn to_entry(wc: &WorkCompletion) -> CqEntry {
+pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
     let flags = wc_flags(wc);
     CqEntry {
         op_context: wc.wr_id(),
@@ -93,7 +94,8 @@ fn to_entry(wc: &WorkCompletion) -> CqEntry {
     }
 }
 
-fn to_err_entry(wc: &WorkCompletion) -> CqErrEntry {
+/// Translates a failed work completion into an error entry.
+pub fn to_err_entry(wc: &WorkCompletion) -> CqErrEntry {
     // The opcode of a failed completion is undefined in verbs, so no flags are claimed.
     CqErrEntry {
         op_context: wc.wr_id(),
@@ -288,5 +290,45 @@ impl CompletionQueue {
 
     pub(crate) fn raw(&self) -> &Cq {
         &self.cq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receive_with_immediate_data_becomes_remote_cq_data() {
+        let wc = WorkCompletion::new(7, st::IBV_WC_SUCCESS, op::IBV_WC_RECV, 64, Some(0xfeed));
+        let e = to_entry(&wc);
+        assert_eq!(e.op_context, 7);
+        assert_eq!(e.flags(), Flags::MSG | Flags::RECV | Flags::REMOTE_CQ_DATA);
+        assert_eq!((e.len, e.data), (64, 0xfeed));
+    }
+
+    #[test]
+    fn sends_report_no_length_and_rma_gets_its_own_flags() {
+        let s = to_entry(&WorkCompletion::new(1, st::IBV_WC_SUCCESS, op::IBV_WC_SEND, 99, None));
+        assert_eq!((s.flags(), s.len), (Flags::MSG | Flags::SEND, 0));
+        let w = to_entry(&WorkCompletion::new(2, st::IBV_WC_SUCCESS, op::IBV_WC_RDMA_WRITE, 0, None));
+        assert_eq!(w.flags(), Flags::RMA | Flags::WRITE);
+        let r = to_entry(&WorkCompletion::new(3, st::IBV_WC_SUCCESS, op::IBV_WC_RECV_RDMA_WITH_IMM, 8, Some(1)));
+        assert_eq!(r.flags(), Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA);
+    }
+
+    #[test]
+    fn failed_completions_map_to_libfabric_errnos() {
+        let cases = [
+            (st::IBV_WC_WR_FLUSH_ERR, errno::ECANCELED),
+            (st::IBV_WC_LOC_LEN_ERR, errno::ETRUNC),
+            (st::IBV_WC_REM_ACCESS_ERR, errno::EACCES),
+            (st::IBV_WC_RETRY_EXC_ERR, errno::ETIMEDOUT),
+            (st::IBV_WC_RNR_RETRY_EXC_ERR, errno::ECONNREFUSED),
+            (st::IBV_WC_GENERAL_ERR, errno::EIO),
+        ];
+        for (status, err) in cases {
+            let e = to_err_entry(&WorkCompletion::new(9, status, 0, 0, None));
+            assert_eq!((e.op_context, e.err, e.prov_errno), (9, err, status as i32));
+        }
     }
 }

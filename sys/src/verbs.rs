@@ -500,6 +500,20 @@ impl WorkCompletion {
     // SAFETY: ibv_wc is plain data; all-zero is a valid value.
     pub const ZERO: WorkCompletion = WorkCompletion(unsafe { std::mem::zeroed() });
 
+    /// A completion as a device would report it: for tests and benchmarks of translation.
+    pub fn new(wr_id: u64, status: u32, opcode: u32, byte_len: u32, imm: Option<u32>) -> Self {
+        let mut w = WorkCompletion::ZERO;
+        w.0.wr_id = wr_id;
+        w.0.status = status;
+        w.0.opcode = opcode;
+        w.0.byte_len = byte_len;
+        if let Some(v) = imm {
+            w.0.wc_flags |= WC_WITH_IMM;
+            w.0.imm_data_invalidated_rkey_union.imm_data = v.to_be();
+        }
+        w
+    }
+
     #[inline]
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
@@ -661,6 +675,51 @@ pub mod send_flags {
     pub const INLINE: u32 = 1 << 3;
 }
 
+/// A send work request (`struct ibv_send_wr`), built on the stack for each post.
+#[repr(transparent)]
+pub struct SendWr(r::ibv_send_wr);
+
+impl std::fmt::Debug for SendWr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendWr")
+            .field("wr_id", &self.0.wr_id)
+            .field("num_sge", &self.0.num_sge)
+            .field("opcode", &self.0.opcode)
+            .field("send_flags", &self.0.send_flags)
+            .finish()
+    }
+}
+
+impl SendWr {
+    /// A send (with immediate data when `imm` is set) of `n` elements at `sges`.
+    /// Building one touches nothing the pointer names; only posting does.
+    #[inline(always)]
+    pub fn new(wr_id: u64, sges: *mut Sge, n: usize, flags: u32, imm: Option<u32>) -> Self {
+        // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of those).
+        let mut wr: r::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = sges.cast();
+        wr.num_sge = n as i32;
+        wr.send_flags = flags;
+        match imm {
+            Some(v) => {
+                wr.opcode = r::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
+            }
+            None => wr.opcode = r::ibv_wr_opcode::IBV_WR_SEND,
+        }
+        SendWr(wr)
+    }
+
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+
+    pub fn opcode(&self) -> u32 {
+        self.0.opcode
+    }
+}
+
 /// A queue pair's posting side. Owned by its [`crate::cm::CmId`], which lends it out by
 /// reference, so it cannot outlive the QP.
 #[derive(Debug)]
@@ -734,32 +793,13 @@ impl QpHandle {
     }
 
     #[inline(always)]
-    fn post_send_raw(
-        &self,
-        wr_id: u64,
-        sges: *mut Sge,
-        n: usize,
-        flags: u32,
-        imm: Option<u32>,
-    ) -> Result<(), i32> {
-        // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of those).
-        let mut wr: r::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = sges.cast();
-        wr.num_sge = n as i32;
-        wr.send_flags = flags;
-        match imm {
-            Some(v) => {
-                wr.opcode = r::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
-                wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
-            }
-            None => wr.opcode = r::ibv_wr_opcode::IBV_WR_SEND,
-        }
+    fn post_send_raw(&self, wr_id: u64, sges: *mut Sge, n: usize, flags: u32, imm: Option<u32>) -> Result<(), i32> {
+        let mut wr = SendWr::new(wr_id, sges, n, flags, imm);
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is valid while its CmId lives (QpHandle is borrowed from it); the
         // SGEs either name registered memory (device-checked) or, with INLINE, point at a
         // live slice that the provider copies before returning.
-        let rc = unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        let rc = unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr.0, &mut bad) };
         if rc != 0 {
             Err(rc.abs())
         } else {

@@ -2,6 +2,8 @@
 //! ping-pong and windowed-send loops, and perftest's output tables.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,11 +29,14 @@ pub(crate) struct Opts {
     pub(crate) all: bool,
     pub(crate) iters: usize,
     pub(crate) tx_depth: usize,
+    /// Largest send carried inline (`-I`); `None` leaves the provider's inject size.
+    pub(crate) inline: Option<usize>,
     pub(crate) json: bool,
     pub(crate) timeout: Duration,
 }
 
 const RX_DEPTH: usize = 512;
+const WARMUP: usize = 100;
 const MAX_ALL: usize = 8 << 20;
 
 pub(crate) fn usage(test: Test) -> String {
@@ -47,6 +52,8 @@ pub(crate) fn usage(test: Test) -> String {
          \x20 -a, --all            every power of two from 2 B to 8 MiB (capped by max_msg_size)\n\
          \x20 -n, --iters N        iterations per size (default {})\n\
          \x20 -t, --tx-depth N     sends in flight for bandwidth (default 128)\n\
+         \x20 -I, --inline_size N  largest send carried inline (default: the device's inject size)\n\
+         \x20 -x, --gid-index N    accepted for perftest compatibility (rdma_cm picks the GID)\n\
          \x20 -T, --timeout SEC    give up waiting for the peer after SEC seconds (default 60)\n\
          \x20     --json           one JSON object per size instead of the table\n",
         if test == Test::SendLat { 2 } else { 65536 },
@@ -64,6 +71,7 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
         all: false,
         iters: if test == Test::SendLat { 1000 } else { 5000 },
         tx_depth: 128,
+        inline: None,
         json: false,
         timeout: Duration::from_secs(60),
     };
@@ -81,6 +89,11 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
             "-a" | "--all" => o.all = true,
             "-n" | "--iters" => o.iters = num(&a, args.next())?,
             "-t" | "--tx-depth" => o.tx_depth = num(&a, args.next())?,
+            "-I" | "--inline_size" => o.inline = Some(num(&a, args.next())?),
+            // rdma_cm chooses the GID that routes to the peer; accepted for perftest's sake.
+            "-x" | "--gid-index" => {
+                let _: u32 = num(&a, args.next())?;
+            }
             "-T" | "--timeout" => o.timeout = Duration::from_secs(num(&a, args.next())?),
             "--json" => o.json = true,
             "-h" | "--help" => return Err(String::new()),
@@ -98,24 +111,106 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
     Ok(o)
 }
 
-/// The client's parameters travel in the connect request, so the server follows them.
-fn encode_params(o: &Opts) -> Vec<u8> {
-    let mut v = vec![o.test as u8, o.all as u8];
-    v.extend_from_slice(&(o.size as u64).to_le_bytes());
-    v.extend_from_slice(&(o.iters as u64).to_le_bytes());
-    v.extend_from_slice(&(o.tx_depth as u32).to_le_bytes());
-    v
+/// The client's parameters, sent to the server over the TCP control connection.
+fn encode_params(o: &Opts) -> String {
+    format!(
+        "rfab1 test={} all={} size={} iters={} depth={} inline={}\n",
+        o.test as u8,
+        o.all as u8,
+        o.size,
+        o.iters,
+        o.tx_depth,
+        o.inline.map_or(-1, |i| i as i64)
+    )
 }
 
-fn decode_params(o: &mut Opts, d: &[u8]) -> Result<(), String> {
-    if d.len() != 22 || d[0] != o.test as u8 {
-        return Err("the client runs a different test: start both sides with the same tool".into());
+fn decode_params(o: &mut Opts, line: &str) -> Result<(), String> {
+    let mut f = line.split_whitespace();
+    if f.next() != Some("rfab1") {
+        return Err(format!("the peer is not an rfabric tool of this version (it sent {line:?})"));
     }
-    o.all = d[1] != 0;
-    o.size = u64::from_le_bytes(d[2..10].try_into().unwrap()) as usize;
-    o.iters = u64::from_le_bytes(d[10..18].try_into().unwrap()) as usize;
-    o.tx_depth = u32::from_le_bytes(d[18..22].try_into().unwrap()) as usize;
+    for kv in f {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("bad parameter {kv:?}"))?;
+        let n: i64 = v.parse().map_err(|_| format!("bad parameter {kv:?}"))?;
+        match k {
+            "test" if n != o.test as i64 => {
+                return Err("the client runs a different test: start both sides with the same tool".into())
+            }
+            "test" => {}
+            "all" => o.all = n != 0,
+            "size" => o.size = n as usize,
+            "iters" => o.iters = n as usize,
+            "depth" => o.tx_depth = n as usize,
+            "inline" => o.inline = (n >= 0).then_some(n as usize),
+            _ => return Err(format!("unknown parameter {k:?}")),
+        }
+    }
     Ok(())
+}
+
+/// The server's side of the control connection: waits (saying so) for one client.
+fn oob_accept(port: u16, deadline: Instant, o: &Opts, dev: &str) -> Result<TcpStream, String> {
+    let l = TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("cannot listen on TCP port {port}: {e}"))?;
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    eprintln!(
+        "waiting for a client on port {port} (device {dev}, giving up after {} s)...",
+        o.timeout.as_secs()
+    );
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(o.timeout)).map_err(|e| e.to_string())?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(format!("no client connected within {} s", o.timeout.as_secs()));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// The client's side: connects to the server's control port, retrying briefly while the
+/// server starts, and fails with the cause rather than hang.
+fn oob_connect(server: &str, port: u16, o: &Opts) -> Result<TcpStream, String> {
+    let addrs: Vec<_> = (server, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {server}: {e}"))?
+        .collect();
+    let give_up = Instant::now() + o.timeout.min(Duration::from_secs(5));
+    loop {
+        let mut last = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
+                Ok(s) => {
+                    s.set_read_timeout(Some(o.timeout)).map_err(|e| e.to_string())?;
+                    return Ok(s);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if Instant::now() > give_up {
+            let e = last.map_or("no address".to_string(), |e| e.to_string());
+            return Err(format!("no server at {server}:{port} ({e}): start the server first"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn read_line(s: &mut BufReader<TcpStream>, what: &str) -> Result<String, String> {
+    let mut line = String::new();
+    match s.read_line(&mut line) {
+        Ok(0) => Err(format!("the peer closed the control connection before {what}")),
+        Ok(_) => Ok(line.trim_end().to_string()),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(format!("timed out waiting for {what}"))
+        }
+        Err(e) => Err(format!("control connection: {e}")),
+    }
 }
 
 pub(crate) struct Conn {
@@ -127,6 +222,7 @@ pub(crate) struct Conn {
     pub(crate) is_server: bool,
     _eq: Arc<EventQueue>,
     _pep: Option<PassiveEndpoint>,
+    _control: TcpStream,
 }
 
 fn hints(o: &Opts) -> Info {
@@ -180,65 +276,65 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
     let h = hints(o);
     let deadline = Instant::now() + o.timeout;
     let port = o.port.to_string();
-    let max = if o.all { MAX_ALL } else { o.size };
+    let e = |e: Error| e.to_string();
     match o.server.clone() {
         None => {
-            let info = getinfo(None, Some(&port), Flags::SOURCE, Some(&h))
-                .map_err(|e| e.to_string())?
-                .remove(0);
-            let fabric = Fabric::open(&info.fabric_attr).map_err(|e| e.to_string())?;
-            let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(|e| e.to_string())?;
-            let pep = PassiveEndpoint::open(&fabric, &info, 0).map_err(|e| e.to_string())?;
-            pep.bind_eq(&eq).map_err(|e| e.to_string())?;
-            pep.listen().map_err(|e| e.to_string())?;
-            eprintln!(
-                "waiting for a client on port {} (device {}, giving up after {} s)...",
-                o.port,
-                info.domain_attr.name,
-                o.timeout.as_secs()
-            );
-            let (cinfo, data) = loop {
+            let info = getinfo(None, Some(&port), Flags::SOURCE, Some(&h)).map_err(e)?.remove(0);
+            let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
+            let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(e)?;
+            let pep = PassiveEndpoint::open(&fabric, &info, 0).map_err(e)?;
+            pep.bind_eq(&eq).map_err(e)?;
+            pep.listen().map_err(e)?;
+            let control = oob_accept(o.port, deadline, o, &info.domain_attr.name)?;
+            let mut r = BufReader::new(control.try_clone().map_err(|e| e.to_string())?);
+            let params = read_line(&mut r, "the client's parameters")?;
+            if let Err(msg) = decode_params(o, &params) {
+                let _ = (&control).write_all(format!("err {msg}\n").as_bytes());
+                return Err(msg);
+            }
+            (&control).write_all(b"ok\n").map_err(|e| e.to_string())?;
+            let cinfo = loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(format!(
-                        "no client connected within {} s",
-                        o.timeout.as_secs()
-                    ));
+                    return Err("the client's rdma_cm connection did not arrive".into());
                 }
                 match eq.sread(left.as_millis().min(1000) as i32) {
-                    Ok(EqEvent::ConnReq { info, data, .. }) => break (*info, data),
+                    Ok(EqEvent::ConnReq { info, .. }) => break *info,
                     Ok(_) => {}
-                    Err(e) if e.is_again() => {}
-                    Err(e) => return Err(e.to_string()),
+                    Err(er) if er.is_again() => {}
+                    Err(er) => return Err(er.to_string()),
                 }
             };
-            decode_params(o, &data)?;
             let max = if o.all { MAX_ALL } else { o.size }.min(cinfo.ep_attr.max_msg_size);
-            let domain = Domain::open(&fabric, &cinfo).map_err(|e| e.to_string())?;
-            let conn = endpoint(&domain, &cinfo, &eq, Some(pep), max, true)?;
+            let domain = Domain::open(&fabric, &cinfo).map_err(e)?;
+            let conn = endpoint(&domain, &cinfo, &eq, Some(pep), max, o.inline, control)?;
             post_rx(&conn, RX_DEPTH, max)?;
-            conn.ep.accept(b"").map_err(|e| e.to_string())?;
+            conn.ep.accept(b"").map_err(e)?;
             wait_connected(&eq, deadline, "the client's connection")?;
             Ok(conn)
         }
         Some(server) => {
+            let control = oob_connect(&server, o.port, o)?;
+            (&control).write_all(encode_params(o).as_bytes()).map_err(|e| e.to_string())?;
+            let mut r = BufReader::new(control.try_clone().map_err(|e| e.to_string())?);
+            let reply = read_line(&mut r, "the server's answer")?;
+            if let Some(msg) = reply.strip_prefix("err ") {
+                return Err(format!("the server refused: {msg}"));
+            }
+            if reply != "ok" {
+                return Err(format!("unexpected answer from the server: {reply:?}"));
+            }
             let info = getinfo(Some(&server), Some(&port), Flags::empty(), Some(&h))
-                .map_err(|e| format!("cannot reach {server}:{port}: {e}"))?
+                .map_err(|e| format!("cannot reach {server}:{port} over RDMA: {e}"))?
                 .remove(0);
-            let max = max.min(info.ep_attr.max_msg_size);
-            let fabric = Fabric::open(&info.fabric_attr).map_err(|e| e.to_string())?;
-            let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(|e| e.to_string())?;
-            let domain = Domain::open(&fabric, &info).map_err(|e| e.to_string())?;
-            let conn = endpoint(&domain, &info, &eq, None, max, false)?;
+            let max = if o.all { MAX_ALL } else { o.size }.min(info.ep_attr.max_msg_size);
+            let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
+            let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(e)?;
+            let domain = Domain::open(&fabric, &info).map_err(e)?;
+            let conn = endpoint(&domain, &info, &eq, None, max, o.inline, control)?;
             post_rx(&conn, RX_DEPTH, max)?;
-            conn.ep
-                .connect(&encode_params(o))
-                .map_err(|e| e.to_string())?;
-            wait_connected(
-                &eq,
-                deadline,
-                &format!("the server at {server}:{port} (is it running?)"),
-            )?;
+            conn.ep.connect(b"").map_err(e)?;
+            wait_connected(&eq, deadline, &format!("the server at {server}:{port}"))?;
             Ok(conn)
         }
     }
@@ -250,11 +346,17 @@ fn endpoint(
     eq: &Arc<EventQueue>,
     pep: Option<PassiveEndpoint>,
     max: usize,
-    is_server: bool,
+    inline: Option<usize>,
+    control: TcpStream,
 ) -> Result<Conn, String> {
     let e = |e: Error| e.to_string();
+    let is_server = pep.is_some();
+    let mut info = info.clone();
+    if let Some(i) = inline {
+        info.tx_attr.inject_size = i.min(info.tx_attr.inject_size);
+    }
     let cq = CompletionQueue::open(domain, &CqAttr::default()).map_err(e)?;
-    let ep = MsgEndpoint::open(domain, info, 0).map_err(e)?;
+    let ep = MsgEndpoint::open(domain, &info, 0).map_err(e)?;
     ep.bind_eq(eq).map_err(e)?;
     ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).map_err(e)?;
     ep.enable().map_err(e)?;
@@ -265,10 +367,11 @@ fn endpoint(
         cq,
         tx,
         rx,
-        info: info.clone(),
+        info,
         is_server,
         _eq: eq.clone(),
         _pep: pep,
+        _control: control,
     })
 }
 
@@ -371,7 +474,9 @@ pub(crate) fn run_lat(
     iters: usize,
     timeout: Duration,
 ) -> Result<Vec<f64>, String> {
-    let warmup = (iters / 10).clamp(10, 1000);
+    // A fixed warm-up: runs that differ only in -n then differ by exactly that many round
+    // trips, which the instruction-count comparison relies on.
+    let warmup = WARMUP;
     let mut samples = Vec::with_capacity(iters);
     let deadline = &mut Deadline::after(timeout);
     let e = |e: Error| e.to_string();
