@@ -370,12 +370,14 @@ impl CmId {
             max_recv_wr: attr.cap.max_recv_wr,
             max_send_sge: attr.cap.max_send_sge,
             max_recv_sge: attr.cap.max_recv_sge,
-            // Providers may report less than asked but never grant less than asked.
-            max_inline_data: attr.cap.max_inline_data.max(caps.max_inline_data),
+            max_inline_data: attr.cap.max_inline_data,
         };
         // SAFETY: rdma_create_qp succeeded, so id->qp is set.
         let qp = NonNull::new(unsafe { (*self.id.as_ptr()).qp }).ok_or(libc::EIO)?;
-        if self.qp.set(QpHandle::new(qp, &got)).is_err() {
+        // Devices may grant more inline space than asked (rxe reports its whole WQE); sends
+        // go inline only up to what the caller asked for, its inject size.
+        let posting = QpCaps { max_inline_data: caps.max_inline_data, ..got };
+        if self.qp.set(QpHandle::new(qp, &posting)).is_err() {
             // Another thread created one first: ours must go.
             // SAFETY: rdma_create_qp just succeeded on this id; no handle names this QP.
             unsafe { r::rdma_destroy_qp(self.id.as_ptr()) };
