@@ -9,16 +9,30 @@ use rfabric::{EpType, Flags};
 use rfabric_sys::verbs::{send_flags, wc_opcode, wc_status, SendWr, Sge, WorkCompletion};
 
 fn work_requests(c: &mut Criterion) {
-    let mut sge = Sge { addr: 0x1000, length: 64, lkey: 7 };
+    let mut sge = Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: 7,
+    };
     c.bench_function("build send work request", |b| {
         b.iter(|| {
-            let wr = SendWr::new(black_box(42), &mut sge, 1, send_flags::SIGNALED | send_flags::INLINE, None);
+            let wr = SendWr::new(
+                black_box(42),
+                &mut sge,
+                1,
+                send_flags::SIGNALED | send_flags::INLINE,
+                None,
+            );
             black_box(wr.wr_id())
         })
     });
     let wcs: Vec<WorkCompletion> = (0..16)
         .map(|i| {
-            let opcode = if i % 2 == 0 { wc_opcode::IBV_WC_SEND } else { wc_opcode::IBV_WC_RECV };
+            let opcode = if i % 2 == 0 {
+                wc_opcode::IBV_WC_SEND
+            } else {
+                wc_opcode::IBV_WC_RECV
+            };
             WorkCompletion::new(i, wc_status::IBV_WC_SUCCESS, opcode, 64, None)
         })
         .collect();
@@ -39,7 +53,11 @@ fn cq_state(c: &mut Criterion) {
         let mut out = [CqEntry::default(); 16];
         b.iter(|| {
             for i in 0..16 {
-                s.push_entry(CqEntry { op_context: i, ..Default::default() }).unwrap();
+                s.push_entry(CqEntry {
+                    op_context: i,
+                    ..Default::default()
+                })
+                .unwrap();
             }
             black_box(s.read_into(&mut out).unwrap())
         })
@@ -47,10 +65,16 @@ fn cq_state(c: &mut Criterion) {
 }
 
 fn hints(c: &mut Criterion) {
-    let mut offered = Info { caps: Flags::MSG | Flags::SEND | Flags::RECV, ..Default::default() };
+    let mut offered = Info {
+        caps: Flags::MSG | Flags::SEND | Flags::RECV,
+        ..Default::default()
+    };
     offered.ep_attr.ep_type = EpType::Msg;
     offered.tx_attr.size = 1 << 20;
-    let mut h = Info { caps: Flags::MSG, ..Default::default() };
+    let mut h = Info {
+        caps: Flags::MSG,
+        ..Default::default()
+    };
     h.ep_attr.ep_type = EpType::Msg;
     h.tx_attr.size = 128;
     c.bench_function("getinfo hint match and narrow", |b| {

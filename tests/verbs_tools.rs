@@ -140,18 +140,37 @@ fn a_client_of_another_test_is_refused_with_the_servers_reason() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    let client = Command::new(env!("CARGO_BIN_EXE_rfab_send_bw")).args(["-p", "18604", "-T", "20", &ip]).output().unwrap();
+    let client = Command::new(env!("CARGO_BIN_EXE_rfab_send_bw"))
+        .args(["-p", "18604", "-T", "20", &ip])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&client.stderr);
     assert!(!client.status.success());
-    assert!(err.contains("the server refused") && err.contains("different test"), "{err}");
-    assert!(!server.wait().unwrap().success(), "the server exits with an error too");
+    assert!(
+        err.contains("the server refused") && err.contains("different test"),
+        "{err}"
+    );
+    assert!(
+        !server.wait().unwrap().success(),
+        "the server exits with an error too"
+    );
 }
 
 #[test]
 fn inline_size_flag_reaches_the_queue_pair() {
     let Some(ip) = addr() else { return };
-    let out = run_pair(env!("CARGO_BIN_EXE_rfab_send_lat"), 18605, &["-s", "16", "-n", "50", "-I", "0"], &ip);
+    let out = run_pair(
+        env!("CARGO_BIN_EXE_rfab_send_lat"),
+        18605,
+        &["-s", "16", "-n", "50", "-I", "0"],
+        &ip,
+    );
     assert!(out.contains("Inline size    : 0"), "{out}");
-    let out = run_pair(env!("CARGO_BIN_EXE_rfab_send_lat"), 18606, &["-s", "16", "-n", "50", "-I", "64", "-x", "1"], &ip);
+    let out = run_pair(
+        env!("CARGO_BIN_EXE_rfab_send_lat"),
+        18606,
+        &["-s", "16", "-n", "50", "-I", "64", "-x", "1"],
+        &ip,
+    );
     assert!(out.contains("Inline size    : 64"), "{out}");
 }

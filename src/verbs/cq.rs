@@ -7,7 +7,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rfabric_sys::verbs::{wc_opcode as op, wc_status as st, wc_status_str, Cq, WorkCompletion};
+use rfabric_sys::verbs::{
+    wc_opcode as op, wc_status as st, wc_status_str, Cq, WcBatch, WorkCompletion,
+};
 
 use crate::core::cq::{CqEntry, CqErrEntry, CqState};
 use crate::core::env;
@@ -204,20 +206,19 @@ impl CompletionQueue {
 
     #[inline]
     fn poll_into<const N: usize>(&self, out: &mut [CqEntry]) -> Result<usize> {
-        let mut wc: [WorkCompletion; N] = [WorkCompletion::ZERO; N];
-        let want = out.len().min(N);
-        let got = self
+        let mut batch = WcBatch::<N>::new();
+        let wcs = self
             .cq
-            .poll(&mut wc[..want])
+            .poll_batch(&mut batch, out.len())
             .map_err(os_err("ibv_poll_cq"))?;
-        for (i, w) in wc[..got].iter().enumerate() {
+        for (i, (w, o)) in wcs.iter().zip(out.iter_mut()).enumerate() {
             if w.status() != st::IBV_WC_SUCCESS {
-                self.stage(&wc[i..got]);
+                self.stage(&wcs[i..]);
                 return Ok(i);
             }
-            out[i] = to_entry(w);
+            *o = to_entry(w);
         }
-        Ok(got)
+        Ok(wcs.len())
     }
 
     /// Stages polled completions (the first one an error) behind anything already staged.
@@ -308,12 +309,33 @@ mod tests {
 
     #[test]
     fn sends_report_no_length_and_rma_gets_its_own_flags() {
-        let s = to_entry(&WorkCompletion::new(1, st::IBV_WC_SUCCESS, op::IBV_WC_SEND, 99, None));
+        let s = to_entry(&WorkCompletion::new(
+            1,
+            st::IBV_WC_SUCCESS,
+            op::IBV_WC_SEND,
+            99,
+            None,
+        ));
         assert_eq!((s.flags(), s.len), (Flags::MSG | Flags::SEND, 0));
-        let w = to_entry(&WorkCompletion::new(2, st::IBV_WC_SUCCESS, op::IBV_WC_RDMA_WRITE, 0, None));
+        let w = to_entry(&WorkCompletion::new(
+            2,
+            st::IBV_WC_SUCCESS,
+            op::IBV_WC_RDMA_WRITE,
+            0,
+            None,
+        ));
         assert_eq!(w.flags(), Flags::RMA | Flags::WRITE);
-        let r = to_entry(&WorkCompletion::new(3, st::IBV_WC_SUCCESS, op::IBV_WC_RECV_RDMA_WITH_IMM, 8, Some(1)));
-        assert_eq!(r.flags(), Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA);
+        let r = to_entry(&WorkCompletion::new(
+            3,
+            st::IBV_WC_SUCCESS,
+            op::IBV_WC_RECV_RDMA_WITH_IMM,
+            8,
+            Some(1),
+        ));
+        assert_eq!(
+            r.flags(),
+            Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA
+        );
     }
 
     #[test]

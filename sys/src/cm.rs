@@ -376,7 +376,10 @@ impl CmId {
         let qp = NonNull::new(unsafe { (*self.id.as_ptr()).qp }).ok_or(libc::EIO)?;
         // Devices may grant more inline space than asked (rxe reports its whole WQE); sends
         // go inline only up to what the caller asked for, its inject size.
-        let posting = QpCaps { max_inline_data: caps.max_inline_data, ..got };
+        let posting = QpCaps {
+            max_inline_data: caps.max_inline_data,
+            ..got
+        };
         if self.qp.set(QpHandle::new(qp, &posting)).is_err() {
             // Another thread created one first: ours must go.
             // SAFETY: rdma_create_qp just succeeded on this id; no handle names this QP.

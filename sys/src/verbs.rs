@@ -484,6 +484,28 @@ impl Default for WorkCompletion {
     }
 }
 
+/// Room for `N` work completions, left uninitialised until the device writes them.
+pub struct WcBatch<const N: usize>([std::mem::MaybeUninit<WorkCompletion>; N]);
+
+impl<const N: usize> WcBatch<N> {
+    #[inline(always)]
+    pub fn new() -> Self {
+        WcBatch([const { std::mem::MaybeUninit::uninit() }; N])
+    }
+}
+
+impl<const N: usize> Default for WcBatch<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for WcBatch<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WcBatch<{N}>")
+    }
+}
+
 /// `ibv_wc_status` values rfabric distinguishes.
 pub mod wc_status {
     pub use rdma_sys::ibv_wc_status::*;
@@ -622,17 +644,25 @@ impl Cq {
         Ok(())
     }
 
-    /// Polls up to `out.len()` completions; returns how many were written.
+    /// Polls up to `max` (at most `N`) completions into `batch` without initialising it
+    /// first: an empty poll costs only the provider's check. Returns the polled entries.
     #[inline]
-    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, i32> {
-        let n = out.len().min(i32::MAX as usize) as i32;
-        // SAFETY: `out` is writable for n entries, laid out as ibv_wc (repr(transparent)).
-        let rc = unsafe { r::ibv_poll_cq(self.cq.as_ptr(), n, out.as_mut_ptr().cast()) };
+    pub fn poll_batch<'b, const N: usize>(
+        &self,
+        batch: &'b mut WcBatch<N>,
+        max: usize,
+    ) -> Result<&'b [WorkCompletion], i32> {
+        let n = max.min(N) as i32;
+        // SAFETY: the batch has room for N >= n entries laid out as ibv_wc; the provider
+        // writes the first `rc` of them.
+        let rc = unsafe { r::ibv_poll_cq(self.cq.as_ptr(), n, batch.0.as_mut_ptr().cast()) };
         if rc < 0 {
-            Err(libc::EIO)
-        } else {
-            Ok(rc as usize)
+            return Err(libc::EIO);
         }
+        // SAFETY: ibv_poll_cq initialised exactly the first rc (<= n <= N) entries.
+        Ok(unsafe {
+            std::slice::from_raw_parts(batch.0.as_ptr().cast::<WorkCompletion>(), rc as usize)
+        })
     }
 
     pub fn context(&self) -> Context {
@@ -793,7 +823,14 @@ impl QpHandle {
     }
 
     #[inline(always)]
-    fn post_send_raw(&self, wr_id: u64, sges: *mut Sge, n: usize, flags: u32, imm: Option<u32>) -> Result<(), i32> {
+    fn post_send_raw(
+        &self,
+        wr_id: u64,
+        sges: *mut Sge,
+        n: usize,
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
         let mut wr = SendWr::new(wr_id, sges, n, flags, imm);
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is valid while its CmId lives (QpHandle is borrowed from it); the

@@ -127,14 +127,20 @@ fn encode_params(o: &Opts) -> String {
 fn decode_params(o: &mut Opts, line: &str) -> Result<(), String> {
     let mut f = line.split_whitespace();
     if f.next() != Some("rfab1") {
-        return Err(format!("the peer is not an rfabric tool of this version (it sent {line:?})"));
+        return Err(format!(
+            "the peer is not an rfabric tool of this version (it sent {line:?})"
+        ));
     }
     for kv in f {
-        let (k, v) = kv.split_once('=').ok_or_else(|| format!("bad parameter {kv:?}"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("bad parameter {kv:?}"))?;
         let n: i64 = v.parse().map_err(|_| format!("bad parameter {kv:?}"))?;
         match k {
             "test" if n != o.test as i64 => {
-                return Err("the client runs a different test: start both sides with the same tool".into())
+                return Err(
+                    "the client runs a different test: start both sides with the same tool".into(),
+                )
             }
             "test" => {}
             "all" => o.all = n != 0,
@@ -150,7 +156,8 @@ fn decode_params(o: &mut Opts, line: &str) -> Result<(), String> {
 
 /// The server's side of the control connection: waits (saying so) for one client.
 fn oob_accept(port: u16, deadline: Instant, o: &Opts, dev: &str) -> Result<TcpStream, String> {
-    let l = TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("cannot listen on TCP port {port}: {e}"))?;
+    let l = TcpListener::bind(("0.0.0.0", port))
+        .map_err(|e| format!("cannot listen on TCP port {port}: {e}"))?;
     l.set_nonblocking(true).map_err(|e| e.to_string())?;
     eprintln!(
         "waiting for a client on port {port} (device {dev}, giving up after {} s)...",
@@ -160,12 +167,16 @@ fn oob_accept(port: u16, deadline: Instant, o: &Opts, dev: &str) -> Result<TcpSt
         match l.accept() {
             Ok((s, _)) => {
                 s.set_nonblocking(false).map_err(|e| e.to_string())?;
-                s.set_read_timeout(Some(o.timeout)).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(o.timeout))
+                    .map_err(|e| e.to_string())?;
                 return Ok(s);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() > deadline {
-                    return Err(format!("no client connected within {} s", o.timeout.as_secs()));
+                    return Err(format!(
+                        "no client connected within {} s",
+                        o.timeout.as_secs()
+                    ));
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -187,7 +198,8 @@ fn oob_connect(server: &str, port: u16, o: &Opts) -> Result<TcpStream, String> {
         for a in &addrs {
             match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
                 Ok(s) => {
-                    s.set_read_timeout(Some(o.timeout)).map_err(|e| e.to_string())?;
+                    s.set_read_timeout(Some(o.timeout))
+                        .map_err(|e| e.to_string())?;
                     return Ok(s);
                 }
                 Err(e) => last = Some(e),
@@ -195,7 +207,9 @@ fn oob_connect(server: &str, port: u16, o: &Opts) -> Result<TcpStream, String> {
         }
         if Instant::now() > give_up {
             let e = last.map_or("no address".to_string(), |e| e.to_string());
-            return Err(format!("no server at {server}:{port} ({e}): start the server first"));
+            return Err(format!(
+                "no server at {server}:{port} ({e}): start the server first"
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -204,9 +218,16 @@ fn oob_connect(server: &str, port: u16, o: &Opts) -> Result<TcpStream, String> {
 fn read_line(s: &mut BufReader<TcpStream>, what: &str) -> Result<String, String> {
     let mut line = String::new();
     match s.read_line(&mut line) {
-        Ok(0) => Err(format!("the peer closed the control connection before {what}")),
+        Ok(0) => Err(format!(
+            "the peer closed the control connection before {what}"
+        )),
         Ok(_) => Ok(line.trim_end().to_string()),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
             Err(format!("timed out waiting for {what}"))
         }
         Err(e) => Err(format!("control connection: {e}")),
@@ -231,6 +252,9 @@ fn hints(o: &Opts) -> Info {
     h.caps = Flags::MSG;
     h.tx_attr.size = o.tx_depth.max(16);
     h.rx_attr.size = RX_DEPTH;
+    // One buffer per operation, as perftest: smaller work queue entries.
+    h.tx_attr.iov_limit = 1;
+    h.rx_attr.iov_limit = 1;
     if let Some(d) = &o.device {
         h.domain_attr.name = d.clone();
     }
@@ -279,7 +303,9 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
     let e = |e: Error| e.to_string();
     match o.server.clone() {
         None => {
-            let info = getinfo(None, Some(&port), Flags::SOURCE, Some(&h)).map_err(e)?.remove(0);
+            let info = getinfo(None, Some(&port), Flags::SOURCE, Some(&h))
+                .map_err(e)?
+                .remove(0);
             let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
             let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(e)?;
             let pep = PassiveEndpoint::open(&fabric, &info, 0).map_err(e)?;
@@ -315,7 +341,9 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
         }
         Some(server) => {
             let control = oob_connect(&server, o.port, o)?;
-            (&control).write_all(encode_params(o).as_bytes()).map_err(|e| e.to_string())?;
+            (&control)
+                .write_all(encode_params(o).as_bytes())
+                .map_err(|e| e.to_string())?;
             let mut r = BufReader::new(control.try_clone().map_err(|e| e.to_string())?);
             let reply = read_line(&mut r, "the server's answer")?;
             if let Some(msg) = reply.strip_prefix("err ") {
