@@ -2,7 +2,7 @@
 //! send work request, translating a work completion — and the software CQ and hint matching.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use rfabric::core::cq::{CqEntry, CqState};
+use rfabric::core::cq::{CqContextEntry, CqDataEntry, CqEntry, CqMsgEntry, CqState, FormatEntry};
 use rfabric::core::info::Info;
 use rfabric::verbs::cq::to_entry;
 use rfabric::{EpType, Flags};
@@ -47,10 +47,11 @@ fn work_requests(c: &mut Criterion) {
     });
 }
 
-fn cq_state(c: &mut Criterion) {
-    c.bench_function("software CQ push+read 16", |b| {
+/// `cq_read` from the software queue: push 16 completions, read them in format `E`.
+fn soft_read<E: FormatEntry>(c: &mut Criterion, name: &str) {
+    c.bench_function(&format!("software CQ push+read 16, {name}"), |b| {
         let mut s = CqState::new(1024);
-        let mut out = [CqEntry::default(); 16];
+        let mut out = [E::default(); 16];
         b.iter(|| {
             for i in 0..16 {
                 s.push_entry(CqEntry {
@@ -59,9 +60,16 @@ fn cq_state(c: &mut Criterion) {
                 })
                 .unwrap();
             }
-            black_box(s.read_into(&mut out).unwrap())
+            black_box(s.read_into(&mut out, None).unwrap())
         })
     });
+}
+
+fn cq_state(c: &mut Criterion) {
+    soft_read::<CqContextEntry>(c, "FI_CQ_FORMAT_CONTEXT");
+    soft_read::<CqMsgEntry>(c, "FI_CQ_FORMAT_MSG");
+    soft_read::<CqDataEntry>(c, "FI_CQ_FORMAT_DATA");
+    soft_read::<CqEntry>(c, "FI_CQ_FORMAT_TAGGED");
 }
 
 fn hints(c: &mut Criterion) {

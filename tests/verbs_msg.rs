@@ -469,7 +469,7 @@ fn cq_grows_to_cover_every_bound_queue_pair() {
         cq.capacity()
     );
     assert_eq!(
-        cq.read(&mut []).unwrap(),
+        cq.read::<rfabric::core::cq::CqEntry>(&mut []).unwrap(),
         0,
         "a zero-count read only drives progress"
     );

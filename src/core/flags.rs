@@ -150,6 +150,11 @@ fi_enum!(
     MutexCond = fi::FI_WAIT_MUTEX_COND, Yield = fi::FI_WAIT_YIELD, PollFd = fi::FI_WAIT_POLLFD
 );
 
+fi_enum!(
+    /// `enum fi_cq_wait_cond`.
+    CqWaitCond: None = fi::FI_CQ_COND_NONE, Threshold = fi::FI_CQ_COND_THRESHOLD
+);
+
 /// Protocol of rverbs MSG endpoints (`FI_PROTO_RDMA_CM_IB_RC`).
 pub const PROTO_RDMA_CM_IB_RC: u32 = fi::FI_PROTO_RDMA_CM_IB_RC;
 

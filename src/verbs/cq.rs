@@ -1,30 +1,62 @@
 //! Completion queues on `ibv_cq`, read in manual progress.
 //!
-//! The fast path polls the device straight into the caller's entries. An error completion,
-//! and whatever the same poll returned after it, is staged in the software queue
-//! ([`CqState`]) that every later read drains first, so order is kept.
+//! The fast path polls the device straight into the caller's entries, in the CQ's format.
+//! An error completion, and whatever the same poll returned after it, is staged in the
+//! software queue ([`CqState`]) that every later read drains first, so order is kept.
+//! Software completions (protocols, peers) are staged there too.
+//!
+//! Blocking reads arm the verbs completion channel and sleep on one epoll descriptor that
+//! also watches an eventfd, written for software completions and `fi_cq_signal`. With
+//! `FI_WAIT_FD` that descriptor is the wait object `fi_control(FI_GETWAIT)` returns.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use rfabric_sys::verbs::{
-    wc_opcode as op, wc_status as st, wc_status_str, Cq, WcBatch, WorkCompletion,
+    wc_opcode as op, wc_status as st, wc_status_str, CompChannel, Cq, WcBatch, WorkCompletion,
 };
 
-use crate::core::cq::{CqEntry, CqErrEntry, CqState};
+use crate::core::cq::{
+    self as core_cq, CqEntry, CqErrEntry, CqState, ErrData, FormatEntry, Waitable,
+};
 use crate::core::env;
 use crate::core::error::{errno, Error, Result};
-use crate::core::flags::{CqFormat, Flags, WaitObj};
+use crate::core::flags::{CqFormat, CqWaitCond, Flags, WaitObj};
 use crate::verbs::{os_err, Domain};
 
-/// `fi_cq_attr`, as far as rverbs uses it today.
+/// `fi_cq_attr`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CqAttr {
     /// Entries; 0 means the provider default (`FI_RVERBS_CQ_SIZE`).
     pub size: usize,
+    /// `FI_AFFINITY` makes `signaling_vector` choose the completion vector.
+    pub flags: Flags,
     pub format: CqFormat,
     pub wait_obj: WaitObj,
     pub signaling_vector: i32,
+    pub wait_cond: CqWaitCond,
+}
+
+/// `FI_CQ_FORMAT_UNSPEC` resolves to the tagged format: every field rverbs can fill.
+pub const UNSPEC_FORMAT: CqFormat = CqFormat::Tagged;
+
+const POLL_BATCH: usize = 16;
+
+/// The wait machinery of a CQ that supports blocking reads through a descriptor.
+#[derive(Debug)]
+struct Waiter {
+    /// Watches the completion channel and `event`: one descriptor for poll/epoll.
+    epoll: Epoll,
+    /// Written for software completions and `fi_cq_signal`.
+    event: EventFd,
+    /// `FI_WAIT_FD`: the application may wait on `epoll` itself, so software completions
+    /// always write `event` (otherwise only when a thread sleeps in `sread`).
+    external: bool,
 }
 
 /// A completion queue (`fi_cq`).
@@ -36,15 +68,17 @@ pub struct CompletionQueue {
     state: Mutex<CqState>,
     /// Device entries promised to bound queue pairs; serialises resizes.
     reserved: Mutex<u32>,
+    /// Endpoint bindings (a direction each); `close` refuses while any remain.
+    bound: AtomicUsize,
+    closed: AtomicBool,
+    signaled: AtomicBool,
+    /// Threads inside `sleep`: software completions wake them through the eventfd.
+    sleepers: AtomicUsize,
+    waiter: Option<Waiter>,
     attr: CqAttr,
     max_cqe: u32,
     _domain: Arc<Domain>,
 }
-
-/// `FI_CQ_FORMAT_UNSPEC` resolves to the tagged format: every field rverbs can fill.
-pub const UNSPEC_FORMAT: CqFormat = CqFormat::Tagged;
-
-const POLL_BATCH: usize = 16;
 
 /// libfabric errno for a failed work completion.
 pub(crate) fn status_errno(status: u32) -> i32 {
@@ -85,7 +119,7 @@ pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
     CqEntry {
         op_context: wc.wr_id(),
         flags: flags.bits(),
-        len: if flags.contains(Flags::RECV) || flags.contains(Flags::REMOTE_WRITE) {
+        len: if flags.intersects(Flags::RECV | Flags::REMOTE_WRITE) {
             wc.byte_len() as usize
         } else {
             0
@@ -107,18 +141,33 @@ pub fn to_err_entry(wc: &WorkCompletion) -> CqErrEntry {
     }
 }
 
+fn nix_err(what: &'static str) -> impl Fn(nix::errno::Errno) -> Error {
+    move |e| Error::os(e as i32, what)
+}
+
 impl CompletionQueue {
     pub fn open(domain: &Arc<Domain>, attr: &CqAttr) -> Result<Arc<Self>> {
+        let mut attr = *attr;
+        if !(attr.flags - Flags::AFFINITY).is_empty() {
+            return Err(Error::new(
+                errno::EBADFLAGS,
+                format!(
+                    "CQ flags {:?}: only FI_AFFINITY is defined",
+                    attr.flags - Flags::AFFINITY
+                ),
+            ));
+        }
         match attr.wait_obj {
-            WaitObj::None | WaitObj::Unspec => {}
+            WaitObj::None | WaitObj::Unspec | WaitObj::Fd | WaitObj::Yield => {}
             w => {
                 return Err(Error::new(
                     errno::ENOSYS,
-                    format!("CQ wait object {w:?} is not implemented yet: use FI_WAIT_NONE"),
+                    format!("CQ wait object {w:?} is not implemented: use FI_WAIT_FD, FI_WAIT_UNSPEC or FI_WAIT_YIELD"),
                 ))
             }
         }
-        let max_cqe = domain.device().attr.max_cqe;
+        let dev = domain.device();
+        let max_cqe = dev.attr.max_cqe;
         let size = if attr.size == 0 {
             env::get_usize_or("FI_RVERBS_CQ_SIZE", 2048)?
         } else {
@@ -130,13 +179,37 @@ impl CompletionQueue {
                 format!("CQ size {size} exceeds the device's max_cqe {max_cqe}"),
             ));
         }
-        let cq = Cq::new(
-            domain.device().context,
-            size as u32,
-            attr.signaling_vector.max(0),
-        )
-        .map_err(os_err("ibv_create_cq"))?;
-        let mut attr = *attr;
+        let vector = if attr.flags.contains(Flags::AFFINITY) {
+            (attr.signaling_vector.max(0) as u32 % dev.context.num_comp_vectors()) as i32
+        } else {
+            0
+        };
+        let (channel, waiter) = if matches!(attr.wait_obj, WaitObj::Unspec | WaitObj::Fd) {
+            let ch = CompChannel::new(dev.context).map_err(os_err("ibv_create_comp_channel"))?;
+            let event =
+                EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                    .map_err(nix_err("eventfd"))?;
+            let epoll =
+                Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(nix_err("epoll_create"))?;
+            epoll
+                .add(ch.borrow_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))
+                .map_err(nix_err("epoll_ctl"))?;
+            epoll
+                .add(event.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 1))
+                .map_err(nix_err("epoll_ctl"))?;
+            (
+                Some(ch),
+                Some(Waiter {
+                    epoll,
+                    event,
+                    external: attr.wait_obj == WaitObj::Fd,
+                }),
+            )
+        } else {
+            (None, None)
+        };
+        let cq =
+            Cq::new(dev.context, size as u32, vector, channel).map_err(os_err("ibv_create_cq"))?;
         attr.size = cq.capacity() as usize;
         if attr.format == CqFormat::Unspec {
             attr.format = UNSPEC_FORMAT;
@@ -146,12 +219,18 @@ impl CompletionQueue {
             staged: AtomicUsize::new(0),
             state: Mutex::new(CqState::new(size.max(64))),
             reserved: Mutex::new(0),
+            bound: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            signaled: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            waiter,
             attr,
             max_cqe,
             _domain: domain.clone(),
         }))
     }
 
+    /// The attributes in force (size as granted, `UNSPEC` resolved).
     pub fn attr(&self) -> &CqAttr {
         &self.attr
     }
@@ -162,16 +241,55 @@ impl CompletionQueue {
     }
 
     fn state(&self) -> MutexGuard<'_, CqState> {
-        // A panic elsewhere cannot leave CqState half-updated: every method is one push/pop.
+        // Every CqState method is one push or pop: a panic elsewhere cannot tear it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Reads completions into `out` (`fi_cq_read`). Drives progress: polls the device.
-    /// `EAGAIN` when none is ready; `EAVAIL` when an error is next (see [`Self::readerr`]).
     #[inline]
-    pub fn read(&self, out: &mut [CqEntry]) -> Result<usize> {
+    fn check_format<E: FormatEntry>(&self) -> Result<()> {
+        if E::FORMAT != self.attr.format {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "reading {:?} entries from a CQ opened with format {:?}",
+                    E::FORMAT,
+                    self.attr.format
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads completions into `out` in the CQ's format (`fi_cq_read`), driving progress.
+    /// `EAGAIN` when none is ready; `EAVAIL` when an error is next (see [`Self::readerr`]).
+    /// A zero-length `out` only drives progress.
+    #[inline]
+    pub fn read<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
+        self.check_format::<E>()?;
+        self.read_impl(out, None)
+    }
+
+    /// `fi_cq_readfrom`: as [`Self::read`], with each entry's source address in `src`
+    /// (`FI_ADDR_NOTAVAIL` where unknown: always on connected endpoints).
+    pub fn readfrom<E: FormatEntry>(&self, out: &mut [E], src: &mut [u64]) -> Result<usize> {
+        self.check_format::<E>()?;
+        if src.len() < out.len() {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the source address array is shorter than the entry array",
+            ));
+        }
+        self.read_impl(out, Some(src))
+    }
+
+    #[inline]
+    fn read_impl<E: FormatEntry>(
+        &self,
+        out: &mut [E],
+        mut src: Option<&mut [u64]>,
+    ) -> Result<usize> {
         if self.staged.load(Ordering::Acquire) != 0 {
-            let n = self.read_staged(out)?;
+            let n = self.read_staged(out, src.as_deref_mut())?;
             if n > 0 {
                 return Ok(n);
             }
@@ -180,9 +298,9 @@ impl CompletionQueue {
             return Ok(0);
         }
         let n = if out.len() == 1 {
-            self.poll_into::<1>(out)?
+            self.poll_into::<1, E>(out, src)?
         } else {
-            self.poll_into::<POLL_BATCH>(out)?
+            self.poll_into::<POLL_BATCH, E>(out, src)?
         };
         if n == 0 {
             return Err(if self.staged.load(Ordering::Acquire) != 0 {
@@ -197,15 +315,19 @@ impl CompletionQueue {
         Ok(n)
     }
 
-    fn read_staged(&self, out: &mut [CqEntry]) -> Result<usize> {
+    fn read_staged<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> Result<usize> {
         let mut s = self.state();
-        let r = s.read_into(out);
+        let r = s.read_into(out, src);
         self.staged.store(s.len(), Ordering::Release);
         r
     }
 
     #[inline]
-    fn poll_into<const N: usize>(&self, out: &mut [CqEntry]) -> Result<usize> {
+    fn poll_into<const N: usize, E: FormatEntry>(
+        &self,
+        out: &mut [E],
+        mut src: Option<&mut [u64]>,
+    ) -> Result<usize> {
         let mut batch = WcBatch::<N>::new();
         let wcs = self
             .cq
@@ -216,7 +338,10 @@ impl CompletionQueue {
                 self.stage(&wcs[i..]);
                 return Ok(i);
             }
-            *o = to_entry(w);
+            *o = E::from_tagged(&to_entry(w));
+            if let Some(s) = src.as_deref_mut() {
+                s[i] = FI_ADDR_NOTAVAIL;
+            }
         }
         Ok(wcs.len())
     }
@@ -246,6 +371,39 @@ impl CompletionQueue {
         self.staged.store(s.len(), Ordering::Release);
     }
 
+    /// Inserts a completion produced in software (a protocol's, or a peer's through
+    /// `fid_peer_cq` owner ops `write`), after any already queued, and wakes waiters.
+    pub fn write(&self, entry: CqEntry, src: u64) -> Result<()> {
+        {
+            let mut s = self.state();
+            s.push_entry_from(entry, src)?;
+            self.staged.store(s.len(), Ordering::SeqCst);
+        }
+        self.wake(false);
+        Ok(())
+    }
+
+    /// Inserts a software error completion (owner ops `writeerr`) and wakes waiters.
+    pub fn writeerr(&self, entry: CqErrEntry) -> Result<()> {
+        {
+            let mut s = self.state();
+            s.push_error(entry)?;
+            self.staged.store(s.len(), Ordering::SeqCst);
+        }
+        self.wake(false);
+        Ok(())
+    }
+
+    fn wake(&self, always: bool) {
+        if let Some(w) = &self.waiter {
+            if always || w.external || self.sleepers.load(Ordering::SeqCst) > 0 {
+                if let Err(e) = w.event.arm() {
+                    crate::fi_warn!("cq", "eventfd write: {e}");
+                }
+            }
+        }
+    }
+
     /// The head error completion (`fi_cq_readerr`); `EAGAIN` when the head is not an error.
     pub fn readerr(&self) -> Result<CqErrEntry> {
         let mut s = self.state();
@@ -256,9 +414,177 @@ impl CompletionQueue {
         r
     }
 
+    /// `fi_cq_readerr` with the man page's two ways for error data: copied into
+    /// `caller_buf` (truncated to fit), or, without a buffer, returned as provider-owned
+    /// bytes valid until the next read. `f` sees the entry and where its data went.
+    pub fn readerr_with<T>(
+        &self,
+        caller_buf: Option<&mut [u8]>,
+        f: impl FnOnce(&CqErrEntry, ErrData<'_>) -> T,
+    ) -> Result<T> {
+        let mut s = self.state();
+        let r = match s.readerr_with(caller_buf) {
+            Some((e, d)) => Ok(f(&e, d)),
+            None => Err(Error::new(errno::EAGAIN, "no error completion at the head")),
+        };
+        self.staged.store(s.len(), Ordering::Release);
+        r
+    }
+
     /// `fi_cq_strerror`: the text of a provider errno (an `ibv_wc_status`).
     pub fn strerror(&self, prov_errno: i32) -> &'static str {
         wc_status_str(prov_errno.max(0) as u32)
+    }
+
+    fn require_wait(&self) -> Result<()> {
+        if self.attr.wait_obj == WaitObj::None {
+            return Err(Error::new(
+                errno::EINVAL,
+                "blocking reads need a wait object: this CQ was opened with FI_WAIT_NONE",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `fi_cq_sread`: waits up to `timeout_ms` (negative: forever) for completions. With
+    /// `FI_CQ_COND_THRESHOLD`, `cond` is how many to wait for. `EAGAIN` on timeout or
+    /// when [`Self::signal`] wakes it.
+    pub fn sread<E: FormatEntry>(
+        &self,
+        out: &mut [E],
+        cond: usize,
+        timeout_ms: i32,
+    ) -> Result<usize> {
+        self.check_format::<E>()?;
+        self.require_wait()?;
+        let threshold = if self.attr.wait_cond == CqWaitCond::Threshold {
+            cond
+        } else {
+            1
+        };
+        core_cq::sread(self, out, None, threshold, timeout_ms)
+    }
+
+    /// `fi_cq_sreadfrom`.
+    pub fn sreadfrom<E: FormatEntry>(
+        &self,
+        out: &mut [E],
+        src: &mut [u64],
+        cond: usize,
+        timeout_ms: i32,
+    ) -> Result<usize> {
+        self.check_format::<E>()?;
+        self.require_wait()?;
+        if src.len() < out.len() {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the source address array is shorter than the entry array",
+            ));
+        }
+        let threshold = if self.attr.wait_cond == CqWaitCond::Threshold {
+            cond
+        } else {
+            1
+        };
+        core_cq::sread(self, out, Some(src), threshold, timeout_ms)
+    }
+
+    /// `fi_cq_signal`: wakes a thread blocked in `sread`, which returns `EAGAIN`.
+    pub fn signal(&self) {
+        self.signaled.store(true, Ordering::SeqCst);
+        self.wake(true);
+    }
+
+    /// The descriptor of an `FI_WAIT_FD` CQ (`fi_control(FI_GETWAIT)`), usable in
+    /// poll/epoll. Call [`Self::trywait`] before blocking on it.
+    pub fn wait_fd(&self) -> Result<BorrowedFd<'_>> {
+        match (&self.waiter, self.attr.wait_obj) {
+            (Some(w), WaitObj::Fd) => Ok(w.epoll.0.as_fd()),
+            _ => Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "FI_GETWAIT needs FI_WAIT_FD; this CQ has {:?}",
+                    self.attr.wait_obj
+                ),
+            )),
+        }
+    }
+
+    /// `fi_trywait`: prepares the wait object for blocking. `EAGAIN` means completions
+    /// are ready (read them instead of waiting).
+    pub fn trywait(&self) -> Result<()> {
+        let Some(w) = &self.waiter else {
+            return Err(Error::new(
+                errno::EINVAL,
+                "this CQ has no wait object to wait on",
+            ));
+        };
+        self.drain_wakeups(w);
+        self.cq.req_notify().map_err(os_err("ibv_req_notify_cq"))?;
+        // Completions that came before the arm would never notify: move them to the
+        // software queue, which keeps their order, and tell the caller not to wait.
+        let mut batch = WcBatch::<POLL_BATCH>::new();
+        loop {
+            let wcs = self
+                .cq
+                .poll_batch(&mut batch, POLL_BATCH)
+                .map_err(os_err("ibv_poll_cq"))?;
+            if wcs.is_empty() {
+                break;
+            }
+            let mut s = self.state();
+            for wc in wcs {
+                let r = if wc.status() == st::IBV_WC_SUCCESS {
+                    s.push_entry(to_entry(wc))
+                } else {
+                    s.push_error(to_err_entry(wc))
+                };
+                if let Err(e) = r {
+                    crate::fi_warn!("cq", "{e}");
+                }
+            }
+            self.staged.store(s.len(), Ordering::SeqCst);
+        }
+        if self.staged.load(Ordering::SeqCst) != 0 {
+            return Err(Error::new(
+                errno::EAGAIN,
+                "completions are ready: read them before waiting",
+            ));
+        }
+        Ok(())
+    }
+
+    fn drain_wakeups(&self, w: &Waiter) {
+        if let Some(ch) = self.cq.channel() {
+            ch.drain();
+        }
+        let _ = w.event.read(); // EAGAIN when not written: nothing to drain.
+    }
+
+    /// `fi_close` on a CQ: `EBUSY` while endpoints are bound to it. Resources go when the
+    /// last handle is dropped.
+    pub fn close(&self) -> Result<()> {
+        let n = self.bound.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                errno::EBUSY,
+                format!("{n} endpoint bindings still use this CQ: close the endpoints first"),
+            ));
+        }
+        self.closed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn bind(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::new(errno::EINVAL, "this CQ was closed"));
+        }
+        self.bound.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    pub(crate) fn unbind(&self) {
+        self.bound.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Promises `n` more device entries to a queue pair, growing the CQ when needed, so
@@ -291,6 +617,49 @@ impl CompletionQueue {
 
     pub(crate) fn raw(&self) -> &Cq {
         &self.cq
+    }
+}
+
+impl Waitable for CompletionQueue {
+    fn try_read<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> Result<usize> {
+        self.read_impl(out, src)
+    }
+
+    fn arm(&self) -> Result<()> {
+        if self.waiter.is_some() {
+            self.cq.req_notify().map_err(os_err("ibv_req_notify_cq"))?;
+        }
+        Ok(())
+    }
+
+    fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
+        let Some(w) = &self.waiter else {
+            std::thread::yield_now(); // FI_WAIT_YIELD
+            return Ok(());
+        };
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        // A software completion staged before we counted ourselves would not wake us.
+        if self.staged.load(Ordering::SeqCst) == 0 && !self.signaled.load(Ordering::SeqCst) {
+            let t = match timeout {
+                None => EpollTimeout::NONE,
+                Some(d) => EpollTimeout::try_from(d).unwrap_or(EpollTimeout::MAX),
+            };
+            let mut events = [EpollEvent::empty(); 2];
+            match w.epoll.wait(&mut events, t) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    self.sleepers.fetch_sub(1, Ordering::SeqCst);
+                    return Err(Error::os(e as i32, "epoll_wait on the CQ"));
+                }
+            }
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.drain_wakeups(w);
+        Ok(())
+    }
+
+    fn take_signal(&self) -> bool {
+        self.signaled.swap(false, Ordering::SeqCst)
     }
 }
 

@@ -83,9 +83,11 @@ impl Drop for EpShared {
         }
         if let Some(cq) = &c.tx_cq {
             cq.release(c.reserved.0);
+            cq.unbind();
         }
         if let Some(cq) = &c.rx_cq {
             cq.release(c.reserved.1);
+            cq.unbind();
         }
     }
 }
@@ -218,9 +220,16 @@ impl MsgEndpoint {
             ));
         }
         if dirs.contains(Flags::TRANSMIT) {
+            cq.bind()?;
             c.tx_cq = Some(cq.clone());
         }
         if dirs.contains(Flags::RECV) {
+            if let Err(e) = cq.bind() {
+                if let Some(tx) = c.tx_cq.take().filter(|_| dirs.contains(Flags::TRANSMIT)) {
+                    tx.unbind();
+                }
+                return Err(e);
+            }
             c.rx_cq = Some(cq.clone());
         }
         Ok(())

@@ -159,6 +159,12 @@ impl Context {
         }
     }
 
+    /// Completion vectors (interrupt targets) the device offers.
+    pub fn num_comp_vectors(&self) -> u32 {
+        // SAFETY: valid context; the field is set at open and never changes.
+        unsafe { (*self.ctx.as_ptr()).num_comp_vectors.max(1) as u32 }
+    }
+
     pub fn query_device(&self) -> Result<DeviceAttr, i32> {
         // SAFETY: ibv_device_attr is plain data; zero is a valid value for every field.
         let mut a: r::ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -591,12 +597,81 @@ pub fn wc_status_str(status: u32) -> &'static str {
         .unwrap_or("unknown status")
 }
 
+/// A completion channel: the file descriptor a CQ's armed notifications arrive on.
+#[derive(Debug)]
+pub struct CompChannel {
+    ch: NonNull<r::ibv_comp_channel>,
+}
+
+// SAFETY: the channel is a file descriptor; reading events from it is thread-safe.
+unsafe impl Send for CompChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CompChannel {}
+
+impl CompChannel {
+    pub fn new(ctx: Context) -> Result<Arc<Self>, i32> {
+        // SAFETY: valid context.
+        let ch = NonNull::new(unsafe { r::ibv_create_comp_channel(ctx.as_ptr()) })
+            .ok_or_else(last_errno)?;
+        let me = CompChannel { ch };
+        // SAFETY: fcntl on a descriptor the channel owns.
+        let rc = unsafe {
+            let fd = me.fd();
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)
+        };
+        if rc < 0 {
+            return Err(last_errno());
+        }
+        Ok(Arc::new(me))
+    }
+
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: valid channel.
+        unsafe { (*self.ch.as_ptr()).fd }
+    }
+
+    /// The descriptor, borrowed for polling.
+    pub fn borrow_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: open until Drop, which cannot run while &self is borrowed.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd()) }
+    }
+
+    /// Reads and acknowledges every pending notification; returns how many there were.
+    pub fn drain(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut ctx = ptr::null_mut();
+            // SAFETY: valid channel, non-blocking descriptor; outputs are written on success.
+            if unsafe { r::ibv_get_cq_event(self.ch.as_ptr(), &mut cq, &mut ctx) } != 0 {
+                return n;
+            }
+            // SAFETY: cq came from the event just read; acknowledged exactly once, at once,
+            // so destroying the CQ never waits on unacknowledged events.
+            unsafe { r::ibv_ack_cq_events(cq, 1) };
+            n += 1;
+        }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: ours; every CQ using it holds an Arc of it, so none is left.
+        if unsafe { r::ibv_destroy_comp_channel(self.ch.as_ptr()) } != 0 {
+            warn("ibv_destroy_comp_channel failed");
+        }
+    }
+}
+
 /// A verbs completion queue.
 #[derive(Debug)]
 pub struct Cq {
     cq: NonNull<r::ibv_cq>,
     ctx: Context,
     capacity: std::sync::atomic::AtomicU32,
+    /// Destroyed after the CQ (fields drop after Drop::drop runs).
+    channel: Option<Arc<CompChannel>>,
 }
 
 // SAFETY: verbs CQ calls are thread-safe in rdma-core providers (they lock internally
@@ -606,17 +681,17 @@ unsafe impl Send for Cq {}
 unsafe impl Sync for Cq {}
 
 impl Cq {
-    pub fn new(ctx: Context, cqe: u32, comp_vector: i32) -> Result<Self, i32> {
-        // SAFETY: valid context; no completion channel.
-        let cq = unsafe {
-            r::ibv_create_cq(
-                ctx.as_ptr(),
-                cqe as i32,
-                ptr::null_mut(),
-                ptr::null_mut(),
-                comp_vector,
-            )
-        };
+    /// A CQ of at least `cqe` entries; with a channel, armed notifications go there.
+    pub fn new(
+        ctx: Context,
+        cqe: u32,
+        comp_vector: i32,
+        channel: Option<Arc<CompChannel>>,
+    ) -> Result<Self, i32> {
+        let ch = channel.as_ref().map_or(ptr::null_mut(), |c| c.ch.as_ptr());
+        // SAFETY: valid context; ch is NULL or a channel of the same context kept alive below.
+        let cq =
+            unsafe { r::ibv_create_cq(ctx.as_ptr(), cqe as i32, ptr::null_mut(), ch, comp_vector) };
         let cq = NonNull::new(cq).ok_or_else(last_errno)?;
         // SAFETY: just created; nobody else sees it yet.
         let got = unsafe { (*cq.as_ptr()).cqe }.max(0) as u32;
@@ -624,7 +699,26 @@ impl Cq {
             cq,
             ctx,
             capacity: got.into(),
+            channel,
         })
+    }
+
+    /// Asks for one notification on the channel at the next completion (`ibv_req_notify_cq`).
+    pub fn req_notify(&self) -> Result<(), i32> {
+        if self.channel.is_none() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: valid CQ with a channel.
+        let rc = unsafe { r::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+        if rc != 0 {
+            Err(rc.abs())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn channel(&self) -> Option<&Arc<CompChannel>> {
+        self.channel.as_ref()
     }
 
     /// The number of entries the device gave (at least what was asked).

@@ -120,11 +120,26 @@ pub fn connect_pair_with(
     accept_data: &[u8],
     before: impl FnOnce(&Arc<Domain>, &MsgEndpoint, &MsgEndpoint),
 ) -> Pair {
+    connect_pair_full(info, &CqAttr::default(), connect_data, accept_data, before)
+}
+
+/// A connected pair whose two CQs are opened with `cq_attr`.
+pub fn connect_pair_cq(info: &Info, cq_attr: &CqAttr) -> Pair {
+    connect_pair_full(info, cq_attr, b"", b"", |_, _, _| {})
+}
+
+pub fn connect_pair_full(
+    info: &Info,
+    cq_attr: &CqAttr,
+    connect_data: &[u8],
+    accept_data: &[u8],
+    before: impl FnOnce(&Arc<Domain>, &MsgEndpoint, &MsgEndpoint),
+) -> Pair {
     let (fabric, server_eq, pep, addr) = listener(info);
     let domain = Domain::open(&fabric, info).unwrap();
     let client_eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
-    let server_cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
-    let client_cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let server_cq = CompletionQueue::open(&domain, cq_attr).unwrap();
+    let client_cq = CompletionQueue::open(&domain, cq_attr).unwrap();
 
     let cinfo = getinfo(
         Some(&addr.ip().to_string()),

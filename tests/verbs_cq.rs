@@ -1,0 +1,430 @@
+//! Device tests of completion queues (fi_cq(3)) on real verbs completions.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use rfabric::core::cq::*;
+use rfabric::verbs::*;
+use rfabric::*;
+use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
+
+fn attr(format: CqFormat, wait_obj: WaitObj) -> CqAttr {
+    CqAttr {
+        format,
+        wait_obj,
+        ..Default::default()
+    }
+}
+
+/// Polls `cq` until one entry of format `E` arrives.
+fn one<E: FormatEntry>(cq: &CompletionQueue) -> E {
+    let mut out = [E::default(); 1];
+    let start = Instant::now();
+    loop {
+        match cq.read(&mut out) {
+            Ok(1) => return out[0],
+            Err(e) if e.is_again() => {}
+            other => panic!("read: {other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no completion");
+    }
+}
+
+#[test]
+fn every_format_carries_its_fields_on_real_completions() {
+    let Some(info) = device_info() else { return };
+    for format in [
+        CqFormat::Context,
+        CqFormat::Msg,
+        CqFormat::Data,
+        CqFormat::Tagged,
+        CqFormat::Unspec,
+    ] {
+        let p = connect_pair_cq(&info, &attr(format, WaitObj::None));
+        let m = MemoryRegion::alloc(&p.domain, 256, Flags::SEND | Flags::RECV).unwrap();
+        m.write_at(0, b"format check").unwrap();
+        p.server.recv(&m, 128, 128, 0x77).unwrap();
+        p.client.senddata(&m, 0, 12, 0xabc, 0x66).unwrap();
+        let mut got = [0u8; 12];
+        match format {
+            CqFormat::Context => {
+                assert_eq!(one::<CqContextEntry>(&p.server_cq).op_context, 0x77);
+                assert_eq!(one::<CqContextEntry>(&p.client_cq).op_context, 0x66);
+            }
+            CqFormat::Msg => {
+                let r = one::<CqMsgEntry>(&p.server_cq);
+                assert_eq!((r.op_context, r.len), (0x77, 12));
+                assert_eq!(
+                    Flags::from_bits_retain(r.flags),
+                    Flags::MSG | Flags::RECV | Flags::REMOTE_CQ_DATA
+                );
+                let s = one::<CqMsgEntry>(&p.client_cq);
+                assert_eq!(Flags::from_bits_retain(s.flags), Flags::MSG | Flags::SEND);
+            }
+            CqFormat::Data => {
+                let r = one::<CqDataEntry>(&p.server_cq);
+                assert_eq!((r.op_context, r.len, r.data), (0x77, 12, 0xabc));
+                one::<CqDataEntry>(&p.client_cq);
+            }
+            CqFormat::Tagged | CqFormat::Unspec => {
+                assert_eq!(
+                    p.server_cq.attr().format,
+                    CqFormat::Tagged,
+                    "UNSPEC resolves to the tagged format"
+                );
+                let r = one::<CqEntry>(&p.server_cq);
+                assert_eq!((r.op_context, r.len, r.data, r.tag), (0x77, 12, 0xabc, 0));
+                one::<CqEntry>(&p.client_cq);
+            }
+        }
+        m.read_at(128, &mut got).unwrap();
+        assert_eq!(&got, b"format check");
+        if format != CqFormat::Tagged && format != CqFormat::Unspec {
+            let mut wrong = [CqEntry::default(); 1];
+            assert_eq!(
+                p.server_cq.read(&mut wrong).unwrap_err().errno(),
+                errno::EINVAL,
+                "reading another format"
+            );
+        }
+    }
+}
+
+#[test]
+fn readfrom_reports_no_source_on_connected_endpoints() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair_cq(&info, &attr(CqFormat::Msg, WaitObj::None));
+    let m = MemoryRegion::alloc(&p.domain, 64, Flags::SEND | Flags::RECV).unwrap();
+    p.server.recv(&m, 32, 32, 1).unwrap();
+    p.client.send(&m, 0, 4, 2).unwrap();
+    let mut out = [CqMsgEntry::default(); 4];
+    let mut src = [0u64; 4];
+    let start = Instant::now();
+    let n = loop {
+        match p.server_cq.readfrom(&mut out, &mut src) {
+            Ok(n) => break n,
+            Err(e) if e.is_again() => assert!(start.elapsed() < Duration::from_secs(10)),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!((n, out[0].op_context, src[0]), (1, 1, FI_ADDR_NOTAVAIL));
+    assert_eq!(
+        p.server_cq
+            .readfrom(&mut out, &mut src[..1])
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL,
+        "short source array"
+    );
+}
+
+#[test]
+fn a_receive_too_small_for_the_message_is_read_through_readerr() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let m = MemoryRegion::alloc(&p.domain, 256, Flags::SEND | Flags::RECV).unwrap();
+    p.server.recv(&m, 128, 8, 0x51).unwrap();
+    p.client.send(&m, 0, 100, 0x52).unwrap();
+    let e = wait_err(&p.server_cq);
+    assert_eq!(e.op_context, 0x51);
+    assert_eq!(e.err, errno::ETRUNC);
+    assert_eq!(e.prov_errno, 1, "IBV_WC_LOC_LEN_ERR");
+    assert_eq!(p.server_cq.strerror(e.prov_errno), "local length error");
+    // The sender learns it too: the receiver refused the request.
+    let s = wait_err(&p.client_cq);
+    assert_eq!(s.op_context, 0x52);
+    assert!(
+        s.err == errno::EINVAL || s.err == errno::EIO,
+        "sender err {}",
+        s.err
+    );
+    assert!(!p.client_cq.strerror(s.prov_errno).is_empty());
+}
+
+#[test]
+fn error_data_is_readable_both_ways() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let m = MemoryRegion::alloc(&p.domain, 64, Flags::RECV).unwrap();
+    p.server.recv(&m, 0, 64, 1).unwrap();
+    p.server.recv(&m, 0, 64, 2).unwrap();
+    p.client.shutdown().unwrap();
+    let start = Instant::now();
+    let mut out = [CqEntry::default(); 1];
+    while p.server_cq.read(&mut out).map_err(|e| e.errno()) != Err(errno::EAVAIL) {
+        assert!(start.elapsed() < Duration::from_secs(10), "no flush");
+    }
+    let mut buf = [0u8; 8];
+    let (ctx, copied) = p
+        .server_cq
+        .readerr_with(Some(&mut buf), |e, d| {
+            (e.op_context, d == ErrData::Copied(0))
+        })
+        .unwrap();
+    assert_eq!((ctx, copied), (1, true), "verbs errors carry no error data");
+    let held = p
+        .server_cq
+        .readerr_with(None, |e, d| {
+            (e.err, matches!(d, ErrData::Held(b) if b.is_empty()))
+        })
+        .unwrap();
+    assert_eq!(held, (errno::ECANCELED, true));
+}
+
+#[test]
+fn sread_needs_a_wait_object() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let mut out = [CqEntry::default(); 1];
+    assert_eq!(
+        p.server_cq.sread(&mut out, 0, 10).unwrap_err().errno(),
+        errno::EINVAL
+    );
+}
+
+#[test]
+fn a_thread_in_sread_is_woken_by_a_completion_by_signal_and_by_its_timeout() {
+    let Some(info) = device_info() else { return };
+    for wait in [WaitObj::Unspec, WaitObj::Fd, WaitObj::Yield] {
+        let p = connect_pair_cq(&info, &attr(CqFormat::Tagged, wait));
+        let m = MemoryRegion::alloc(&p.domain, 64, Flags::SEND | Flags::RECV).unwrap();
+        p.server.recv(&m, 32, 32, 9).unwrap();
+        std::thread::scope(|s| {
+            let cq = &p.server_cq;
+            let waiter = s.spawn(move || {
+                let mut out = [CqEntry::default(); 2];
+                let t = Instant::now();
+                let n = cq.sread(&mut out, 0, 20_000).unwrap();
+                (n, out[0].op_context, t.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            p.client.send(&m, 0, 8, 1).unwrap();
+            let (n, ctx, took) = waiter.join().unwrap();
+            assert_eq!((n, ctx), (1, 9), "{wait:?}");
+            assert!(
+                took >= Duration::from_millis(250),
+                "{wait:?}: returned before the send ({took:?})"
+            );
+        });
+        std::thread::scope(|s| {
+            let cq = &p.server_cq;
+            let waiter = s.spawn(move || {
+                let mut out = [CqEntry::default(); 1];
+                cq.sread(&mut out, 0, 20_000).map_err(|e| e.errno())
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            p.server_cq.signal();
+            assert_eq!(
+                waiter.join().unwrap(),
+                Err(errno::EAGAIN),
+                "{wait:?}: signal"
+            );
+        });
+        let mut out = [CqEntry::default(); 1];
+        let t = Instant::now();
+        assert_eq!(
+            p.server_cq.sread(&mut out, 0, 200).unwrap_err().errno(),
+            errno::EAGAIN
+        );
+        assert!(
+            t.elapsed() >= Duration::from_millis(200),
+            "{wait:?}: timeout"
+        );
+        one::<CqEntry>(&p.client_cq);
+    }
+}
+
+#[test]
+fn threshold_sread_waits_for_that_many_completions() {
+    let Some(info) = device_info() else { return };
+    let a = CqAttr {
+        wait_obj: WaitObj::Unspec,
+        wait_cond: CqWaitCond::Threshold,
+        ..Default::default()
+    };
+    let p = connect_pair_cq(&info, &a);
+    let m = MemoryRegion::alloc(&p.domain, 64, Flags::SEND | Flags::RECV).unwrap();
+    for i in 0..3 {
+        p.server.recv(&m, 32, 32, i).unwrap();
+    }
+    std::thread::scope(|s| {
+        let client = &p.client;
+        let m = &m;
+        s.spawn(move || {
+            for i in 0..3 {
+                std::thread::sleep(Duration::from_millis(100));
+                client.send(m, 0, 4, 10 + i).unwrap();
+            }
+        });
+        let mut out = [CqEntry::default(); 8];
+        let mut n = 0;
+        let t = Instant::now();
+        while n < 3 {
+            n += p.server_cq.sread(&mut out[n..], 3 - n, 10_000).unwrap();
+        }
+        assert!(
+            t.elapsed() >= Duration::from_millis(250),
+            "all three came after their sends"
+        );
+        assert_eq!(
+            [out[0].op_context, out[1].op_context, out[2].op_context],
+            [0, 1, 2]
+        );
+    });
+}
+
+#[test]
+fn the_fd_wait_object_drives_epoll() {
+    use nix::sys::epoll::*;
+    let Some(info) = device_info() else { return };
+    let p = connect_pair_cq(&info, &attr(CqFormat::Msg, WaitObj::Fd));
+    assert_eq!(
+        connect_pair_cq(&info, &attr(CqFormat::Msg, WaitObj::Unspec))
+            .server_cq
+            .wait_fd()
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL,
+        "FI_GETWAIT is for FI_WAIT_FD"
+    );
+    let ep = Epoll::new(EpollCreateFlags::empty()).unwrap();
+    ep.add(
+        p.server_cq.wait_fd().unwrap(),
+        EpollEvent::new(EpollFlags::EPOLLIN, 7),
+    )
+    .unwrap();
+    let m = MemoryRegion::alloc(&p.domain, 64, Flags::SEND | Flags::RECV).unwrap();
+    p.server.recv(&m, 32, 32, 5).unwrap();
+    p.server_cq.trywait().unwrap();
+    let mut ev = [EpollEvent::empty(); 1];
+    assert_eq!(
+        ep.wait(&mut ev, EpollTimeout::from(100u16)).unwrap(),
+        0,
+        "nothing yet"
+    );
+    p.client.send(&m, 0, 4, 1).unwrap();
+    assert_eq!(
+        ep.wait(&mut ev, EpollTimeout::from(10_000u16)).unwrap(),
+        1,
+        "readable after the completion"
+    );
+    assert_eq!(ev[0].data(), 7);
+    let mut out = [CqMsgEntry::default(); 1];
+    assert_eq!(p.server_cq.read(&mut out).unwrap(), 1);
+    assert_eq!(out[0].op_context, 5);
+    // A completion already queued: trywait says read instead of waiting.
+    p.server.recv(&m, 32, 32, 6).unwrap();
+    p.client.send(&m, 0, 4, 2).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(p.server_cq.trywait().unwrap_err().errno(), errno::EAGAIN);
+    assert_eq!(p.server_cq.read(&mut out).unwrap(), 1);
+}
+
+#[test]
+fn closing_a_cq_with_bound_endpoints_is_ebusy() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    assert_eq!(p.server_cq.close().unwrap_err().errno(), errno::EBUSY);
+    let Pair {
+        server, server_cq, ..
+    } = p;
+    drop(server);
+    server_cq.close().unwrap();
+}
+
+#[test]
+fn affinity_maps_the_signaling_vector_to_a_completion_vector() {
+    let Some(info) = device_info() else { return };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    for v in [0, 1, 7, 1000] {
+        let a = CqAttr {
+            flags: Flags::AFFINITY,
+            signaling_vector: v,
+            ..Default::default()
+        };
+        CompletionQueue::open(&domain, &a).unwrap();
+    }
+    let bad = CqAttr {
+        flags: Flags::MULTI_RECV,
+        ..Default::default()
+    };
+    assert_eq!(
+        CompletionQueue::open(&domain, &bad).unwrap_err().errno(),
+        errno::EBADFLAGS
+    );
+    let mc = CqAttr {
+        wait_obj: WaitObj::MutexCond,
+        ..Default::default()
+    };
+    assert_eq!(
+        CompletionQueue::open(&domain, &mc).unwrap_err().errno(),
+        errno::ENOSYS
+    );
+}
+
+#[test]
+fn software_completions_wake_the_fd_and_sread_and_keep_their_source() {
+    use nix::sys::epoll::*;
+    let Some(info) = device_info() else { return };
+    let p = connect_pair_cq(&info, &attr(CqFormat::Tagged, WaitObj::Fd));
+    let ep = Epoll::new(EpollCreateFlags::empty()).unwrap();
+    ep.add(
+        p.server_cq.wait_fd().unwrap(),
+        EpollEvent::new(EpollFlags::EPOLLIN, 1),
+    )
+    .unwrap();
+    p.server_cq.trywait().unwrap();
+    let soft = CqEntry {
+        op_context: 0x50f7,
+        flags: (Flags::MSG | Flags::RECV).bits(),
+        len: 3,
+        ..Default::default()
+    };
+    p.server_cq.write(soft, 42).unwrap();
+    let mut ev = [EpollEvent::empty(); 1];
+    assert_eq!(
+        ep.wait(&mut ev, EpollTimeout::from(5000u16)).unwrap(),
+        1,
+        "a software completion makes the fd readable"
+    );
+    let mut out = [CqEntry::default(); 2];
+    let mut src = [0u64; 2];
+    assert_eq!(p.server_cq.readfrom(&mut out, &mut src).unwrap(), 1);
+    assert_eq!((out[0], src[0]), (soft, 42));
+    // A thread in sread wakes for a software completion.
+    std::thread::scope(|s| {
+        let cq = &p.server_cq;
+        let t = s.spawn(move || {
+            let mut out = [CqEntry::default(); 1];
+            cq.sread(&mut out, 0, 20_000)
+                .map(|n| (n, out[0].op_context))
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        p.server_cq
+            .write(
+                CqEntry {
+                    op_context: 7,
+                    ..Default::default()
+                },
+                FI_ADDR_NOTAVAIL,
+            )
+            .unwrap();
+        assert_eq!(t.join().unwrap().unwrap(), (1, 7));
+    });
+    // Error entries written in software come out of readerr in order.
+    p.server_cq
+        .writeerr(CqErrEntry {
+            op_context: 8,
+            err: errno::EIO,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        p.server_cq.read(&mut out).unwrap_err().errno(),
+        errno::EAVAIL
+    );
+    assert_eq!(p.server_cq.readerr().unwrap().op_context, 8);
+}
