@@ -262,14 +262,7 @@ fn reject_delivers_its_data_in_an_econnrefused_error_entry() {
     let domain = Domain::open(&fabric, &info).unwrap();
     let ceq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
     let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
-    let cinfo = getinfo(
-        Some(&addr.ip().to_string()),
-        Some(&addr.port().to_string()),
-        Flags::empty(),
-        None,
-    )
-    .unwrap()
-    .remove(0);
+    let cinfo = client_info(&addr);
     let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&ceq).unwrap();
     client.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
@@ -371,14 +364,7 @@ fn endpoints_refuse_to_connect_or_enable_without_their_queues() {
     let Some(info) = device_info() else { return };
     let (fabric, _eq, _pep, addr) = listener(&info);
     let domain = Domain::open(&fabric, &info).unwrap();
-    let cinfo = getinfo(
-        Some(&addr.ip().to_string()),
-        Some(&addr.port().to_string()),
-        Flags::empty(),
-        None,
-    )
-    .unwrap()
-    .remove(0);
+    let cinfo = client_info(&addr);
     let ep = MsgEndpoint::open(&domain, &cinfo, 1).unwrap();
     let m = MemoryRegion::alloc(&domain, 8, Flags::SEND).unwrap();
     assert_eq!(
@@ -446,14 +432,7 @@ fn cq_grows_to_cover_every_bound_queue_pair() {
         },
     )
     .unwrap();
-    let cinfo = getinfo(
-        Some(&addr.ip().to_string()),
-        Some(&addr.port().to_string()),
-        Flags::empty(),
-        None,
-    )
-    .unwrap()
-    .remove(0);
+    let cinfo = client_info(&addr);
     let mut eps = Vec::new();
     for i in 0..3 {
         let ep = MsgEndpoint::open(&domain, &cinfo, i).unwrap();

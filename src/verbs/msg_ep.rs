@@ -293,22 +293,27 @@ impl MsgEndpoint {
         Ok(())
     }
 
-    /// Starts connecting; `FI_CONNECTED` (or an error entry) arrives on the EQ (`fi_connect`).
-    pub fn connect(&self, data: &[u8]) -> Result<()> {
+    /// Checks that connecting may start (EQ bound, QP created, not yet connecting) and
+    /// moves to the connecting state.
+    fn begin_connecting(&self) -> Result<()> {
         self.require_eq()?;
         self.qp()?;
-        let enc = encode_cm_data(data, CONNECT_PRIVATE_DATA_MAX)?;
-        if self
-            .shared
+        self.shared
             .state
             .compare_exchange(IDLE, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return Err(Error::new(
-                errno::EISCONN,
-                "endpoint is already connecting or connected",
-            ));
-        }
+            .map(|_| ())
+            .map_err(|_| {
+                Error::new(
+                    errno::EISCONN,
+                    "endpoint is already connecting or connected",
+                )
+            })
+    }
+
+    /// Starts connecting; `FI_CONNECTED` (or an error entry) arrives on the EQ (`fi_connect`).
+    pub fn connect(&self, data: &[u8]) -> Result<()> {
+        let enc = encode_cm_data(data, CONNECT_PRIVATE_DATA_MAX)?;
+        self.begin_connecting()?;
         self.shared.id.connect(&enc, 1).map_err(|e| {
             self.shared.state.store(IDLE, Ordering::Release);
             Error::os(e, "rdma_connect")
@@ -317,20 +322,8 @@ impl MsgEndpoint {
 
     /// Accepts the request this endpoint was opened on (`fi_accept`).
     pub fn accept(&self, data: &[u8]) -> Result<()> {
-        self.require_eq()?;
-        self.qp()?;
         let enc = encode_cm_data(data, ACCEPT_PRIVATE_DATA_MAX.min(CONNECT_PRIVATE_DATA_MAX))?;
-        if self
-            .shared
-            .state
-            .compare_exchange(IDLE, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return Err(Error::new(
-                errno::EISCONN,
-                "endpoint is already connecting or connected",
-            ));
-        }
+        self.begin_connecting()?;
         self.shared
             .id
             .accept(&enc, 1)

@@ -113,6 +113,18 @@ pub fn listener(info: &Info) -> (Arc<Fabric>, Arc<EventQueue>, PassiveEndpoint, 
     (fabric, eq, pep, addr)
 }
 
+/// The info a client uses to reach `addr` (fi_getinfo with the node and service).
+pub fn client_info(addr: &SocketAddr) -> Info {
+    getinfo(
+        Some(&addr.ip().to_string()),
+        Some(&addr.port().to_string()),
+        Flags::empty(),
+        None,
+    )
+    .unwrap()
+    .remove(0)
+}
+
 /// Connects a pair; `before_connect` may post receives on both sides first.
 pub fn connect_pair_with(
     info: &Info,
@@ -141,14 +153,7 @@ pub fn connect_pair_full(
     let server_cq = CompletionQueue::open(&domain, cq_attr).unwrap();
     let client_cq = CompletionQueue::open(&domain, cq_attr).unwrap();
 
-    let cinfo = getinfo(
-        Some(&addr.ip().to_string()),
-        Some(&addr.port().to_string()),
-        Flags::empty(),
-        None,
-    )
-    .unwrap()
-    .remove(0);
+    let cinfo = client_info(&addr);
     assert_eq!(cinfo.dest_addr, Some(addr));
     let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&client_eq).unwrap();
