@@ -453,3 +453,213 @@ fn cq_grows_to_cover_every_bound_queue_pair() {
         "a zero-count read only drives progress"
     );
 }
+
+fn selective_pair(info: &Info) -> Pair {
+    let opts = PairOpts {
+        bind: Flags::SELECTIVE_COMPLETION,
+        tx_size: 16,
+        ..Default::default()
+    };
+    connect_pair_full(info, &opts, b"", b"", |_, _, _| {})
+}
+
+/// Drains `cq`, returning the contexts of the completions that arrive within `ms`.
+fn drain_contexts(cq: &CompletionQueue, ms: u64) -> Vec<u64> {
+    let mut got = Vec::new();
+    let mut out = [rfabric::core::cq::CqEntry::default(); 16];
+    let end = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+    while std::time::Instant::now() < end {
+        match cq.read(&mut out) {
+            Ok(n) => got.extend(out[..n].iter().map(|e| e.op_context)),
+            Err(e) if e.is_again() => {}
+            Err(e) => panic!("{e} {:?}", cq.readerr()),
+        }
+    }
+    got
+}
+
+#[test]
+fn selective_completion_reports_only_the_sends_that_ask_and_never_overflows_the_queue() {
+    let Some(info) = device_info() else { return };
+    let p = selective_pair(&info);
+    let tx = MemoryRegion::alloc(&p.domain, 64, Flags::SEND).unwrap();
+    let rx = MemoryRegion::alloc(&p.domain, 64 * 8, Flags::RECV).unwrap();
+    const N: u64 = 400;
+    let mut received = 0u64;
+    let mut asked = Vec::new();
+    let mut out = [rfabric::core::cq::CqEntry::default(); 16];
+    for slot in 0..8 {
+        p.server
+            .recvmsg(&rx, slot * 64, 64, slot as u64, Flags::COMPLETION)
+            .unwrap();
+    }
+    let mut i = 0;
+    while i < N || received < N {
+        if i < N {
+            tx.write_at(0, &i.to_le_bytes()).unwrap();
+            let r = if i % 50 == 0 {
+                p.client.sendmsg(&tx, 0, 8, 1000 + i, 0, Flags::COMPLETION)
+            } else {
+                p.client.send(&tx, 0, 8, 1000 + i)
+            };
+            match r {
+                Ok(()) => {
+                    if i % 50 == 0 {
+                        asked.push(1000 + i);
+                    }
+                    i += 1;
+                }
+                Err(e) if e.is_again() => {} // the 16-deep queue is full: reading the CQ frees it
+                Err(e) => panic!("{e}"),
+            }
+        }
+        if let Ok(n) = p.client_cq.read(&mut out) {
+            for e in &out[..n] {
+                assert!(
+                    asked.contains(&e.op_context),
+                    "completion {} was not asked for",
+                    e.op_context
+                );
+            }
+        }
+        if let Ok(n) = p.server_cq.read(&mut out) {
+            for e in &out[..n] {
+                let slot = e.op_context as usize;
+                let mut b = [0u8; 8];
+                rx.read_at(slot * 64, &mut b).unwrap();
+                assert_eq!(u64::from_le_bytes(b), received, "message order");
+                received += 1;
+                p.server
+                    .recvmsg(&rx, slot * 64, 64, slot as u64, Flags::COMPLETION)
+                    .unwrap();
+            }
+        }
+    }
+    let rest = drain_contexts(&p.client_cq, 300);
+    assert!(rest.iter().all(|c| asked.contains(c)), "{rest:?}");
+}
+
+#[test]
+fn receives_under_selective_completion_report_only_when_asked() {
+    let Some(info) = device_info() else { return };
+    let p = selective_pair(&info);
+    let m = MemoryRegion::alloc(&p.domain, 256, Flags::SEND | Flags::RECV).unwrap();
+    p.server.recv(&m, 128, 64, 1).unwrap();
+    p.server.recvmsg(&m, 192, 64, 2, Flags::COMPLETION).unwrap();
+    p.client.inject(b"first").unwrap();
+    p.client.inject(b"second").unwrap();
+    assert_eq!(
+        drain_contexts(&p.server_cq, 500),
+        vec![2],
+        "only the receive that asked completes"
+    );
+    let mut got = [0u8; 6];
+    m.read_at(192, &mut got).unwrap();
+    assert_eq!(&got, b"second");
+    m.read_at(128, &mut got[..5]).unwrap();
+    assert_eq!(
+        &got[..5],
+        b"first",
+        "the silent receive still got its message"
+    );
+}
+
+#[test]
+fn inject_sends_with_no_completion_and_the_buffer_free_on_return() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let rx = MemoryRegion::alloc(&p.domain, 64 * 40, Flags::RECV).unwrap();
+    for k in 0..40 {
+        p.server.recv(&rx, k * 64, 64, k as u64).unwrap();
+    }
+    for k in 0u8..39 {
+        let mut buf = [k; 32];
+        p.client.inject(&buf).unwrap();
+        buf.fill(0xff); // free on return: this must not reach the peer
+    }
+    p.client.injectdata(b"with data", 0x1234).unwrap();
+    let mut out = [rfabric::core::cq::CqEntry::default(); 1];
+    for k in 0..40u64 {
+        let e = wait_one(&p.server_cq);
+        assert_eq!(e.op_context, k);
+        let mut got = [0u8; 32];
+        rx.read_at(k as usize * 64, &mut got).unwrap();
+        if k < 39 {
+            assert_eq!((e.len, got), (32, [k as u8; 32]));
+        } else {
+            assert_eq!((e.len, e.data, &got[..9]), (9, 0x1234, &b"with data"[..]));
+        }
+    }
+    assert_eq!(
+        p.client_cq.read(&mut out).unwrap_err().errno(),
+        errno::EAGAIN,
+        "injects complete silently"
+    );
+    let too_big = vec![0u8; p.client.inject_size() + 1];
+    assert_eq!(
+        p.client.inject(&too_big).unwrap_err().errno(),
+        errno::EINVAL
+    );
+}
+
+#[test]
+fn sendmsg_flags_are_checked_per_the_man_page() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let m = MemoryRegion::alloc(&p.domain, 8192, Flags::SEND | Flags::RECV).unwrap();
+    let e = |f: Flags| p.client.sendmsg(&m, 0, 8, 1, 0, f).unwrap_err().errno();
+    assert_eq!(e(Flags::MULTICAST), errno::EINVAL);
+    assert_eq!(e(Flags::CLAIM), errno::EINVAL);
+    assert_eq!(e(Flags::TAGGED), errno::EBADFLAGS);
+    let big = p.client.inject_size() + 1;
+    assert_eq!(
+        p.client
+            .sendmsg(&m, 0, big, 1, 0, Flags::INJECT)
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL
+    );
+    assert_eq!(
+        p.server
+            .recvmsg(&m, 0, 8, 1, Flags::DISCARD)
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL
+    );
+    assert_eq!(
+        p.server
+            .recvmsg(&m, 0, 8, 1, Flags::MULTI_RECV)
+            .unwrap_err()
+            .errno(),
+        errno::ENOSYS
+    );
+    assert_eq!(
+        p.client.send(&m, 0, 8, 1 << 63).unwrap_err().errno(),
+        errno::EINVAL,
+        "reserved context bit"
+    );
+    // Every accepted flag works, and the completion levels are all met by the RC acknowledgement.
+    p.server.recv(&m, 4096, 4096, 7).unwrap();
+    let ok = Flags::COMPLETION
+        | Flags::INJECT
+        | Flags::REMOTE_CQ_DATA
+        | Flags::FENCE
+        | Flags::MORE
+        | Flags::DELIVERY_COMPLETE;
+    p.client.sendmsg(&m, 0, 16, 2, 99, ok).unwrap();
+    let r = wait_one(&p.server_cq);
+    assert_eq!((r.op_context, r.data, r.len), (7, 99, 16));
+    assert_eq!(wait_one(&p.client_cq).op_context, 2);
+}
+
+#[test]
+fn a_failed_unsignalled_send_still_reports_an_error_with_its_context() {
+    let Some(info) = device_info() else { return };
+    let p = selective_pair(&info);
+    let m = MemoryRegion::alloc(&p.domain, 256, Flags::SEND | Flags::RECV).unwrap();
+    p.server.recvmsg(&m, 128, 8, 1, Flags::COMPLETION).unwrap();
+    p.client.send(&m, 0, 100, 0x77).unwrap(); // no FI_COMPLETION asked, and too big for the receive
+    let e = wait_err(&p.client_cq);
+    assert_eq!(e.op_context, 0x77);
+    assert_ne!(e.err, 0);
+}

@@ -39,6 +39,8 @@ bitflags! {
         const RMA_PMEM = fi::FI_RMA_PMEM;
         const SOURCE_ERR = fi::FI_SOURCE_ERR;
         const SELECTIVE_COMPLETION = fi::FI_SELECTIVE_COMPLETION;
+        const CLAIM = fi::FI_CLAIM;
+        const DISCARD = fi::FI_DISCARD;
         const LOCAL_COMM = fi::FI_LOCAL_COMM;
         const REMOTE_COMM = fi::FI_REMOTE_COMM;
         const SHARED_AV = fi::FI_SHARED_AV;

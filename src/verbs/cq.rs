@@ -47,6 +47,11 @@ pub const UNSPEC_FORMAT: CqFormat = CqFormat::Tagged;
 
 const POLL_BATCH: usize = 16;
 
+/// Marks a work request whose success the application did not ask to see: a send
+/// signalled only to free the send queue, or a receive under selective completion.
+/// Its failure is still reported, with this bit cleared from the context.
+pub(crate) const SUPPRESSED: u64 = 1 << 63;
+
 /// The wait machinery of a CQ that supports blocking reads through a descriptor.
 #[derive(Debug)]
 struct Waiter {
@@ -134,10 +139,33 @@ pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
 pub fn to_err_entry(wc: &WorkCompletion) -> CqErrEntry {
     // The opcode of a failed completion is undefined in verbs, so no flags are claimed.
     CqErrEntry {
-        op_context: wc.wr_id(),
+        op_context: wc.wr_id() & !SUPPRESSED,
         err: status_errno(wc.status()),
         prov_errno: wc.status() as i32,
         ..Default::default()
+    }
+}
+
+/// Queues one device completion in the software queue: successes nobody asked for are
+/// dropped, errors always kept.
+fn stage_one(s: &mut CqState, w: &WorkCompletion) {
+    let r = if w.status() != st::IBV_WC_SUCCESS {
+        let e = to_err_entry(w);
+        crate::fi_info!(
+            "cq",
+            "completion error for context {:#x}: {} ({})",
+            e.op_context,
+            wc_status_str(w.status()),
+            w.vendor_err()
+        );
+        s.push_error(e)
+    } else if w.wr_id() & SUPPRESSED != 0 {
+        return;
+    } else {
+        s.push_entry(to_entry(w))
+    };
+    if let Err(e) = r {
+        crate::fi_warn!("cq", "{e}");
     }
 }
 
@@ -297,22 +325,28 @@ impl CompletionQueue {
         if out.is_empty() {
             return Ok(0);
         }
-        let n = if out.len() == 1 {
-            self.poll_into::<1, E>(out, src)?
-        } else {
-            self.poll_into::<POLL_BATCH, E>(out, src)?
-        };
-        if n == 0 {
-            return Err(if self.staged.load(Ordering::Acquire) != 0 {
-                Error::new(
-                    errno::EAVAIL,
-                    "an error completion is at the head: read it with readerr",
-                )
+        loop {
+            let (n, polled) = if out.len() == 1 {
+                self.poll_into::<1, E>(out, src.as_deref_mut())?
             } else {
-                Error::new(errno::EAGAIN, "no completion")
-            });
+                self.poll_into::<POLL_BATCH, E>(out, src.as_deref_mut())?
+            };
+            if n > 0 {
+                return Ok(n);
+            }
+            // Only suppressed completions, or none: poll again while the device gave some.
+            if polled == 0 || self.staged.load(Ordering::Acquire) != 0 {
+                break;
+            }
         }
-        Ok(n)
+        Err(if self.staged.load(Ordering::Acquire) != 0 {
+            Error::new(
+                errno::EAVAIL,
+                "an error completion is at the head: read it with readerr",
+            )
+        } else {
+            Error::new(errno::EAGAIN, "no completion")
+        })
     }
 
     fn read_staged<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> Result<usize> {
@@ -322,53 +356,44 @@ impl CompletionQueue {
         r
     }
 
+    /// Polls the device into `out`; returns (entries written, completions polled).
     #[inline]
     fn poll_into<const N: usize, E: FormatEntry>(
         &self,
         out: &mut [E],
         mut src: Option<&mut [u64]>,
-    ) -> Result<usize> {
+    ) -> Result<(usize, usize)> {
         let mut batch = WcBatch::<N>::new();
         let wcs = self
             .cq
             .poll_batch(&mut batch, out.len())
             .map_err(os_err("ibv_poll_cq"))?;
-        for (i, (w, o)) in wcs.iter().zip(out.iter_mut()).enumerate() {
+        let mut n = 0;
+        for (i, w) in wcs.iter().enumerate() {
             if w.status() != st::IBV_WC_SUCCESS {
                 self.stage(&wcs[i..]);
-                return Ok(i);
+                return Ok((n, wcs.len()));
             }
-            *o = E::from_tagged(&to_entry(w));
+            if w.wr_id() & SUPPRESSED != 0 {
+                continue;
+            }
+            out[n] = E::from_tagged(&to_entry(w));
             if let Some(s) = src.as_deref_mut() {
-                s[i] = FI_ADDR_NOTAVAIL;
+                s[n] = FI_ADDR_NOTAVAIL;
             }
+            n += 1;
         }
-        Ok(wcs.len())
+        Ok((n, wcs.len()))
     }
 
-    /// Stages polled completions (the first one an error) behind anything already staged.
+    /// Stages polled completions behind anything already staged.
     #[cold]
     fn stage(&self, wcs: &[WorkCompletion]) {
         let mut s = self.state();
         for w in wcs {
-            let r = if w.status() == st::IBV_WC_SUCCESS {
-                s.push_entry(to_entry(w))
-            } else {
-                let e = to_err_entry(w);
-                crate::fi_info!(
-                    "cq",
-                    "completion error for context {:#x}: {} ({})",
-                    e.op_context,
-                    wc_status_str(w.status()),
-                    w.vendor_err()
-                );
-                s.push_error(e)
-            };
-            if let Err(e) = r {
-                crate::fi_warn!("cq", "{e}");
-            }
+            stage_one(&mut s, w);
         }
-        self.staged.store(s.len(), Ordering::Release);
+        self.staged.store(s.len(), Ordering::SeqCst);
     }
 
     /// Inserts a completion produced in software (a protocol's, or a peer's through
@@ -532,18 +557,7 @@ impl CompletionQueue {
             if wcs.is_empty() {
                 break;
             }
-            let mut s = self.state();
-            for wc in wcs {
-                let r = if wc.status() == st::IBV_WC_SUCCESS {
-                    s.push_entry(to_entry(wc))
-                } else {
-                    s.push_error(to_err_entry(wc))
-                };
-                if let Err(e) = r {
-                    crate::fi_warn!("cq", "{e}");
-                }
-            }
-            self.staged.store(s.len(), Ordering::SeqCst);
+            self.stage(wcs);
         }
         if self.staged.load(Ordering::SeqCst) != 0 {
             return Err(Error::new(

@@ -1,7 +1,7 @@
 //! Connected (`FI_EP_MSG`) endpoints on RC queue pairs.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
@@ -10,6 +10,7 @@ use rfabric_sys::verbs::{send_flags, QpCaps, QpHandle};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags};
 use crate::core::info::Info;
+use crate::verbs::cq::SUPPRESSED;
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
 use crate::verbs::{os_err, CompletionQueue, Domain, EventQueue, MemoryRegion};
@@ -38,6 +39,12 @@ pub(crate) struct EpShared {
     id: CmId,
     state: AtomicU8,
     caps: OnceLock<QpCaps>,
+    /// `FI_SELECTIVE_COMPLETION` on the transmit / receive binding.
+    tx_selective: AtomicBool,
+    rx_selective: AtomicBool,
+    /// Unsignalled sends since the last signalled one: bounded, so that the send queue
+    /// (whose entries a signalled completion frees) never fills with unsignalled work.
+    unsignaled: AtomicU32,
     ctl: Mutex<Control>,
     max_msg_size: usize,
     info: Info,
@@ -154,6 +161,9 @@ impl MsgEndpoint {
                 id,
                 state: AtomicU8::new(IDLE),
                 caps: OnceLock::new(),
+                tx_selective: AtomicBool::new(false),
+                rx_selective: AtomicBool::new(false),
+                unsignaled: AtomicU32::new(0),
                 ctl: Mutex::new(Control::default()),
                 max_msg_size,
                 info: info.clone(),
@@ -198,12 +208,7 @@ impl MsgEndpoint {
                 format!("CQ bind flags {flags:?}: use FI_TRANSMIT and/or FI_RECV"),
             ));
         }
-        if flags.contains(Flags::SELECTIVE_COMPLETION) {
-            return Err(Error::new(
-                errno::ENOSYS,
-                "FI_SELECTIVE_COMPLETION is not implemented yet",
-            ));
-        }
+        let selective = flags.contains(Flags::SELECTIVE_COMPLETION);
         if self.shared.caps.get().is_some() {
             return Err(Error::new(
                 errno::EOPBADSTATE,
@@ -222,6 +227,7 @@ impl MsgEndpoint {
         if dirs.contains(Flags::TRANSMIT) {
             cq.bind()?;
             c.tx_cq = Some(cq.clone());
+            self.shared.tx_selective.store(selective, Ordering::Release);
         }
         if dirs.contains(Flags::RECV) {
             if let Err(e) = cq.bind() {
@@ -231,6 +237,7 @@ impl MsgEndpoint {
                 return Err(e);
             }
             c.rx_cq = Some(cq.clone());
+            self.shared.rx_selective.store(selective, Ordering::Release);
         }
         Ok(())
     }
@@ -381,10 +388,19 @@ impl MsgEndpoint {
         Ok(())
     }
 
-    /// Sends `len` bytes at `offset` of `mr` (`fi_send`); `context` comes back in the completion.
+    /// Sends `len` bytes at `offset` of `mr` (`fi_send`); `context` comes back in the
+    /// completion. Under `FI_SELECTIVE_COMPLETION` a completion is written only when the
+    /// endpoint's default `tx_attr.op_flags` contain `FI_COMPLETION`.
     #[inline]
     pub fn send(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
-        self.post_send(mr, offset, len, context, None)
+        self.post_send(
+            mr,
+            offset,
+            len,
+            context,
+            None,
+            self.shared.info.tx_attr.op_flags,
+        )
     }
 
     /// Sends with 4 bytes of remote CQ data, delivered as `data` with `FI_REMOTE_CQ_DATA` (`fi_senddata`).
@@ -397,13 +413,75 @@ impl MsgEndpoint {
         data: u64,
         context: u64,
     ) -> Result<()> {
-        let imm = u32::try_from(data).map_err(|_| {
-            Error::new(
-                errno::EINVAL,
-                "remote CQ data exceeds cq_data_size (4 bytes)",
-            )
-        })?;
-        self.post_send(mr, offset, len, context, Some(imm))
+        let flags = self.shared.info.tx_attr.op_flags | Flags::REMOTE_CQ_DATA;
+        self.post_send(mr, offset, len, context, Some(cq_data(data)?), flags)
+    }
+
+    /// `fi_sendmsg`: a send with per-operation flags. `FI_COMPLETION` asks for a completion
+    /// under selective completion; `FI_INJECT` sends inline (at most `inject_size` bytes)
+    /// so the buffer is free on return; `FI_REMOTE_CQ_DATA` carries `data`; `FI_FENCE`
+    /// waits for earlier operations; `FI_MORE` and the completion levels are accepted
+    /// (every level is met, see the README). `FI_MULTICAST`, `FI_CLAIM` and `FI_DISCARD`
+    /// do not apply to a MSG endpoint's sends: `EINVAL`.
+    pub fn sendmsg(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        context: u64,
+        data: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        check_send_flags(flags)?;
+        if flags.contains(Flags::INJECT) && len > self.inject_size() {
+            return Err(inject_too_big(len, self.inject_size()));
+        }
+        let imm = if flags.contains(Flags::REMOTE_CQ_DATA) {
+            Some(cq_data(data)?)
+        } else {
+            None
+        };
+        self.post_send(mr, offset, len, context, imm, flags)
+    }
+
+    /// `fi_inject`: sends `data` inline with no completion; the buffer is free on return.
+    pub fn inject(&self, data: &[u8]) -> Result<()> {
+        self.post_inject(data, None)
+    }
+
+    /// `fi_injectdata`: `inject` with remote CQ data.
+    pub fn injectdata(&self, data: &[u8], cq: u64) -> Result<()> {
+        self.post_inject(data, Some(cq_data(cq)?))
+    }
+
+    fn post_inject(&self, data: &[u8], imm: Option<u32>) -> Result<()> {
+        let max = self.inject_size();
+        if data.len() > max {
+            return Err(inject_too_big(data.len(), max));
+        }
+        let qp = self.qp()?;
+        // An inject never completes; errors are reported with a NULL (0) context.
+        let (wr_id, vflags) = self.unsignaled_slot(0);
+        qp.post_send_inline(wr_id, data, vflags, imm)
+            .map_err(|e| post_error(e, "send"))
+    }
+
+    /// The work request id and signalling of a send that reports no completion: every
+    /// `depth / 2`-th one is signalled anyway (its completion suppressed) to free the queue.
+    #[inline]
+    fn unsignaled_slot(&self, context: u64) -> (u64, u32) {
+        let every = self
+            .shared
+            .caps
+            .get()
+            .map_or(1, |c| (c.max_send_wr / 2).max(1));
+        let n = self.shared.unsignaled.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= every {
+            self.shared.unsignaled.store(0, Ordering::Relaxed);
+            (context | SUPPRESSED, send_flags::SIGNALED)
+        } else {
+            (context, 0)
+        }
     }
 
     #[inline]
@@ -414,8 +492,10 @@ impl MsgEndpoint {
         len: usize,
         context: u64,
         imm: Option<u32>,
+        flags: Flags,
     ) -> Result<()> {
         self.check_mr(mr)?;
+        check_context(context)?;
         if len > self.shared.max_msg_size {
             return Err(Error::new(
                 errno::EMSGSIZE,
@@ -425,8 +505,18 @@ impl MsgEndpoint {
                 ),
             ));
         }
-        self.qp()?
-            .post_send_mr(context, mr.sys(), offset, len, send_flags::SIGNALED, imm)
+        let qp = self.qp()?;
+        let (wr_id, mut vflags) = if !self.shared.tx_selective.load(Ordering::Relaxed)
+            || flags.contains(Flags::COMPLETION)
+        {
+            (context, send_flags::SIGNALED)
+        } else {
+            self.unsignaled_slot(context)
+        };
+        if flags.contains(Flags::FENCE) {
+            vflags |= send_flags::FENCE;
+        }
+        qp.post_send_mr(wr_id, mr.sys(), offset, len, vflags, imm)
             .map_err(|e| {
                 if e == libc::EINVAL {
                     mr.range_error(offset, len)
@@ -439,15 +529,130 @@ impl MsgEndpoint {
     /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`).
     #[inline]
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
+        self.post_recv(mr, offset, len, context, self.shared.info.rx_attr.op_flags)
+    }
+
+    /// `fi_recvmsg`: a receive with per-operation flags (`FI_COMPLETION` under selective
+    /// completion). `FI_CLAIM` / `FI_DISCARD` need buffered receives, which MSG endpoints
+    /// do not offer, and `FI_MULTI_RECV` is not implemented yet: `EINVAL` / `ENOSYS`.
+    pub fn recvmsg(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        if flags.intersects(Flags::CLAIM | Flags::DISCARD) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "FI_CLAIM / FI_DISCARD need FI_BUFFERED_RECV, which MSG endpoints do not offer",
+            ));
+        }
+        if flags.contains(Flags::MULTI_RECV) {
+            return Err(Error::new(
+                errno::ENOSYS,
+                "FI_MULTI_RECV is not implemented yet",
+            ));
+        }
+        let known = Flags::COMPLETION | Flags::MORE;
+        if !(flags - known).is_empty() {
+            return Err(Error::new(
+                errno::EBADFLAGS,
+                format!("receive flags {:?} are not supported", flags - known),
+            ));
+        }
+        self.post_recv(mr, offset, len, context, flags)
+    }
+
+    #[inline]
+    fn post_recv(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
         self.check_mr(mr)?;
+        check_context(context)?;
         let sge = mr
             .sys()
             .sge(offset, len)
             .ok_or_else(|| mr.range_error(offset, len))?;
+        // Verbs completes every receive: one nobody asked for is suppressed in the CQ.
+        let wr_id = if self.shared.rx_selective.load(Ordering::Relaxed)
+            && !flags.contains(Flags::COMPLETION)
+        {
+            context | SUPPRESSED
+        } else {
+            context
+        };
         self.qp()?
-            .post_recv(context, &[sge])
+            .post_recv(wr_id, &[sge])
             .map_err(|e| post_error(e, "receive"))
     }
+}
+
+/// Flags a MSG endpoint's `sendmsg` understands.
+const SEND_FLAGS: Flags = Flags::COMPLETION
+    .union(Flags::INJECT)
+    .union(Flags::REMOTE_CQ_DATA)
+    .union(Flags::MORE)
+    .union(Flags::FENCE)
+    .union(Flags::INJECT_COMPLETE)
+    .union(Flags::TRANSMIT_COMPLETE)
+    .union(Flags::DELIVERY_COMPLETE);
+
+fn check_send_flags(flags: Flags) -> Result<()> {
+    if flags.contains(Flags::MULTICAST) {
+        return Err(Error::new(
+            errno::EINVAL,
+            "FI_MULTICAST needs a DGRAM endpoint and a multicast address",
+        ));
+    }
+    if flags.intersects(Flags::CLAIM | Flags::DISCARD) {
+        return Err(Error::new(
+            errno::EINVAL,
+            "FI_CLAIM / FI_DISCARD apply to receives on endpoints with buffered receives",
+        ));
+    }
+    if !(flags - SEND_FLAGS).is_empty() {
+        return Err(Error::new(
+            errno::EBADFLAGS,
+            format!("send flags {:?} are not supported", flags - SEND_FLAGS),
+        ));
+    }
+    Ok(())
+}
+
+/// Contexts are pointers in C; the top bit, never set in a user-space pointer, marks
+/// completions the provider requested for itself.
+#[inline]
+fn check_context(context: u64) -> Result<()> {
+    if context & SUPPRESSED != 0 {
+        return Err(Error::new(
+            errno::EINVAL,
+            "operation contexts must be below 2^63 (the top bit is reserved)",
+        ));
+    }
+    Ok(())
+}
+
+fn cq_data(data: u64) -> Result<u32> {
+    u32::try_from(data).map_err(|_| {
+        Error::new(
+            errno::EINVAL,
+            "remote CQ data exceeds cq_data_size (4 bytes)",
+        )
+    })
+}
+
+fn inject_too_big(len: usize, max: usize) -> Error {
+    Error::new(
+        errno::EINVAL,
+        format!("{len} bytes exceed the inject size {max}: send without FI_INJECT"),
+    )
 }
 
 /// A full work queue is `-FI_EAGAIN`: reading the CQ frees room.

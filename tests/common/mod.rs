@@ -132,34 +132,62 @@ pub fn connect_pair_with(
     accept_data: &[u8],
     before: impl FnOnce(&Arc<Domain>, &MsgEndpoint, &MsgEndpoint),
 ) -> Pair {
-    connect_pair_full(info, &CqAttr::default(), connect_data, accept_data, before)
+    connect_pair_full(
+        info,
+        &PairOpts::default(),
+        connect_data,
+        accept_data,
+        before,
+    )
 }
 
 /// A connected pair whose two CQs are opened with `cq_attr`.
 pub fn connect_pair_cq(info: &Info, cq_attr: &CqAttr) -> Pair {
-    connect_pair_full(info, cq_attr, b"", b"", |_, _, _| {})
+    connect_pair_full(
+        info,
+        &PairOpts {
+            cq_attr: *cq_attr,
+            ..Default::default()
+        },
+        b"",
+        b"",
+        |_, _, _| {},
+    )
+}
+
+/// How a test pair is built.
+#[derive(Default)]
+pub struct PairOpts {
+    pub cq_attr: CqAttr,
+    /// Added to FI_TRANSMIT | FI_RECV when binding both endpoints' CQs.
+    pub bind: Flags,
+    /// Send queue depth of both endpoints (0: the provider default).
+    pub tx_size: usize,
 }
 
 pub fn connect_pair_full(
     info: &Info,
-    cq_attr: &CqAttr,
+    opts: &PairOpts,
     connect_data: &[u8],
     accept_data: &[u8],
     before: impl FnOnce(&Arc<Domain>, &MsgEndpoint, &MsgEndpoint),
 ) -> Pair {
+    let cq_attr = &opts.cq_attr;
+    let bind = Flags::TRANSMIT | Flags::RECV | opts.bind;
     let (fabric, server_eq, pep, addr) = listener(info);
     let domain = Domain::open(&fabric, info).unwrap();
     let client_eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
     let server_cq = CompletionQueue::open(&domain, cq_attr).unwrap();
     let client_cq = CompletionQueue::open(&domain, cq_attr).unwrap();
 
-    let cinfo = client_info(&addr);
+    let mut cinfo = client_info(&addr);
     assert_eq!(cinfo.dest_addr, Some(addr));
+    if opts.tx_size != 0 {
+        cinfo.tx_attr.size = opts.tx_size;
+    }
     let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&client_eq).unwrap();
-    client
-        .bind_cq(&client_cq, Flags::TRANSMIT | Flags::RECV)
-        .unwrap();
+    client.bind_cq(&client_cq, bind).unwrap();
     client.enable().unwrap();
 
     // The server endpoint exists only once the request arrives; `before` gets both after that.
@@ -171,11 +199,13 @@ pub fn connect_pair_full(
         }
         other => panic!("expected FI_CONNREQ, got {other:?}"),
     };
+    let mut sinfo = sinfo;
+    if opts.tx_size != 0 {
+        sinfo.tx_attr.size = opts.tx_size;
+    }
     let server = MsgEndpoint::open(&domain, &sinfo, SERVER_FID).unwrap();
     server.bind_eq(&server_eq).unwrap();
-    server
-        .bind_cq(&server_cq, Flags::TRANSMIT | Flags::RECV)
-        .unwrap();
+    server.bind_cq(&server_cq, bind).unwrap();
     server.enable().unwrap();
     before(&domain, &server, &client);
     server.accept(accept_data).unwrap();
