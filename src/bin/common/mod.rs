@@ -37,6 +37,8 @@ pub(crate) struct Opts {
 
 const RX_DEPTH: usize = 512;
 const WARMUP: usize = 100;
+/// Sends per requested completion in the bandwidth test (perftest's default `--cq-mod`).
+const CQ_MOD: usize = 100;
 const MAX_ALL: usize = 8 << 20;
 
 pub(crate) fn usage(test: Test) -> String {
@@ -333,7 +335,16 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             };
             let max = if o.all { MAX_ALL } else { o.size }.min(cinfo.ep_attr.max_msg_size);
             let domain = Domain::open(&fabric, &cinfo).map_err(e)?;
-            let conn = endpoint(&domain, &cinfo, &eq, Some(pep), max, o.inline, control)?;
+            let conn = endpoint(
+                &domain,
+                &cinfo,
+                &eq,
+                Some(pep),
+                max,
+                o.inline,
+                control,
+                false,
+            )?;
             post_rx(&conn, RX_DEPTH, max)?;
             conn.ep.accept(b"").map_err(e)?;
             wait_connected(&eq, deadline, "the client's connection")?;
@@ -359,7 +370,16 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
             let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(e)?;
             let domain = Domain::open(&fabric, &info).map_err(e)?;
-            let conn = endpoint(&domain, &info, &eq, None, max, o.inline, control)?;
+            let conn = endpoint(
+                &domain,
+                &info,
+                &eq,
+                None,
+                max,
+                o.inline,
+                control,
+                o.test == Test::SendBw,
+            )?;
             post_rx(&conn, RX_DEPTH, max)?;
             conn.ep.connect(b"").map_err(e)?;
             wait_connected(&eq, deadline, &format!("the server at {server}:{port}"))?;
@@ -374,9 +394,11 @@ fn endpoint(
     eq: &Arc<EventQueue>,
     pep: Option<PassiveEndpoint>,
     max: usize,
-    inline: Option<usize>,
+    o: &Opts,
     control: TcpStream,
 ) -> Result<Conn, String> {
+    let inline = o.inline;
+    let selective_tx = o.test == Test::SendBw && pep.is_none();
     let e = |e: Error| e.to_string();
     let is_server = pep.is_some();
     let mut info = info.clone();
@@ -386,7 +408,14 @@ fn endpoint(
     let cq = CompletionQueue::open(domain, &CqAttr::default()).map_err(e)?;
     let ep = MsgEndpoint::open(domain, &info, 0).map_err(e)?;
     ep.bind_eq(eq).map_err(e)?;
-    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).map_err(e)?;
+    // The bandwidth client asks for one send completion in CQ_MOD, as perftest does.
+    let tx_bind = if selective_tx {
+        Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
+    } else {
+        Flags::TRANSMIT
+    };
+    ep.bind_cq(&cq, tx_bind).map_err(e)?;
+    ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
     ep.enable().map_err(e)?;
     let tx = MemoryRegion::alloc(domain, max.max(1), Flags::SEND).map_err(e)?;
     let rx = MemoryRegion::alloc(domain, max.max(1), Flags::RECV).map_err(e)?;
@@ -577,7 +606,14 @@ pub(crate) fn run_bw(
     let mut peak: f64 = 0.0;
     while done < iters {
         while posted < iters && posted - done < depth {
-            match c.ep.send(&c.tx, 0, size, 2) {
+            // One completion in CQ_MOD (and the last): RC completes sends in order, so a
+            // completion for send k means sends 0..=k are done.
+            let r = if (posted + 1) % CQ_MOD == 0 || posted + 1 == iters {
+                c.ep.sendmsg(&c.tx, 0, size, posted as u64, 0, Flags::COMPLETION)
+            } else {
+                c.ep.send(&c.tx, 0, size, posted as u64)
+            };
+            match r {
                 Ok(()) => posted += 1,
                 Err(er) if er.is_again() => break,
                 Err(er) => return Err(er.to_string()),
@@ -587,7 +623,7 @@ pub(crate) fn run_bw(
             Ok(n) => {
                 for en in &out[..n] {
                     if en.flags & Flags::SEND.bits() != 0 {
-                        done += 1;
+                        done = done.max(en.op_context as usize + 1);
                     } else {
                         // The server's answer can overtake our last send completions.
                         answered += 1;
