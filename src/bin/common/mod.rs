@@ -335,16 +335,7 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             };
             let max = if o.all { MAX_ALL } else { o.size }.min(cinfo.ep_attr.max_msg_size);
             let domain = Domain::open(&fabric, &cinfo).map_err(e)?;
-            let conn = endpoint(
-                &domain,
-                &cinfo,
-                &eq,
-                Some(pep),
-                max,
-                o.inline,
-                control,
-                false,
-            )?;
+            let conn = endpoint(&domain, &cinfo, &eq, Some(pep), max, o, control)?;
             post_rx(&conn, RX_DEPTH, max)?;
             conn.ep.accept(b"").map_err(e)?;
             wait_connected(&eq, deadline, "the client's connection")?;
@@ -370,16 +361,7 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
             let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(e)?;
             let domain = Domain::open(&fabric, &info).map_err(e)?;
-            let conn = endpoint(
-                &domain,
-                &info,
-                &eq,
-                None,
-                max,
-                o.inline,
-                control,
-                o.test == Test::SendBw,
-            )?;
+            let conn = endpoint(&domain, &info, &eq, None, max, o, control)?;
             post_rx(&conn, RX_DEPTH, max)?;
             conn.ep.connect(b"").map_err(e)?;
             wait_connected(&eq, deadline, &format!("the server at {server}:{port}"))?;
