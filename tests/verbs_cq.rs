@@ -208,7 +208,12 @@ fn sread_needs_a_wait_object() {
 #[test]
 fn a_thread_in_sread_is_woken_by_a_completion_by_signal_and_by_its_timeout() {
     let Some(info) = device_info() else { return };
-    for wait in [WaitObj::Unspec, WaitObj::Fd, WaitObj::Yield] {
+    for wait in [
+        WaitObj::Unspec,
+        WaitObj::Fd,
+        WaitObj::Yield,
+        WaitObj::MutexCond,
+    ] {
         let p = connect_pair_cq(&info, &attr(CqFormat::Tagged, wait));
         let m = MemoryRegion::alloc(&p.domain, 64, Flags::SEND | Flags::RECV).unwrap();
         p.server.recv(&m, 32, 32, 9).unwrap();
@@ -376,12 +381,12 @@ fn affinity_maps_the_signaling_vector_to_a_completion_vector() {
         CompletionQueue::open(&domain, &bad).unwrap_err().errno(),
         errno::EBADFLAGS
     );
-    let mc = CqAttr {
-        wait_obj: WaitObj::MutexCond,
+    let set = CqAttr {
+        wait_obj: WaitObj::Set,
         ..Default::default()
     };
     assert_eq!(
-        CompletionQueue::open(&domain, &mc).unwrap_err().errno(),
+        CompletionQueue::open(&domain, &set).unwrap_err().errno(),
         errno::ENOSYS
     );
 }
@@ -448,4 +453,59 @@ fn software_completions_wake_the_fd_and_sread_and_keep_their_source() {
         errno::EAVAIL
     );
     assert_eq!(p.server_cq.readerr().unwrap().op_context, 8);
+}
+
+#[test]
+fn the_mutex_cond_wait_object_is_broadcast_for_completions() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair_cq(&info, &attr(CqFormat::Msg, WaitObj::MutexCond));
+    assert_eq!(p.server_cq.wait_fd().unwrap_err().errno(), errno::EINVAL);
+    let mc = p.server_cq.wait_mutex_cond().unwrap();
+    let (m, c) = mc.as_ptrs();
+    assert!(!m.is_null() && !c.is_null());
+    let m_buf = MemoryRegion::alloc(&p.domain, 64, Flags::SEND | Flags::RECV).unwrap();
+    p.server.recv(&m_buf, 32, 32, 3).unwrap();
+    p.server_cq.trywait().unwrap();
+    std::thread::scope(|s| {
+        let mut g = mc.lock();
+        let client = &p.client;
+        let buf = &m_buf;
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            client.send(buf, 0, 4, 1).unwrap();
+        });
+        let t = Instant::now();
+        assert!(
+            g.wait(Some(Duration::from_secs(20))),
+            "no broadcast for the completion"
+        );
+        assert!(t.elapsed() >= Duration::from_millis(250));
+    });
+    let mut out = [CqMsgEntry::default(); 1];
+    let start = Instant::now();
+    while p.server_cq.read(&mut out).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+    assert_eq!(out[0].op_context, 3);
+    // Software completions broadcast too.
+    p.server_cq.trywait().unwrap();
+    std::thread::scope(|s| {
+        let mut g = mc.lock();
+        let cq = &p.server_cq;
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            cq.write(
+                CqEntry {
+                    op_context: 4,
+                    ..Default::default()
+                },
+                FI_ADDR_NOTAVAIL,
+            )
+            .unwrap();
+        });
+        assert!(
+            g.wait(Some(Duration::from_secs(20))),
+            "no broadcast for a software completion"
+        );
+    });
 }

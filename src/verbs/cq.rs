@@ -14,12 +14,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use rfabric_sys::verbs::{
     wc_opcode as op, wc_status as st, wc_status_str, CompChannel, Cq, WcBatch, WorkCompletion,
 };
+use rfabric_sys::wait::MutexCond;
 
 use crate::core::cq::{
     self as core_cq, CqEntry, CqErrEntry, CqState, ErrData, FormatEntry, Waitable,
@@ -52,16 +54,93 @@ const POLL_BATCH: usize = 16;
 /// Its failure is still reported, with this bit cleared from the context.
 pub(crate) const SUPPRESSED: u64 = 1 << 63;
 
-/// The wait machinery of a CQ that supports blocking reads through a descriptor.
+/// The wait machinery of a CQ that supports blocking reads.
 #[derive(Debug)]
-struct Waiter {
-    /// Watches the completion channel and `event`: one descriptor for poll/epoll.
-    epoll: Epoll,
-    /// Written for software completions and `fi_cq_signal`.
-    event: EventFd,
-    /// `FI_WAIT_FD`: the application may wait on `epoll` itself, so software completions
-    /// always write `event` (otherwise only when a thread sleeps in `sread`).
-    external: bool,
+enum Waiter {
+    /// `FI_WAIT_FD` / `FI_WAIT_UNSPEC`: one epoll descriptor over the completion channel
+    /// and an eventfd written for software completions and `fi_cq_signal`.
+    Fd {
+        epoll: Epoll,
+        event: EventFd,
+        /// `FI_WAIT_FD`: the application may wait on `epoll` itself, so software
+        /// completions always write `event` (otherwise only when a thread sleeps in `sread`).
+        external: bool,
+    },
+    /// `FI_WAIT_MUTEX_COND`: a pthread pair, broadcast by a notifier thread that watches
+    /// the completion channel, and by software completions and `fi_cq_signal`.
+    MutexCond {
+        mc: Arc<MutexCond>,
+        /// Set under the mutex by every wake-up and checked under it before waiting, so no
+        /// wake-up falls between a sleeper's last check and its wait.
+        pending: Arc<AtomicBool>,
+        _notifier: Notifier,
+    },
+}
+
+/// The thread that turns completion-channel events into condition broadcasts. It signals
+/// a wait object only; progress stays in `cq_read`.
+#[derive(Debug)]
+struct Notifier {
+    stop: Arc<EventFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Notifier {
+    fn spawn(ch: Arc<CompChannel>, mc: Arc<MutexCond>, pending: Arc<AtomicBool>) -> Result<Self> {
+        let stop = Arc::new(
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(nix_err("eventfd"))?,
+        );
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("rverbs-cq-notify".into())
+            .spawn(move || loop {
+                let mut fds = [
+                    PollFd::new(ch.borrow_fd(), PollFlags::POLLIN),
+                    PollFd::new(stop2.as_fd(), PollFlags::POLLIN),
+                ];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => {
+                        crate::fi_warn!(
+                            "cq",
+                            "notifier poll failed, FI_WAIT_MUTEX_COND waiters will time out: {e}"
+                        );
+                        return;
+                    }
+                }
+                if fds[1]
+                    .revents()
+                    .is_some_and(|r| r.contains(PollFlags::POLLIN))
+                {
+                    return;
+                }
+                if ch.drain() > 0 {
+                    let _g = mc.lock();
+                    pending.store(true, Ordering::SeqCst);
+                    mc.broadcast();
+                }
+            })
+            .map_err(|e| {
+                Error::new(
+                    errno::ENOMEM,
+                    format!("cannot start the CQ notifier thread: {e}"),
+                )
+            })?;
+        Ok(Notifier {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        let _ = self.stop.arm();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// A completion queue (`fi_cq`).
@@ -186,11 +265,11 @@ impl CompletionQueue {
             ));
         }
         match attr.wait_obj {
-            WaitObj::None | WaitObj::Unspec | WaitObj::Fd | WaitObj::Yield => {}
+            WaitObj::None | WaitObj::Unspec | WaitObj::Fd | WaitObj::Yield | WaitObj::MutexCond => {}
             w => {
                 return Err(Error::new(
                     errno::ENOSYS,
-                    format!("CQ wait object {w:?} is not implemented: use FI_WAIT_FD, FI_WAIT_UNSPEC or FI_WAIT_YIELD"),
+                    format!("CQ wait object {w:?} is not implemented: use FI_WAIT_FD, FI_WAIT_MUTEX_COND, FI_WAIT_UNSPEC or FI_WAIT_YIELD"),
                 ))
             }
         }
@@ -212,29 +291,48 @@ impl CompletionQueue {
         } else {
             0
         };
-        let (channel, waiter) = if matches!(attr.wait_obj, WaitObj::Unspec | WaitObj::Fd) {
-            let ch = CompChannel::new(dev.context).map_err(os_err("ibv_create_comp_channel"))?;
-            let event =
-                EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
-                    .map_err(nix_err("eventfd"))?;
-            let epoll =
-                Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(nix_err("epoll_create"))?;
-            epoll
-                .add(ch.borrow_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))
-                .map_err(nix_err("epoll_ctl"))?;
-            epoll
-                .add(event.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 1))
-                .map_err(nix_err("epoll_ctl"))?;
-            (
-                Some(ch),
-                Some(Waiter {
-                    epoll,
-                    event,
-                    external: attr.wait_obj == WaitObj::Fd,
-                }),
-            )
-        } else {
-            (None, None)
+        let (channel, waiter) = match attr.wait_obj {
+            WaitObj::Unspec | WaitObj::Fd => {
+                let ch =
+                    CompChannel::new(dev.context).map_err(os_err("ibv_create_comp_channel"))?;
+                let event = EventFd::from_value_and_flags(
+                    0,
+                    EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
+                )
+                .map_err(nix_err("eventfd"))?;
+                let epoll =
+                    Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(nix_err("epoll_create"))?;
+                epoll
+                    .add(ch.borrow_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))
+                    .map_err(nix_err("epoll_ctl"))?;
+                epoll
+                    .add(event.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 1))
+                    .map_err(nix_err("epoll_ctl"))?;
+                (
+                    Some(ch),
+                    Some(Waiter::Fd {
+                        epoll,
+                        event,
+                        external: attr.wait_obj == WaitObj::Fd,
+                    }),
+                )
+            }
+            WaitObj::MutexCond => {
+                let ch =
+                    CompChannel::new(dev.context).map_err(os_err("ibv_create_comp_channel"))?;
+                let mc = Arc::new(MutexCond::new().map_err(|e| Error::os(e, "pthread_cond_init"))?);
+                let pending = Arc::new(AtomicBool::new(false));
+                let notifier = Notifier::spawn(ch.clone(), mc.clone(), pending.clone())?;
+                (
+                    Some(ch),
+                    Some(Waiter::MutexCond {
+                        mc,
+                        pending,
+                        _notifier: notifier,
+                    }),
+                )
+            }
+            _ => (None, None),
         };
         let cq =
             Cq::new(dev.context, size as u32, vector, channel).map_err(os_err("ibv_create_cq"))?;
@@ -420,12 +518,22 @@ impl CompletionQueue {
     }
 
     fn wake(&self, always: bool) {
-        if let Some(w) = &self.waiter {
-            if always || w.external || self.sleepers.load(Ordering::SeqCst) > 0 {
-                if let Err(e) = w.event.arm() {
+        match &self.waiter {
+            Some(Waiter::Fd {
+                event, external, ..
+            }) if always || *external || self.sleepers.load(Ordering::SeqCst) > 0 => {
+                if let Err(e) = event.arm() {
                     crate::fi_warn!("cq", "eventfd write: {e}");
                 }
             }
+            Some(Waiter::Fd { .. }) => {}
+            // The application may wait on the pair itself: always broadcast (cheap without waiters).
+            Some(Waiter::MutexCond { mc, pending, .. }) => {
+                let _g = mc.lock();
+                pending.store(true, Ordering::SeqCst);
+                mc.broadcast();
+            }
+            None => {}
         }
     }
 
@@ -524,11 +632,26 @@ impl CompletionQueue {
     /// poll/epoll. Call [`Self::trywait`] before blocking on it.
     pub fn wait_fd(&self) -> Result<BorrowedFd<'_>> {
         match (&self.waiter, self.attr.wait_obj) {
-            (Some(w), WaitObj::Fd) => Ok(w.epoll.0.as_fd()),
+            (Some(Waiter::Fd { epoll, .. }), WaitObj::Fd) => Ok(epoll.0.as_fd()),
             _ => Err(Error::new(
                 errno::EINVAL,
                 format!(
                     "FI_GETWAIT needs FI_WAIT_FD; this CQ has {:?}",
+                    self.attr.wait_obj
+                ),
+            )),
+        }
+    }
+
+    /// The mutex and condition variable of an `FI_WAIT_MUTEX_COND` CQ
+    /// (`fi_control(FI_GETWAIT)`). Call [`Self::trywait`] before waiting on them.
+    pub fn wait_mutex_cond(&self) -> Result<&MutexCond> {
+        match &self.waiter {
+            Some(Waiter::MutexCond { mc, .. }) => Ok(mc),
+            _ => Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "this CQ's wait object is {:?}, not FI_WAIT_MUTEX_COND",
                     self.attr.wait_obj
                 ),
             )),
@@ -572,7 +695,12 @@ impl CompletionQueue {
         if let Some(ch) = self.cq.channel() {
             ch.drain();
         }
-        let _ = w.event.read(); // EAGAIN when not written: nothing to drain.
+        match w {
+            Waiter::Fd { event, .. } => {
+                let _ = event.read(); // EAGAIN when not written: nothing to drain.
+            }
+            Waiter::MutexCond { pending, .. } => pending.store(false, Ordering::SeqCst),
+        }
     }
 
     /// `fi_close` on a CQ: `EBUSY` while endpoints are bound to it. Resources go when the
@@ -653,23 +781,32 @@ impl Waitable for CompletionQueue {
         };
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         // A software completion staged before we counted ourselves would not wake us.
-        if self.staged.load(Ordering::SeqCst) == 0 && !self.signaled.load(Ordering::SeqCst) {
-            let t = match timeout {
-                None => EpollTimeout::NONE,
-                Some(d) => EpollTimeout::try_from(d).unwrap_or(EpollTimeout::MAX),
-            };
-            let mut events = [EpollEvent::empty(); 2];
-            match w.epoll.wait(&mut events, t) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => {
-                    self.sleepers.fetch_sub(1, Ordering::SeqCst);
-                    return Err(Error::os(e as i32, "epoll_wait on the CQ"));
+        let idle =
+            || self.staged.load(Ordering::SeqCst) == 0 && !self.signaled.load(Ordering::SeqCst);
+        let r = match w {
+            Waiter::Fd { epoll, .. } if idle() => {
+                let t = match timeout {
+                    None => EpollTimeout::NONE,
+                    Some(d) => EpollTimeout::try_from(d).unwrap_or(EpollTimeout::MAX),
+                };
+                let mut events = [EpollEvent::empty(); 2];
+                match epoll.wait(&mut events, t) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+                    Err(e) => Err(Error::os(e as i32, "epoll_wait on the CQ")),
                 }
             }
-        }
+            Waiter::MutexCond { mc, pending, .. } => {
+                let mut g = mc.lock();
+                if !pending.swap(false, Ordering::SeqCst) && idle() {
+                    g.wait(timeout);
+                }
+                Ok(())
+            }
+            Waiter::Fd { .. } => Ok(()),
+        };
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         self.drain_wakeups(w);
-        Ok(())
+        r
     }
 
     fn take_signal(&self) -> bool {

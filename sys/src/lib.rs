@@ -10,6 +10,7 @@ pub mod clock;
 pub mod cm;
 pub mod fabric;
 pub mod verbs;
+pub mod wait;
 
 pub use rdma_sys;
 
