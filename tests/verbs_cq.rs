@@ -144,6 +144,7 @@ fn a_receive_too_small_for_the_message_is_read_through_readerr() {
             p.server_cq.strerror(other)
         ),
     }
+    assert_eq!(Flags::from_bits_retain(e.flags), Flags::MSG | Flags::RECV);
     // The sender learns it too: the receiver refused the request.
     let s = wait_err(&p.client_cq);
     assert_eq!(s.op_context, 0x52);

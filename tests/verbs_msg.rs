@@ -248,6 +248,11 @@ fn shutdown_is_seen_by_the_peer_and_cancels_its_posted_receives() {
     let e = wait_err(&p.server_cq);
     assert_eq!((e.op_context, e.err), (42, errno::ECANCELED));
     assert_eq!(
+        Flags::from_bits_retain(e.flags),
+        Flags::MSG | Flags::RECV,
+        "error entries name the operation"
+    );
+    assert_eq!(
         p.server_cq.strerror(e.prov_errno),
         "Work Request Flushed Error"
     );
@@ -638,6 +643,11 @@ fn sendmsg_flags_are_checked_per_the_man_page() {
         errno::EINVAL,
         "reserved context bit"
     );
+    assert_eq!(
+        p.client.send(&m, 0, 8, 1 << 56).unwrap_err().errno(),
+        errno::EINVAL,
+        "reserved context byte"
+    );
     // Every accepted flag works, and the completion levels are all met by the RC acknowledgement.
     p.server.recv(&m, 4096, 4096, 7).unwrap();
     let ok = Flags::COMPLETION
@@ -662,4 +672,5 @@ fn a_failed_unsignalled_send_still_reports_an_error_with_its_context() {
     let e = wait_err(&p.client_cq);
     assert_eq!(e.op_context, 0x77);
     assert_ne!(e.err, 0);
+    assert_eq!(Flags::from_bits_retain(e.flags), Flags::MSG | Flags::SEND);
 }

@@ -29,7 +29,7 @@ use crate::core::cq::{
 use crate::core::env;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{CqFormat, CqWaitCond, Flags, WaitObj};
-use crate::verbs::{os_err, Domain};
+use crate::verbs::{os_err, wr_id, Domain};
 
 /// `fi_cq_attr`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,11 +48,6 @@ pub struct CqAttr {
 pub const UNSPEC_FORMAT: CqFormat = CqFormat::Tagged;
 
 const POLL_BATCH: usize = 16;
-
-/// Marks a work request whose success the application did not ask to see: a send
-/// signalled only to free the send queue, or a receive under selective completion.
-/// Its failure is still reported, with this bit cleared from the context.
-pub(crate) const SUPPRESSED: u64 = 1 << 63;
 
 /// The wait machinery of a CQ that supports blocking reads.
 #[derive(Debug)]
@@ -201,7 +196,7 @@ fn wc_flags(wc: &WorkCompletion) -> Flags {
 pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
     let flags = wc_flags(wc);
     CqEntry {
-        op_context: wc.wr_id(),
+        op_context: wr_id::context(wc.wr_id()),
         flags: flags.bits(),
         len: if flags.intersects(Flags::RECV | Flags::REMOTE_WRITE) {
             wc.byte_len() as usize
@@ -216,9 +211,11 @@ pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
 
 /// Translates a failed work completion into an error entry.
 pub fn to_err_entry(wc: &WorkCompletion) -> CqErrEntry {
-    // The opcode of a failed completion is undefined in verbs, so no flags are claimed.
+    // Verbs leaves a failed completion's opcode undefined: the flags come from the work
+    // request id, which names the operation.
     CqErrEntry {
-        op_context: wc.wr_id() & !SUPPRESSED,
+        op_context: wr_id::context(wc.wr_id()),
+        flags: wr_id::flags(wc.wr_id()).bits(),
         err: status_errno(wc.status()),
         prov_errno: wc.status() as i32,
         ..Default::default()
@@ -238,7 +235,7 @@ fn stage_one(s: &mut CqState, w: &WorkCompletion) {
             w.vendor_err()
         );
         s.push_error(e)
-    } else if w.wr_id() & SUPPRESSED != 0 {
+    } else if wr_id::is_suppressed(w.wr_id()) {
         return;
     } else {
         s.push_entry(to_entry(w))
@@ -472,7 +469,7 @@ impl CompletionQueue {
                 self.stage(&wcs[i..]);
                 return Ok((n, wcs.len()));
             }
-            if w.wr_id() & SUPPRESSED != 0 {
+            if wr_id::is_suppressed(w.wr_id()) {
                 continue;
             }
             out[n] = E::from_tagged(&to_entry(w));

@@ -11,6 +11,7 @@ pub mod info;
 pub mod mr;
 pub mod msg_ep;
 pub mod pep;
+pub(crate) mod wr_id;
 
 pub use cq::{CompletionQueue, CqAttr};
 pub use domain::Domain;

@@ -10,9 +10,9 @@ use rfabric_sys::verbs::{send_flags, QpCaps, QpHandle};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags};
 use crate::core::info::Info;
-use crate::verbs::cq::SUPPRESSED;
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
+use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{os_err, CompletionQueue, Domain, EventQueue, MemoryRegion};
 
 /// Most CM data `fi_connect` / `fi_accept` carry (`FI_OPT_CM_DATA_SIZE`).
@@ -461,8 +461,13 @@ impl MsgEndpoint {
         }
         let qp = self.qp()?;
         // An inject never completes; errors are reported with a NULL (0) context.
-        let (wr_id, vflags) = self.unsignaled_slot(0);
-        qp.post_send_inline(wr_id, data, vflags, imm)
+        let kind = if imm.is_some() {
+            Kind::SendData
+        } else {
+            Kind::Send
+        };
+        let (id, vflags) = self.unsignaled_slot(wr_id::encode(0, kind, false));
+        qp.post_send_inline(id, data, vflags, imm)
             .map_err(|e| post_error(e, "send"))
     }
 
@@ -478,7 +483,7 @@ impl MsgEndpoint {
         let n = self.shared.unsignaled.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= every {
             self.shared.unsignaled.store(0, Ordering::Relaxed);
-            (context | SUPPRESSED, send_flags::SIGNALED)
+            (context | wr_id::SUPPRESSED, send_flags::SIGNALED)
         } else {
             (context, 0)
         }
@@ -495,7 +500,13 @@ impl MsgEndpoint {
         flags: Flags,
     ) -> Result<()> {
         self.check_mr(mr)?;
-        check_context(context)?;
+        wr_id::check(context)?;
+        let kind = if imm.is_some() {
+            Kind::SendData
+        } else {
+            Kind::Send
+        };
+        let context = wr_id::encode(context, kind, false);
         if len > self.shared.max_msg_size {
             return Err(Error::new(
                 errno::EMSGSIZE,
@@ -506,7 +517,7 @@ impl MsgEndpoint {
             ));
         }
         let qp = self.qp()?;
-        let (wr_id, mut vflags) = if !self.shared.tx_selective.load(Ordering::Relaxed)
+        let (id, mut vflags) = if !self.shared.tx_selective.load(Ordering::Relaxed)
             || flags.contains(Flags::COMPLETION)
         {
             (context, send_flags::SIGNALED)
@@ -516,7 +527,7 @@ impl MsgEndpoint {
         if flags.contains(Flags::FENCE) {
             vflags |= send_flags::FENCE;
         }
-        qp.post_send_mr(wr_id, mr.sys(), offset, len, vflags, imm)
+        qp.post_send_mr(id, mr.sys(), offset, len, vflags, imm)
             .map_err(|e| {
                 if e == libc::EINVAL {
                     mr.range_error(offset, len)
@@ -575,21 +586,17 @@ impl MsgEndpoint {
         flags: Flags,
     ) -> Result<()> {
         self.check_mr(mr)?;
-        check_context(context)?;
+        wr_id::check(context)?;
         let sge = mr
             .sys()
             .sge(offset, len)
             .ok_or_else(|| mr.range_error(offset, len))?;
         // Verbs completes every receive: one nobody asked for is suppressed in the CQ.
-        let wr_id = if self.shared.rx_selective.load(Ordering::Relaxed)
-            && !flags.contains(Flags::COMPLETION)
-        {
-            context | SUPPRESSED
-        } else {
-            context
-        };
+        let suppressed =
+            self.shared.rx_selective.load(Ordering::Relaxed) && !flags.contains(Flags::COMPLETION);
+        let id = wr_id::encode(context, Kind::Recv, suppressed);
         self.qp()?
-            .post_recv(wr_id, &[sge])
+            .post_recv(id, &[sge])
             .map_err(|e| post_error(e, "receive"))
     }
 }
@@ -621,19 +628,6 @@ fn check_send_flags(flags: Flags) -> Result<()> {
         return Err(Error::new(
             errno::EBADFLAGS,
             format!("send flags {:?} are not supported", flags - SEND_FLAGS),
-        ));
-    }
-    Ok(())
-}
-
-/// Contexts are pointers in C; the top bit, never set in a user-space pointer, marks
-/// completions the provider requested for itself.
-#[inline]
-fn check_context(context: u64) -> Result<()> {
-    if context & SUPPRESSED != 0 {
-        return Err(Error::new(
-            errno::EINVAL,
-            "operation contexts must be below 2^63 (the top bit is reserved)",
         ));
     }
     Ok(())

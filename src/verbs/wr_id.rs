@@ -1,0 +1,92 @@
+//! What a work request id carries besides the application's context.
+//!
+//! Contexts are pointers in C, and user-space pointers never use the top byte (even with
+//! 5-level paging they stay below 2^56), so that byte carries the operation's kind — the
+//! flags of its error entry, since verbs leaves a failed completion's opcode undefined —
+//! and whether its successful completion is suppressed.
+
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::Flags;
+
+/// The bits of a work request id that are the application's context.
+pub(crate) const CONTEXT: u64 = (1 << 56) - 1;
+/// A work request whose success nobody asked to see: a send signalled only to free the
+/// send queue, or a receive under selective completion. Its failure is still reported.
+pub(crate) const SUPPRESSED: u64 = 1 << 63;
+const KIND_SHIFT: u32 = 56;
+
+/// The kinds of operation an error entry can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    Send = 1,
+    SendData = 2,
+    Recv = 3,
+}
+
+/// Rejects contexts that use the reserved top byte instead of corrupting them.
+#[inline]
+pub(crate) fn check(context: u64) -> Result<()> {
+    if context & !CONTEXT != 0 {
+        return Err(Error::new(
+            errno::EINVAL,
+            "operation contexts must be below 2^56 (the top byte is reserved)",
+        ));
+    }
+    Ok(())
+}
+
+#[inline(always)]
+pub(crate) fn encode(context: u64, kind: Kind, suppressed: bool) -> u64 {
+    context | ((kind as u64) << KIND_SHIFT) | if suppressed { SUPPRESSED } else { 0 }
+}
+
+#[inline(always)]
+pub(crate) fn context(wr_id: u64) -> u64 {
+    wr_id & CONTEXT
+}
+
+#[inline(always)]
+pub(crate) fn is_suppressed(wr_id: u64) -> bool {
+    wr_id & SUPPRESSED != 0
+}
+
+/// Completion flags of the operation, for its error entry.
+pub(crate) fn flags(wr_id: u64) -> Flags {
+    match (wr_id >> KIND_SHIFT) & 0x7f {
+        k if k == Kind::Send as u64 => Flags::MSG | Flags::SEND,
+        k if k == Kind::SendData as u64 => Flags::MSG | Flags::SEND | Flags::REMOTE_CQ_DATA,
+        k if k == Kind::Recv as u64 => Flags::MSG | Flags::RECV,
+        _ => Flags::empty(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_kind_and_suppression_round_trip() {
+        let ctx = 0x00ff_ffff_ffff_fff8;
+        for (kind, f) in [
+            (Kind::Send, Flags::MSG | Flags::SEND),
+            (
+                Kind::SendData,
+                Flags::MSG | Flags::SEND | Flags::REMOTE_CQ_DATA,
+            ),
+            (Kind::Recv, Flags::MSG | Flags::RECV),
+        ] {
+            for sup in [false, true] {
+                let w = encode(ctx, kind, sup);
+                assert_eq!((context(w), flags(w), is_suppressed(w)), (ctx, f, sup));
+            }
+        }
+    }
+
+    #[test]
+    fn contexts_in_the_reserved_byte_are_refused() {
+        assert!(check(CONTEXT).is_ok());
+        assert_eq!(check(1 << 56).unwrap_err().errno(), errno::EINVAL);
+        assert_eq!(check(1 << 63).unwrap_err().errno(), errno::EINVAL);
+    }
+}
