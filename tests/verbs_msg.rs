@@ -674,3 +674,51 @@ fn a_failed_unsignalled_send_still_reports_an_error_with_its_context() {
     assert_ne!(e.err, 0);
     assert_eq!(Flags::from_bits_retain(e.flags), Flags::MSG | Flags::SEND);
 }
+
+#[test]
+fn sendv_gathers_and_recvv_scatters_with_bytes_checked() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let a = MemoryRegion::alloc(&p.domain, 8192, Flags::SEND | Flags::RECV).unwrap();
+    let b = MemoryRegion::alloc(&p.domain, 8192, Flags::SEND | Flags::RECV).unwrap();
+    let r = MemoryRegion::alloc(&p.domain, 16384, Flags::RECV).unwrap();
+    let (x, y, z) = (pattern(1000, 1), pattern(3000, 2), pattern(50, 3));
+    a.write_at(100, &x).unwrap();
+    b.write_at(0, &y).unwrap();
+    a.write_at(5000, &z).unwrap();
+    // Two receive ranges, the first smaller than the message: the rest spills into the second.
+    r.fill(0, 16384, 0).unwrap();
+    p.server
+        .recvv(&[(&r, 0, 2000), (&r, 8000, 4000)], 11)
+        .unwrap();
+    p.client
+        .sendv(&[(&a, 100, 1000), (&b, 0, 3000), (&a, 5000, 50)], 12)
+        .unwrap();
+    assert_eq!(wait_one(&p.client_cq).op_context, 12);
+    let e = wait_one(&p.server_cq);
+    assert_eq!((e.op_context, e.len), (11, 4050));
+    let mut whole = [x.clone(), y.clone(), z.clone()].concat();
+    let mut got = vec![0u8; 2000];
+    r.read_at(0, &mut got).unwrap();
+    assert!(got[..] == whole[..2000]);
+    let mut rest = vec![0u8; 2050];
+    r.read_at(8000, &mut rest).unwrap();
+    assert!(rest[..] == whole[2000..]);
+    // A small gather goes inline and still arrives whole.
+    p.server.recvv(&[(&r, 0, 64)], 13).unwrap();
+    p.client.sendv(&[(&a, 100, 10), (&b, 0, 10)], 14).unwrap();
+    assert_eq!(wait_one(&p.server_cq).len, 20);
+    wait_one(&p.client_cq);
+    let mut small = vec![0u8; 20];
+    r.read_at(0, &mut small).unwrap();
+    whole = [x[..10].to_vec(), y[..10].to_vec()].concat();
+    assert_eq!(small, whole);
+    // Bad iovs: too many ranges, a range outside its region, none at all.
+    let many: Vec<Iov<'_>> = (0..33).map(|_| (&a, 0usize, 1usize)).collect();
+    assert_eq!(p.client.sendv(&many, 1).unwrap_err().errno(), errno::EINVAL);
+    assert_eq!(
+        p.client.sendv(&[(&a, 8000, 500)], 1).unwrap_err().errno(),
+        errno::EINVAL
+    );
+    assert_eq!(p.server.recvv(&[], 1).unwrap_err().errno(), errno::EINVAL);
+}

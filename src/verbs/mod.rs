@@ -19,7 +19,7 @@ pub use eq::{ConnRequest, EqAttr, EventQueue};
 pub use fabric::Fabric;
 pub use info::{devices, getinfo, Device};
 pub use mr::MemoryRegion;
-pub use msg_ep::MsgEndpoint;
+pub use msg_ep::{Iov, MsgEndpoint};
 pub use pep::PassiveEndpoint;
 
 use crate::core::error::{errno, Error};

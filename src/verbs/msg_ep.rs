@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
-use rfabric_sys::verbs::{send_flags, QpCaps, QpHandle};
+use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, MAX_IOV};
 
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags};
@@ -417,6 +417,74 @@ impl MsgEndpoint {
         self.post_send(mr, offset, len, context, Some(cq_data(data)?), flags)
     }
 
+    /// `fi_sendv`: one message gathered from `iov` (at most `tx_attr.iov_limit` ranges).
+    pub fn sendv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
+        let slices = self.slices(iov)?;
+        let total: usize = iov.iter().map(|v| v.2).sum();
+        if total > self.shared.max_msg_size {
+            return Err(Error::new(
+                errno::EMSGSIZE,
+                format!(
+                    "{total} bytes exceed max_msg_size {}",
+                    self.shared.max_msg_size
+                ),
+            ));
+        }
+        wr_id::check(context)?;
+        let (id, vflags) = self.signalling(
+            wr_id::encode(context, Kind::Send, false),
+            self.shared.info.tx_attr.op_flags,
+        );
+        self.qp()?
+            .post_send_iov(id, &slices.0[..slices.1], vflags, None)
+            .map_err(|e| iov_error(e, "send", iov.len()))
+    }
+
+    /// `fi_recvv`: one receive scattered over `iov` (at most `rx_attr.iov_limit` ranges).
+    pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
+        let slices = self.slices(iov)?;
+        wr_id::check(context)?;
+        let suppressed = self.shared.rx_selective.load(Ordering::Relaxed)
+            && !self
+                .shared
+                .info
+                .rx_attr
+                .op_flags
+                .contains(Flags::COMPLETION);
+        let id = wr_id::encode(context, Kind::Recv, suppressed);
+        self.qp()?
+            .post_recv_iov(id, &slices.0[..slices.1])
+            .map_err(|e| iov_error(e, "receive", iov.len()))
+    }
+
+    /// The `rfabric-sys` view of an iov, with every region checked to be this domain's.
+    fn slices<'a>(&self, iov: &[Iov<'a>]) -> Result<([MrSlice<'a>; MAX_IOV], usize)> {
+        if iov.len() > MAX_IOV {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("{} ranges exceed the iov limit {MAX_IOV}", iov.len()),
+            ));
+        }
+        let mut out = [MrSlice {
+            mr: iov
+                .first()
+                .ok_or_else(|| Error::new(errno::EINVAL, "an empty iov"))?
+                .0
+                .sys(),
+            offset: 0,
+            len: 0,
+        }; MAX_IOV];
+        for (o, (mr, offset, len)) in out.iter_mut().zip(iov) {
+            self.check_mr(mr)?;
+            *o = MrSlice {
+                mr: mr.sys(),
+                offset: *offset,
+                len: *len,
+            };
+        }
+        Ok((out, iov.len()))
+    }
+
     /// `fi_sendmsg`: a send with per-operation flags. `FI_COMPLETION` asks for a completion
     /// under selective completion; `FI_INJECT` sends inline (at most `inject_size` bytes)
     /// so the buffer is free on return; `FI_REMOTE_CQ_DATA` carries `data`; `FI_FENCE`
@@ -471,6 +539,17 @@ impl MsgEndpoint {
             .map_err(|e| post_error(e, "send"))
     }
 
+    /// The work request id and signalling of a send: signalled when a completion is due
+    /// (no selective completion, or `FI_COMPLETION` asked), else counted as unsignalled.
+    #[inline]
+    fn signalling(&self, id: u64, flags: Flags) -> (u64, u32) {
+        if !self.shared.tx_selective.load(Ordering::Relaxed) || flags.contains(Flags::COMPLETION) {
+            (id, send_flags::SIGNALED)
+        } else {
+            self.unsignaled_slot(id)
+        }
+    }
+
     /// The work request id and signalling of a send that reports no completion: every
     /// `depth / 2`-th one is signalled anyway (its completion suppressed) to free the queue.
     #[inline]
@@ -517,13 +596,7 @@ impl MsgEndpoint {
             ));
         }
         let qp = self.qp()?;
-        let (id, mut vflags) = if !self.shared.tx_selective.load(Ordering::Relaxed)
-            || flags.contains(Flags::COMPLETION)
-        {
-            (context, send_flags::SIGNALED)
-        } else {
-            self.unsignaled_slot(context)
-        };
+        let (id, mut vflags) = self.signalling(context, flags);
         if flags.contains(Flags::FENCE) {
             vflags |= send_flags::FENCE;
         }
@@ -598,6 +671,20 @@ impl MsgEndpoint {
         self.qp()?
             .post_recv(id, &[sge])
             .map_err(|e| post_error(e, "receive"))
+    }
+}
+
+/// One range of a vectored operation: a region, an offset in it and a length.
+pub type Iov<'a> = (&'a MemoryRegion, usize, usize);
+
+fn iov_error(e: i32, what: &str, n: usize) -> Error {
+    match e {
+        libc::E2BIG => Error::new(
+            errno::EINVAL,
+            format!("{n} ranges exceed the endpoint's iov limit"),
+        ),
+        libc::EINVAL => Error::new(errno::EINVAL, "a range lies outside its memory region"),
+        e => post_error(e, what),
     }
 }
 

@@ -799,6 +799,34 @@ pub mod send_flags {
     pub const INLINE: u32 = 1 << 3;
 }
 
+/// Most elements one work request gathers or scatters (rdma-core devices offer up to 32).
+pub const MAX_IOV: usize = 32;
+
+/// A range of a registered region: one element of a vectored operation.
+#[derive(Clone, Copy, Debug)]
+pub struct MrSlice<'a> {
+    pub mr: &'a MemoryRegion,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// Checks each range against its region and writes the elements; returns (count, bytes).
+fn fill_sges(
+    sges: &mut [Sge; MAX_IOV],
+    iov: &[MrSlice<'_>],
+    max: u32,
+) -> Result<(usize, usize), i32> {
+    if iov.len() > max as usize || iov.len() > MAX_IOV {
+        return Err(libc::E2BIG);
+    }
+    let mut total = 0usize;
+    for (g, s) in sges.iter_mut().zip(iov) {
+        *g = s.mr.sge(s.offset, s.len).ok_or(libc::EINVAL)?;
+        total = total.checked_add(s.len).ok_or(libc::EINVAL)?;
+    }
+    Ok((iov.len(), total))
+}
+
 /// A send work request (`struct ibv_send_wr`), built on the stack for each post.
 #[repr(transparent)]
 pub struct SendWr(r::ibv_send_wr);
@@ -958,6 +986,33 @@ impl QpHandle {
         } else {
             self.post_send_raw(wr_id, &mut sge, n, flags & !send_flags::INLINE, imm)
         }
+    }
+
+    /// Posts one send gathered from several ranges of registered regions (`fi_sendv`),
+    /// inline when the total fits the inline size.
+    pub fn post_send_iov(
+        &self,
+        wr_id: u64,
+        iov: &[MrSlice<'_>],
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
+        let mut sges = [Sge::default(); MAX_IOV];
+        let (n, total) = fill_sges(&mut sges, iov, self.max_send_sge)?;
+        // Inline is sound here: every element names memory of a live MemoryRegion.
+        let flags = if total <= self.max_inline as usize {
+            flags | send_flags::INLINE
+        } else {
+            flags & !send_flags::INLINE
+        };
+        self.post_send_raw(wr_id, sges.as_mut_ptr(), n, flags, imm)
+    }
+
+    /// Posts one receive scattered over several ranges of registered regions (`fi_recvv`).
+    pub fn post_recv_iov(&self, wr_id: u64, iov: &[MrSlice<'_>]) -> Result<(), i32> {
+        let mut sges = [Sge::default(); MAX_IOV];
+        let (n, _) = fill_sges(&mut sges, iov, self.max_recv_sge)?;
+        self.post_recv(wr_id, &sges[..n])
     }
 
     /// Posts one receive into the memory named by `sges` (checked by the device).
