@@ -722,3 +722,83 @@ fn sendv_gathers_and_recvv_scatters_with_bytes_checked() {
     );
     assert_eq!(p.server.recvv(&[], 1).unwrap_err().errno(), errno::EINVAL);
 }
+
+/// Child half of `a_killed_peer_process_is_seen_as_fi_shutdown`: connects to the address in
+/// RFABRIC_TEST_CONNECT, says so on stdout, and waits to be killed. Run only by that test.
+#[test]
+#[ignore = "the child process of a_killed_peer_process_is_seen_as_fi_shutdown"]
+fn child_connects_and_waits_to_be_killed() {
+    let target = std::env::var("RFABRIC_TEST_CONNECT")
+        .expect("run by a_killed_peer_process_is_seen_as_fi_shutdown");
+    let addr: std::net::SocketAddr = target.parse().unwrap();
+    let info = client_info(&addr);
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let ep = MsgEndpoint::open(&domain, &info, 1).unwrap();
+    ep.bind_eq(&eq).unwrap();
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    ep.enable().unwrap();
+    ep.connect(b"").unwrap();
+    assert!(matches!(next_event(&eq), EqEvent::Connected { .. }));
+    println!("CHILD CONNECTED");
+    std::thread::sleep(std::time::Duration::from_secs(120));
+}
+
+#[test]
+fn a_killed_peer_process_is_seen_as_fi_shutdown() {
+    use std::io::BufRead;
+    let Some(info) = device_info() else { return };
+    let (fabric, eq, _pep, addr) = listener(&info);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_connects_and_waits_to_be_killed",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RFABRIC_TEST_CONNECT", addr.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let EqEvent::ConnReq { info: req, .. } = next_event(&eq) else {
+        panic!("expected FI_CONNREQ")
+    };
+    let domain = Domain::open(&fabric, &req).unwrap();
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let ep = MsgEndpoint::open(&domain, &req, SERVER_FID).unwrap();
+    ep.bind_eq(&eq).unwrap();
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    ep.enable().unwrap();
+    let m = MemoryRegion::alloc(&domain, 64, Flags::RECV).unwrap();
+    ep.recv(&m, 0, 64, 0x99).unwrap();
+    ep.accept(b"").unwrap();
+    assert!(matches!(
+        next_event(&eq),
+        EqEvent::Connected {
+            fid: SERVER_FID,
+            ..
+        }
+    ));
+    // libtest prints its own lines first: read until the child's marker.
+    let lines = std::io::BufReader::new(child.stdout.as_mut().unwrap()).lines();
+    let seen: Vec<String> = lines
+        .map_while(Result::ok)
+        .take_while(|l| !l.contains("CHILD CONNECTED"))
+        .collect();
+    assert!(seen.len() < 20, "the child never connected: {seen:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    match next_event(&eq) {
+        EqEvent::Shutdown { fid } => assert_eq!(fid, SERVER_FID),
+        other => panic!("expected FI_SHUTDOWN after the peer died, got {other:?}"),
+    }
+    let e = wait_err(&cq);
+    assert_eq!(
+        (e.op_context, e.err),
+        (0x99, errno::ECANCELED),
+        "the posted receive is canceled"
+    );
+}
