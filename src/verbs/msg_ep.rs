@@ -421,15 +421,7 @@ impl MsgEndpoint {
     pub fn sendv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
         let slices = self.slices(iov)?;
         let total: usize = iov.iter().map(|v| v.2).sum();
-        if total > self.shared.max_msg_size {
-            return Err(Error::new(
-                errno::EMSGSIZE,
-                format!(
-                    "{total} bytes exceed max_msg_size {}",
-                    self.shared.max_msg_size
-                ),
-            ));
-        }
+        self.check_len(total)?;
         wr_id::check(context)?;
         let (id, vflags) = self.signalling(
             wr_id::encode(context, Kind::Send, false),
@@ -443,18 +435,34 @@ impl MsgEndpoint {
     /// `fi_recvv`: one receive scattered over `iov` (at most `rx_attr.iov_limit` ranges).
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
         let slices = self.slices(iov)?;
-        wr_id::check(context)?;
-        let suppressed = self.shared.rx_selective.load(Ordering::Relaxed)
-            && !self
-                .shared
-                .info
-                .rx_attr
-                .op_flags
-                .contains(Flags::COMPLETION);
-        let id = wr_id::encode(context, Kind::Recv, suppressed);
+        let id = self.recv_id(context, self.shared.info.rx_attr.op_flags)?;
         self.qp()?
             .post_recv_iov(id, &slices.0[..slices.1])
             .map_err(|e| iov_error(e, "receive", iov.len()))
+    }
+
+    /// The work request id of a receive. Verbs completes every receive: under selective
+    /// completion, one posted without `FI_COMPLETION` is marked for the CQ to drop.
+    #[inline]
+    fn recv_id(&self, context: u64, flags: Flags) -> Result<u64> {
+        wr_id::check(context)?;
+        let suppressed =
+            self.shared.rx_selective.load(Ordering::Relaxed) && !flags.contains(Flags::COMPLETION);
+        Ok(wr_id::encode(context, Kind::Recv, suppressed))
+    }
+
+    #[inline]
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.shared.max_msg_size {
+            return Err(Error::new(
+                errno::EMSGSIZE,
+                format!(
+                    "{len} bytes exceed max_msg_size {}",
+                    self.shared.max_msg_size
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The `rfabric-sys` view of an iov, with every region checked to be this domain's.
@@ -586,15 +594,7 @@ impl MsgEndpoint {
             Kind::Send
         };
         let context = wr_id::encode(context, kind, false);
-        if len > self.shared.max_msg_size {
-            return Err(Error::new(
-                errno::EMSGSIZE,
-                format!(
-                    "{len} bytes exceed max_msg_size {}",
-                    self.shared.max_msg_size
-                ),
-            ));
-        }
+        self.check_len(len)?;
         let qp = self.qp()?;
         let (id, mut vflags) = self.signalling(context, flags);
         if flags.contains(Flags::FENCE) {
@@ -659,15 +659,11 @@ impl MsgEndpoint {
         flags: Flags,
     ) -> Result<()> {
         self.check_mr(mr)?;
-        wr_id::check(context)?;
         let sge = mr
             .sys()
             .sge(offset, len)
             .ok_or_else(|| mr.range_error(offset, len))?;
-        // Verbs completes every receive: one nobody asked for is suppressed in the CQ.
-        let suppressed =
-            self.shared.rx_selective.load(Ordering::Relaxed) && !flags.contains(Flags::COMPLETION);
-        let id = wr_id::encode(context, Kind::Recv, suppressed);
+        let id = self.recv_id(context, flags)?;
         self.qp()?
             .post_recv(id, &[sge])
             .map_err(|e| post_error(e, "receive"))
