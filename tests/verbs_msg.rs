@@ -802,3 +802,83 @@ fn a_killed_peer_process_is_seen_as_fi_shutdown() {
         "the posted receive is canceled"
     );
 }
+
+#[test]
+fn endpoint_options_follow_fi_endpoint_3() {
+    let Some(info) = device_info() else { return };
+    // The full FI_OPT_CM_DATA_SIZE travels both ways.
+    let max = vec![0x5au8; 55];
+    let p = connect_pair_with(&info, &max, &max, |_, _, _| {});
+    assert_eq!((p.connreq_data.len(), p.accept_data.len()), (55, 55));
+    assert_eq!(p.client.getopt(EpOpt::CmDataSize).unwrap(), 55);
+    assert_eq!(p.pep.cm_data_size(), 55);
+    assert_eq!(
+        p.client.setopt(EpOpt::CmDataSize, 10).unwrap_err().errno(),
+        errno::ENOPROTOOPT,
+        "read-only"
+    );
+    assert_eq!(
+        p.client.getopt(EpOpt::MinMultiRecv).unwrap_err().errno(),
+        errno::ENOPROTOOPT
+    );
+    assert_eq!(
+        p.client.setopt(EpOpt::TxSize, 8).unwrap_err().errno(),
+        errno::EOPBADSTATE,
+        "fixed once enabled"
+    );
+    // Queue sizes set before enable are what the queue pair gets.
+    let (fabric, _eq, _pep, addr) = listener(&info);
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let ep = MsgEndpoint::open(&domain, &client_info(&addr), 1).unwrap();
+    assert_eq!(
+        ep.setopt(EpOpt::RxSize, 0).unwrap_err().errno(),
+        errno::EINVAL
+    );
+    ep.setopt(EpOpt::TxSize, 24).unwrap();
+    ep.setopt(EpOpt::RxSize, 40).unwrap();
+    assert_eq!(
+        (
+            ep.getopt(EpOpt::TxSize).unwrap(),
+            ep.getopt(EpOpt::RxSize).unwrap()
+        ),
+        (24, 40)
+    );
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    ep.enable().unwrap();
+    let caps = ep.qp_caps().unwrap();
+    assert!(caps.max_send_wr >= 24 && caps.max_recv_wr >= 40, "{caps:?}");
+    assert_eq!(ep.getopt(EpOpt::TxSize).unwrap(), caps.max_send_wr as usize);
+}
+
+#[test]
+fn the_listen_backlog_is_set_before_listening() {
+    let Some(info) = device_info() else { return };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+    let mut pinfo = info.clone();
+    pinfo.src_addr.as_mut().unwrap().set_port(0);
+    let pep = PassiveEndpoint::open(&fabric, &pinfo, PEP_FID).unwrap();
+    pep.bind_eq(&eq).unwrap();
+    assert_eq!(pep.set_backlog(0).unwrap_err().errno(), errno::EINVAL);
+    pep.set_backlog(4).unwrap();
+    assert_eq!(pep.backlog(), 4);
+    pep.listen().unwrap();
+    assert_eq!(pep.set_backlog(8).unwrap_err().errno(), errno::EOPBADSTATE);
+    assert_eq!(
+        pep.listen().unwrap_err().errno(),
+        errno::EOPBADSTATE,
+        "listening twice"
+    );
+    // It still takes a connection.
+    let addr = pep.getname().unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let ceq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let c = MsgEndpoint::open(&domain, &client_info(&addr), CLIENT_FID).unwrap();
+    c.bind_eq(&ceq).unwrap();
+    c.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    c.enable().unwrap();
+    c.connect(b"hi").unwrap();
+    assert!(matches!(next_event(&eq), EqEvent::ConnReq { .. }));
+}

@@ -22,6 +22,7 @@ pub mod errno {
     pub const ENODATA: i32 = fi::FI_ENODATA;
     pub const EMSGSIZE: i32 = fi::FI_EMSGSIZE;
     pub const EOPNOTSUPP: i32 = fi::FI_EOPNOTSUPP;
+    pub const ENOPROTOOPT: i32 = fi::FI_ENOPROTOOPT;
     pub const EADDRINUSE: i32 = fi::FI_EADDRINUSE;
     pub const EADDRNOTAVAIL: i32 = fi::FI_EADDRNOTAVAIL;
     pub const ENETDOWN: i32 = fi::FI_ENETDOWN;

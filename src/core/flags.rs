@@ -153,6 +153,13 @@ fi_enum!(
 );
 
 fi_enum!(
+    /// Endpoint options at level `FI_OPT_ENDPOINT` (`fi_getopt` / `fi_setopt`).
+    EpOpt: MinMultiRecv = fi::FI_OPT_MIN_MULTI_RECV, CmDataSize = fi::FI_OPT_CM_DATA_SIZE,
+    BufferedMin = fi::FI_OPT_BUFFERED_MIN, BufferedLimit = fi::FI_OPT_BUFFERED_LIMIT,
+    SendBufSize = fi::FI_OPT_SEND_BUF_SIZE, RecvBufSize = fi::FI_OPT_RECV_BUF_SIZE,
+    TxSize = fi::FI_OPT_TX_SIZE, RxSize = fi::FI_OPT_RX_SIZE
+);
+fi_enum!(
     /// `enum fi_cq_wait_cond`.
     CqWaitCond: None = fi::FI_CQ_COND_NONE, Threshold = fi::FI_CQ_COND_THRESHOLD
 );

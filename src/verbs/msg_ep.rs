@@ -8,7 +8,7 @@ use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
 use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, MAX_IOV};
 
 use crate::core::error::{errno, Error, Result};
-use crate::core::flags::{EpType, Flags};
+use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
@@ -26,6 +26,9 @@ const PEER_SHUTDOWN: u8 = 4;
 
 #[derive(Debug, Default)]
 struct Control {
+    /// `FI_OPT_TX_SIZE` / `FI_OPT_RX_SIZE` set before enable.
+    tx_size: Option<usize>,
+    rx_size: Option<usize>,
     eq: Option<Arc<EventQueue>>,
     tx_cq: Option<Arc<CompletionQueue>>,
     rx_cq: Option<Arc<CompletionQueue>>,
@@ -254,8 +257,8 @@ impl MsgEndpoint {
         let i = &self.shared.info;
         let dev = &self.shared.domain.device().attr;
         let want = QpCaps {
-            max_send_wr: (i.tx_attr.size.max(1) as u32).min(dev.max_qp_wr),
-            max_recv_wr: (i.rx_attr.size.max(1) as u32).min(dev.max_qp_wr),
+            max_send_wr: (c.tx_size.unwrap_or(i.tx_attr.size).max(1) as u32).min(dev.max_qp_wr),
+            max_recv_wr: (c.rx_size.unwrap_or(i.rx_attr.size).max(1) as u32).min(dev.max_qp_wr),
             max_send_sge: (i.tx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
             max_recv_sge: (i.rx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
             max_inline_data: i.tx_attr.inject_size as u32,
@@ -349,6 +352,56 @@ impl MsgEndpoint {
             // Not connected (yet, or any more): nothing to tear down.
             Err(e) if e == libc::EINVAL || e == libc::ENOTCONN => Ok(()),
             Err(e) => Err(Error::os(e, "rdma_disconnect")),
+        }
+    }
+
+    /// `fi_getopt` at `FI_OPT_ENDPOINT`: `FI_OPT_CM_DATA_SIZE` (the CM data `connect`,
+    /// `accept` and `reject` carry), `FI_OPT_TX_SIZE` / `FI_OPT_RX_SIZE` (queue depths: as
+    /// granted once enabled). Other options: `-FI_ENOPROTOOPT`.
+    pub fn getopt(&self, opt: EpOpt) -> Result<usize> {
+        let c = self.shared.ctl();
+        let granted = self.shared.caps.get();
+        match opt {
+            EpOpt::CmDataSize => Ok(CM_DATA_SIZE),
+            EpOpt::TxSize => Ok(granted
+                .map_or(c.tx_size.unwrap_or(self.shared.info.tx_attr.size), |g| {
+                    g.max_send_wr as usize
+                })),
+            EpOpt::RxSize => Ok(granted
+                .map_or(c.rx_size.unwrap_or(self.shared.info.rx_attr.size), |g| {
+                    g.max_recv_wr as usize
+                })),
+            other => Err(no_such_option(other)),
+        }
+    }
+
+    /// `fi_setopt` at `FI_OPT_ENDPOINT`: `FI_OPT_TX_SIZE` / `FI_OPT_RX_SIZE` before the
+    /// endpoint is enabled. `FI_OPT_CM_DATA_SIZE` is read-only. Others: `-FI_ENOPROTOOPT`.
+    pub fn setopt(&self, opt: EpOpt, value: usize) -> Result<()> {
+        let mut c = self.shared.ctl();
+        let max = self.shared.domain.device().attr.max_qp_wr as usize;
+        match opt {
+            EpOpt::TxSize | EpOpt::RxSize if self.shared.caps.get().is_some() => Err(Error::new(
+                errno::EOPBADSTATE,
+                "queue sizes are fixed once the endpoint is enabled",
+            )),
+            EpOpt::TxSize | EpOpt::RxSize if value == 0 || value > max => Err(Error::new(
+                errno::EINVAL,
+                format!("queue size {value}: use 1 to the device's max_qp_wr {max}"),
+            )),
+            EpOpt::TxSize => {
+                c.tx_size = Some(value);
+                Ok(())
+            }
+            EpOpt::RxSize => {
+                c.rx_size = Some(value);
+                Ok(())
+            }
+            EpOpt::CmDataSize => Err(Error::new(
+                errno::ENOPROTOOPT,
+                "FI_OPT_CM_DATA_SIZE is read-only",
+            )),
+            other => Err(no_such_option(other)),
         }
     }
 
@@ -668,6 +721,13 @@ impl MsgEndpoint {
             .post_recv(id, &[sge])
             .map_err(|e| post_error(e, "receive"))
     }
+}
+
+fn no_such_option(opt: EpOpt) -> Error {
+    Error::new(
+        errno::ENOPROTOOPT,
+        format!("endpoint option {opt:?} is not supported on rverbs MSG endpoints"),
+    )
 }
 
 /// One range of a vectored operation: a region, an offset in it and a length.

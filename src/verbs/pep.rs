@@ -1,6 +1,7 @@
 //! Passive endpoints: an rdma_cm identifier that listens for connection requests.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use rfabric_sys::cm::{CmId, REJECT_PRIVATE_DATA_MAX};
@@ -17,6 +18,9 @@ pub struct PassiveEndpoint {
     info: Info,
     context: u64,
     eq: Mutex<Option<Arc<EventQueue>>>,
+    /// `FI_BACKLOG`; 0 until set. Applied by `listen`.
+    backlog: std::sync::atomic::AtomicI32,
+    listening: std::sync::atomic::AtomicBool,
     _fabric: Arc<Fabric>,
 }
 
@@ -44,6 +48,8 @@ impl PassiveEndpoint {
             info: info.clone(),
             context,
             eq: Mutex::new(None),
+            backlog: 0.into(),
+            listening: false.into(),
             _fabric: fabric.clone(),
         })
     }
@@ -79,11 +85,58 @@ impl PassiveEndpoint {
                 "bind an event queue before fi_listen: connection requests are reported there",
             ));
         }
-        self.id
-            .listen(DEFAULT_BACKLOG)
-            .map_err(os_err("rdma_listen"))?;
-        crate::fi_info!("cm", "listening on {:?}", self.id.local_addr());
+        let backlog = match self.backlog.load(Ordering::Acquire) {
+            0 => DEFAULT_BACKLOG,
+            b => b,
+        };
+        if self.listening.swap(true, Ordering::AcqRel) {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "the passive endpoint is already listening",
+            ));
+        }
+        if let Err(e) = self.id.listen(backlog) {
+            self.listening.store(false, Ordering::Release);
+            return Err(Error::os(e, "rdma_listen"));
+        }
+        crate::fi_info!(
+            "cm",
+            "listening on {:?}, backlog {backlog}",
+            self.id.local_addr()
+        );
         Ok(())
+    }
+
+    /// `fi_control(FI_BACKLOG)`: how many connection requests may wait for the
+    /// application. Set it before `listen`; rdma_cm refuses requests beyond it.
+    pub fn set_backlog(&self, backlog: i32) -> Result<()> {
+        if backlog <= 0 {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("backlog {backlog}: it must be positive"),
+            ));
+        }
+        if self.listening.load(Ordering::Acquire) {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "set FI_BACKLOG before fi_listen",
+            ));
+        }
+        self.backlog.store(backlog, Ordering::Release);
+        Ok(())
+    }
+
+    /// The backlog `listen` uses.
+    pub fn backlog(&self) -> i32 {
+        match self.backlog.load(Ordering::Acquire) {
+            0 => DEFAULT_BACKLOG,
+            b => b,
+        }
+    }
+
+    /// `FI_OPT_CM_DATA_SIZE` of a passive endpoint: the most data a connection request carries.
+    pub fn cm_data_size(&self) -> usize {
+        crate::verbs::msg_ep::CM_DATA_SIZE
     }
 
     /// The bound address, with the port chosen when 0 was asked (`fi_getname`).
