@@ -882,3 +882,35 @@ fn the_listen_backlog_is_set_before_listening() {
     c.connect(b"hi").unwrap();
     assert!(matches!(next_event(&eq), EqEvent::ConnReq { .. }));
 }
+
+#[test]
+fn shutdown_writes_canceled_operations_before_it_returns() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let m = MemoryRegion::alloc(&p.domain, 256, Flags::RECV).unwrap();
+    for k in 0..3u64 {
+        p.client.recv(&m, k as usize * 64, 64, 100 + k).unwrap();
+    }
+    p.client.shutdown().unwrap();
+    // No polling loop: fi_cm(3) says the cancellations are written when shutdown returns.
+    let mut out = [rfabric::core::cq::CqEntry::default(); 4];
+    for k in 0..3u64 {
+        assert_eq!(
+            p.client_cq.read(&mut out).unwrap_err().errno(),
+            errno::EAVAIL,
+            "cancellation {k} is there"
+        );
+        let e = p.client_cq.readerr().unwrap();
+        assert_eq!((e.op_context, e.err), (100 + k, errno::ECANCELED));
+        assert_eq!(Flags::from_bits_retain(e.flags), Flags::MSG | Flags::RECV);
+    }
+    assert_eq!(
+        p.client_cq.read(&mut out).unwrap_err().errno(),
+        errno::EAGAIN,
+        "shutdown's markers are never reported"
+    );
+    match next_event(&p.server_eq) {
+        EqEvent::Shutdown { fid } => assert_eq!(fid, SERVER_FID),
+        other => panic!("expected FI_SHUTDOWN, got {other:?}"),
+    }
+}

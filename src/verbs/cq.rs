@@ -225,6 +225,9 @@ pub fn to_err_entry(wc: &WorkCompletion) -> CqErrEntry {
 /// Queues one device completion in the software queue: successes nobody asked for are
 /// dropped, errors always kept.
 fn stage_one(s: &mut CqState, w: &WorkCompletion) {
+    if wr_id::is_marker(w.wr_id()) {
+        return; // shutdown's own: never reported
+    }
     let r = if w.status() != st::IBV_WC_SUCCESS {
         let e = to_err_entry(w);
         crate::fi_info!(
@@ -489,6 +492,29 @@ impl CompletionQueue {
             stage_one(&mut s, w);
         }
         self.staged.store(s.len(), Ordering::SeqCst);
+    }
+
+    /// Moves device completions into the software queue, in order, until the flush of the
+    /// work request `marker` appears or `timeout` passes. Returns whether it appeared.
+    pub(crate) fn flush_until(&self, marker: u64, timeout: Duration) -> Result<bool> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut batch = WcBatch::<POLL_BATCH>::new();
+        loop {
+            let wcs = self
+                .cq
+                .poll_batch(&mut batch, POLL_BATCH)
+                .map_err(os_err("ibv_poll_cq"))?;
+            let found = wcs.iter().any(|w| w.wr_id() == marker);
+            if !wcs.is_empty() {
+                self.stage(wcs);
+            }
+            if found {
+                return Ok(true);
+            }
+            if wcs.is_empty() && std::time::Instant::now() > deadline {
+                return Ok(false);
+            }
+        }
     }
 
     /// Inserts a completion produced in software (a protocol's, or a peer's through

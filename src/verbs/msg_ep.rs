@@ -348,10 +348,46 @@ impl MsgEndpoint {
             self.shared.state.store(PEER_SHUTDOWN, Ordering::Release);
         }
         match self.shared.id.disconnect() {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.write_cancellations();
+                Ok(())
+            }
             // Not connected (yet, or any more): nothing to tear down.
             Err(e) if e == libc::EINVAL || e == libc::ENOTCONN => Ok(()),
             Err(e) => Err(Error::os(e, "rdma_disconnect")),
+        }
+    }
+
+    /// fi_cm(3): canceled operations are written before `fi_shutdown` returns. The
+    /// disconnect moved the QP to the error state, where the device flushes posted work
+    /// in order but in its own time; a marker posted behind it on each queue says when the
+    /// flush is complete, and until then the device's completions move to the CQs'
+    /// software queues (where reads find them first, in order).
+    fn write_cancellations(&self) {
+        let Some(qp) = self.shared.id.qp() else {
+            return;
+        };
+        let (tx, rx) = {
+            let c = self.shared.ctl();
+            (c.tx_cq.clone(), c.rx_cq.clone())
+        };
+        // The endpoint's address is unique among live endpoints: a marker no other can post.
+        let token = (Arc::as_ptr(&self.shared) as u64) & wr_id::CONTEXT;
+        let marker = wr_id::encode(token, Kind::Marker, true);
+        let wait = std::time::Duration::from_secs(2);
+        let mut done = true;
+        if let Some(rx) = rx {
+            done &=
+                qp.post_recv(marker, &[]).is_ok() && rx.flush_until(marker, wait).unwrap_or(false);
+        }
+        if let Some(tx) = tx {
+            done &= qp
+                .post_send_inline(marker, &[], send_flags::SIGNALED, None)
+                .is_ok()
+                && tx.flush_until(marker, wait).unwrap_or(false);
+        }
+        if !done {
+            crate::fi_warn!("ep", "shutdown: the device did not flush posted operations within 2 s; some cancellations may follow");
         }
     }
 

@@ -22,6 +22,8 @@ pub(crate) enum Kind {
     Send = 1,
     SendData = 2,
     Recv = 3,
+    /// Posted by `shutdown` behind everything else; its flush says the queue is empty.
+    Marker = 4,
 }
 
 /// Rejects contexts that use the reserved top byte instead of corrupting them.
@@ -49,6 +51,11 @@ pub(crate) fn context(wr_id: u64) -> u64 {
 #[inline(always)]
 pub(crate) fn is_suppressed(wr_id: u64) -> bool {
     wr_id & SUPPRESSED != 0
+}
+
+#[inline(always)]
+pub(crate) fn is_marker(wr_id: u64) -> bool {
+    (wr_id >> KIND_SHIFT) & 0x7f == Kind::Marker as u64
 }
 
 /// Completion flags of the operation, for its error entry.
