@@ -498,22 +498,31 @@ impl CompletionQueue {
     /// work request `marker` appears or `timeout` passes. Returns whether it appeared.
     pub(crate) fn flush_until(&self, marker: u64, timeout: Duration) -> Result<bool> {
         let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.stage_device(Some(marker))? {
+                return Ok(true);
+            }
+            if std::time::Instant::now() > deadline {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Moves every completion the device holds now into the software queue, in order.
+    /// Returns whether one of them was the work request `watch`.
+    fn stage_device(&self, watch: Option<u64>) -> Result<bool> {
         let mut batch = WcBatch::<POLL_BATCH>::new();
+        let mut seen = false;
         loop {
             let wcs = self
                 .cq
                 .poll_batch(&mut batch, POLL_BATCH)
                 .map_err(os_err("ibv_poll_cq"))?;
-            let found = wcs.iter().any(|w| w.wr_id() == marker);
-            if !wcs.is_empty() {
-                self.stage(wcs);
+            if wcs.is_empty() {
+                return Ok(seen);
             }
-            if found {
-                return Ok(true);
-            }
-            if wcs.is_empty() && std::time::Instant::now() > deadline {
-                return Ok(false);
-            }
+            seen |= watch.is_some_and(|m| wcs.iter().any(|w| w.wr_id() == m));
+            self.stage(wcs);
         }
     }
 
@@ -694,17 +703,7 @@ impl CompletionQueue {
         self.cq.req_notify().map_err(os_err("ibv_req_notify_cq"))?;
         // Completions that came before the arm would never notify: move them to the
         // software queue, which keeps their order, and tell the caller not to wait.
-        let mut batch = WcBatch::<POLL_BATCH>::new();
-        loop {
-            let wcs = self
-                .cq
-                .poll_batch(&mut batch, POLL_BATCH)
-                .map_err(os_err("ibv_poll_cq"))?;
-            if wcs.is_empty() {
-                break;
-            }
-            self.stage(wcs);
-        }
+        self.stage_device(None)?;
         if self.staged.load(Ordering::SeqCst) != 0 {
             return Err(Error::new(
                 errno::EAGAIN,

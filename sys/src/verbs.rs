@@ -240,7 +240,6 @@ impl Context {
 #[derive(Debug)]
 pub struct ProtectionDomain {
     pd: NonNull<r::ibv_pd>,
-    ctx: Context,
 }
 
 // SAFETY: PD verbs are thread-safe; the PD is freed only in Drop.
@@ -253,12 +252,8 @@ impl ProtectionDomain {
         // SAFETY: valid context.
         let pd = unsafe { r::ibv_alloc_pd(ctx.as_ptr()) };
         NonNull::new(pd)
-            .map(|pd| Arc::new(ProtectionDomain { pd, ctx }))
+            .map(|pd| Arc::new(ProtectionDomain { pd }))
             .ok_or_else(last_errno)
-    }
-
-    pub fn context(&self) -> Context {
-        self.ctx
     }
 
     pub(crate) fn as_ptr(&self) -> *mut r::ibv_pd {
@@ -668,7 +663,6 @@ impl Drop for CompChannel {
 #[derive(Debug)]
 pub struct Cq {
     cq: NonNull<r::ibv_cq>,
-    ctx: Context,
     capacity: std::sync::atomic::AtomicU32,
     /// Destroyed after the CQ (fields drop after Drop::drop runs).
     channel: Option<Arc<CompChannel>>,
@@ -697,7 +691,6 @@ impl Cq {
         let got = unsafe { (*cq.as_ptr()).cqe }.max(0) as u32;
         Ok(Cq {
             cq,
-            ctx,
             capacity: got.into(),
             channel,
         })
@@ -757,10 +750,6 @@ impl Cq {
         Ok(unsafe {
             std::slice::from_raw_parts(batch.0.as_ptr().cast::<WorkCompletion>(), rc as usize)
         })
-    }
-
-    pub fn context(&self) -> Context {
-        self.ctx
     }
 
     pub(crate) fn as_ptr(&self) -> *mut r::ibv_cq {
@@ -905,22 +894,6 @@ impl QpHandle {
 
     pub fn max_inline(&self) -> u32 {
         self.max_inline
-    }
-
-    /// Posts one send of the memory named by `sges` (checked by the device).
-    /// `flags` must not contain `INLINE` (use [`QpHandle::post_send_inline`]).
-    #[inline]
-    pub fn post_send(
-        &self,
-        wr_id: u64,
-        sges: &[Sge],
-        flags: u32,
-        imm: Option<u32>,
-    ) -> Result<(), i32> {
-        if flags & send_flags::INLINE != 0 || sges.len() > self.max_send_sge as usize {
-            return Err(libc::EINVAL);
-        }
-        self.post_send_raw(wr_id, sges.as_ptr() as *mut Sge, sges.len(), flags, imm)
     }
 
     /// Posts one send whose payload the CPU copies into the work request now.
