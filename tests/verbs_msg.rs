@@ -914,3 +914,73 @@ fn shutdown_writes_canceled_operations_before_it_returns() {
         other => panic!("expected FI_SHUTDOWN, got {other:?}"),
     }
 }
+
+#[test]
+fn fi_more_chains_sends_and_receives_until_the_batch_ends() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let tx = MemoryRegion::alloc(&p.domain, 64 * 1024, Flags::SEND).unwrap();
+    let rx = MemoryRegion::alloc(&p.domain, 64 * 1024, Flags::RECV).unwrap();
+    let msg = |i: usize| pattern(1000 + i, i as u8);
+    for i in 0..4 {
+        p.server
+            .recvmsg(&rx, i * 1024, 1024, 100 + i as u64, Flags::MORE)
+            .unwrap();
+    }
+    for i in 0..3 {
+        tx.write_at(i * 1024, &msg(i)).unwrap();
+        p.client
+            .sendmsg(&tx, i * 1024, msg(i).len(), 200 + i as u64, 0, Flags::MORE)
+            .unwrap();
+    }
+    // Chained sends have not reached the device: nothing completes anywhere.
+    assert_eq!(drain_contexts(&p.client_cq, 300), Vec::<u64>::new());
+    tx.write_at(3 * 1024, &msg(3)).unwrap();
+    p.client
+        .sendmsg(&tx, 3 * 1024, msg(3).len(), 203, 0, Flags::empty())
+        .unwrap();
+    // The sends are on the wire, but the receives are still chained: the receiver is not
+    // ready, so the sends wait (RNR retries) and neither side completes anything.
+    assert_eq!(drain_contexts(&p.server_cq, 300), Vec::<u64>::new());
+    assert_eq!(drain_contexts(&p.client_cq, 10), Vec::<u64>::new());
+    p.server.recv(&rx, 4 * 1024, 1024, 104).unwrap();
+    for i in 0..4 {
+        let e = wait_one(&p.server_cq);
+        assert_eq!((e.op_context, e.len), (100 + i as u64, msg(i).len()));
+        let mut got = vec![0u8; msg(i).len()];
+        rx.read_at(i * 1024, &mut got).unwrap();
+        assert!(got == msg(i), "message {i} bytes");
+        assert_eq!(wait_one(&p.client_cq).op_context, 200 + i as u64);
+    }
+    // A batch longer than the chain goes out in parts, in order; an inject ends a batch
+    // after the chained sends before it.
+    let n = 40;
+    for i in 0..n {
+        p.server
+            .recv(&rx, 8192 + i * 64, 64, 300 + i as u64)
+            .unwrap();
+    }
+    for i in 0..n - 1 {
+        tx.write_at(i * 8, &(i as u64).to_le_bytes()).unwrap();
+        p.client
+            .sendmsg(&tx, i * 8, 8, 400 + i as u64, 0, Flags::MORE)
+            .unwrap();
+    }
+    p.client.inject(&((n - 1) as u64).to_le_bytes()).unwrap();
+    // The first receive (104) takes the first message.
+    let first = wait_one(&p.server_cq);
+    assert_eq!((first.op_context, first.len), (104, 8));
+    for i in 1..n {
+        let e = wait_one(&p.server_cq);
+        assert_eq!((e.op_context, e.len), (300 + i as u64 - 1, 8));
+        let mut v = [0u8; 8];
+        rx.read_at(8192 + (i - 1) * 64, &mut v).unwrap();
+        assert_eq!(u64::from_le_bytes(v), i as u64, "message {i} in order");
+    }
+    let sent: Vec<u64> = (0..n - 1).map(|i| 400 + i as u64).collect();
+    let mut got = Vec::new();
+    while got.len() < sent.len() {
+        got.push(wait_one(&p.client_cq).op_context);
+    }
+    assert_eq!(got, sent);
+}

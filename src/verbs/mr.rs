@@ -103,7 +103,7 @@ impl MemoryRegion {
         )
     }
 
-    pub(crate) fn sys(&self) -> &sv::MemoryRegion {
+    pub(crate) fn sys(&self) -> &Arc<sv::MemoryRegion> {
         &self.mr
     }
 

@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
-use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, MAX_IOV};
+use rfabric_sys::verbs::{
+    send_flags, MrSlice, QpCaps, QpHandle, RecvChain, SendChain, Sge, MAX_IOV,
+};
 
+use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
@@ -48,6 +51,12 @@ pub(crate) struct EpShared {
     /// Unsignalled sends since the last signalled one: bounded, so that the send queue
     /// (whose entries a signalled completion frees) never fills with unsignalled work.
     unsignaled: AtomicU32,
+    /// Work requests chained under `FI_MORE`, and whether any wait (checked without the
+    /// lock, so posts without `FI_MORE` pay nothing while no chain is open).
+    send_chain: Mutex<SendChain>,
+    recv_chain: Mutex<RecvChain>,
+    send_chained: AtomicBool,
+    recv_chained: AtomicBool,
     ctl: Mutex<Control>,
     max_msg_size: usize,
     info: Info,
@@ -167,6 +176,10 @@ impl MsgEndpoint {
                 tx_selective: AtomicBool::new(false),
                 rx_selective: AtomicBool::new(false),
                 unsignaled: AtomicU32::new(0),
+                send_chain: Mutex::default(),
+                recv_chain: Mutex::default(),
+                send_chained: AtomicBool::new(false),
+                recv_chained: AtomicBool::new(false),
                 ctl: Mutex::new(Control::default()),
                 max_msg_size,
                 info: info.clone(),
@@ -343,6 +356,11 @@ impl MsgEndpoint {
     /// Disconnects (`fi_shutdown`): the peer sees `FI_SHUTDOWN`; operations still posted
     /// complete with `FI_ECANCELED`.
     pub fn shutdown(&self) -> Result<()> {
+        // Chained work goes to the device first, so the disconnect cancels it like the rest.
+        if let Ok(qp) = self.qp() {
+            let _ = self.ring_sends(qp);
+            let _ = self.ring_recvs(qp);
+        }
         let prev = self.shared.state.swap(LOCAL_SHUTDOWN, Ordering::AcqRel);
         if prev == PEER_SHUTDOWN {
             self.shared.state.store(PEER_SHUTDOWN, Ordering::Release);
@@ -516,8 +534,9 @@ impl MsgEndpoint {
             wr_id::encode(context, Kind::Send, false),
             self.shared.info.tx_attr.op_flags,
         );
-        self.qp()?
-            .post_send_iov(id, &slices.0[..slices.1], vflags, None)
+        let qp = self.qp()?;
+        self.ring_sends(qp)?;
+        qp.post_send_iov(id, &slices.0[..slices.1], vflags, None)
             .map_err(|e| iov_error(e, "send", iov.len()))
     }
 
@@ -525,8 +544,9 @@ impl MsgEndpoint {
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
         let slices = self.slices(iov)?;
         let id = self.recv_id(context, self.shared.info.rx_attr.op_flags)?;
-        self.qp()?
-            .post_recv_iov(id, &slices.0[..slices.1])
+        let qp = self.qp()?;
+        self.ring_recvs(qp)?;
+        qp.post_recv_iov(id, &slices.0[..slices.1])
             .map_err(|e| iov_error(e, "receive", iov.len()))
     }
 
@@ -632,6 +652,7 @@ impl MsgEndpoint {
             Kind::Send
         };
         let (id, vflags) = self.unsignaled_slot(wr_id::encode(0, kind, false));
+        self.ring_sends(qp)?;
         qp.post_send_inline(id, data, vflags, imm)
             .map_err(|e| post_error(e, "send"))
     }
@@ -688,6 +709,11 @@ impl MsgEndpoint {
         let (id, mut vflags) = self.signalling(context, flags);
         if flags.contains(Flags::FENCE) {
             vflags |= send_flags::FENCE;
+        }
+        if flags.contains(Flags::MORE) || self.shared.send_chained.load(Ordering::Acquire) {
+            // An inject's buffer is free on return: it ends the batch.
+            let more = flags.contains(Flags::MORE) && !flags.contains(Flags::INJECT);
+            return self.chain_send(qp, id, mr, offset, len, vflags, imm, more);
         }
         qp.post_send_mr(id, mr.sys(), offset, len, vflags, imm)
             .map_err(|e| {
@@ -753,10 +779,162 @@ impl MsgEndpoint {
             .sge(offset, len)
             .ok_or_else(|| mr.range_error(offset, len))?;
         let id = self.recv_id(context, flags)?;
-        self.qp()?
-            .post_recv(id, &[sge])
+        let qp = self.qp()?;
+        if flags.contains(Flags::MORE) || self.shared.recv_chained.load(Ordering::Acquire) {
+            return self.chain_recv(qp, id, sge, flags.contains(Flags::MORE));
+        }
+        qp.post_recv(id, &[sge])
             .map_err(|e| post_error(e, "receive"))
     }
+
+    /// `FI_MORE` on a send: chain it, and post the chain with one doorbell once a send
+    /// without `FI_MORE` ends the batch (or the chain is full).
+    #[allow(clippy::too_many_arguments)]
+    fn chain_send(
+        &self,
+        qp: &QpHandle,
+        id: u64,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        vflags: u32,
+        imm: Option<u32>,
+        more: bool,
+    ) -> Result<()> {
+        let mut ch = lock(&self.shared.send_chain);
+        if ch.is_full() {
+            self.post_chained_sends(qp, &mut ch, false)?;
+        }
+        qp.chain_send(&mut ch, id, mr.sys(), offset, len, vflags, imm)
+            .map_err(|e| {
+                if e == libc::EINVAL {
+                    mr.range_error(offset, len)
+                } else {
+                    post_error(e, "send")
+                }
+            })?;
+        let r = if more {
+            Ok(())
+        } else {
+            self.post_chained_sends(qp, &mut ch, true)
+                .inspect_err(|_| ch.pop())
+        };
+        self.shared
+            .send_chained
+            .store(!ch.is_empty(), Ordering::Release);
+        r
+    }
+
+    /// Posts the chained sends. When the device takes only some, the rest stay chained
+    /// for the next post (after a full queue, `-FI_EAGAIN`); on any other failure they
+    /// complete in error, so no accepted send is lost without a word. `own`: the newest
+    /// entry is the caller's, reported by the returned error instead.
+    fn post_chained_sends(&self, qp: &QpHandle, ch: &mut SendChain, own: bool) -> Result<()> {
+        match qp.post_send_chain(ch) {
+            Ok(()) => Ok(()),
+            Err(e) if e == libc::ENOMEM || e == libc::EAGAIN => Err(post_error(e, "send")),
+            Err(e) => {
+                let cq = self.shared.ctl().tx_cq.clone();
+                self.abandon(
+                    cq.as_deref(),
+                    ch.pending().take(ch.len() - usize::from(own)),
+                    e,
+                );
+                ch.clear();
+                Err(post_error(e, "send"))
+            }
+        }
+    }
+
+    /// Posts any sends still chained, before an operation that must not pass them.
+    fn ring_sends(&self, qp: &QpHandle) -> Result<()> {
+        if !self.shared.send_chained.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut ch = lock(&self.shared.send_chain);
+        let r = self.post_chained_sends(qp, &mut ch, false);
+        self.shared
+            .send_chained
+            .store(!ch.is_empty(), Ordering::Release);
+        r
+    }
+
+    /// `FI_MORE` on a receive: chain it; the chain is posted when a receive without
+    /// `FI_MORE` ends the batch (or the chain is full).
+    fn chain_recv(&self, qp: &QpHandle, id: u64, sge: Sge, more: bool) -> Result<()> {
+        let mut ch = lock(&self.shared.recv_chain);
+        if ch.is_full() {
+            self.post_chained_recvs(qp, &mut ch, false)?;
+        }
+        ch.push(id, sge).map_err(|e| post_error(e, "receive"))?;
+        let r = if more {
+            Ok(())
+        } else {
+            self.post_chained_recvs(qp, &mut ch, true)
+                .inspect_err(|_| ch.pop())
+        };
+        self.shared
+            .recv_chained
+            .store(!ch.is_empty(), Ordering::Release);
+        r
+    }
+
+    fn post_chained_recvs(&self, qp: &QpHandle, ch: &mut RecvChain, own: bool) -> Result<()> {
+        match qp.post_recv_chain(ch) {
+            Ok(()) => Ok(()),
+            Err(e) if e == libc::ENOMEM || e == libc::EAGAIN => Err(post_error(e, "receive")),
+            Err(e) => {
+                let cq = self.shared.ctl().rx_cq.clone();
+                self.abandon(
+                    cq.as_deref(),
+                    ch.pending().take(ch.len() - usize::from(own)),
+                    e,
+                );
+                ch.clear();
+                Err(post_error(e, "receive"))
+            }
+        }
+    }
+
+    fn ring_recvs(&self, qp: &QpHandle) -> Result<()> {
+        if !self.shared.recv_chained.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut ch = lock(&self.shared.recv_chain);
+        let r = self.post_chained_recvs(qp, &mut ch, false);
+        self.shared
+            .recv_chained
+            .store(!ch.is_empty(), Ordering::Release);
+        r
+    }
+
+    /// Writes an error completion for each chained operation the device refused.
+    #[cold]
+    fn abandon(&self, cq: Option<&CompletionQueue>, ids: impl Iterator<Item = u64>, e: i32) {
+        for id in ids {
+            let entry = CqErrEntry {
+                op_context: wr_id::context(id),
+                flags: wr_id::flags(id).bits(),
+                err: errno::EIO,
+                prov_errno: e,
+                ..Default::default()
+            };
+            match cq {
+                Some(cq) => {
+                    if let Err(err) = cq.writeerr(entry) {
+                        crate::fi_warn!("ep", "chained operation lost: {err}");
+                    }
+                }
+                None => {
+                    crate::fi_warn!("ep", "chained operation {id:#x} failed to post: errno {e}")
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn no_such_option(opt: EpOpt) -> Error {

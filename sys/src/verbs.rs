@@ -1009,3 +1009,244 @@ impl QpHandle {
         }
     }
 }
+
+/// Most work requests one `FI_MORE` chain holds; a fuller batch is posted early.
+pub const CHAIN_MAX: usize = 32;
+
+/// Sends chained under `FI_MORE` and posted by one `ibv_post_send` (one doorbell) when the
+/// batch ends. Each entry holds its region, so memory an inline entry names is still
+/// there when the CPU copies it at post time.
+pub struct SendChain {
+    wrs: [r::ibv_send_wr; CHAIN_MAX],
+    sges: [Sge; CHAIN_MAX],
+    keep: [Option<Arc<MemoryRegion>>; CHAIN_MAX],
+    len: usize,
+}
+
+// SAFETY: the pointers inside `wrs` are rebuilt from the chain's own arrays at each post;
+// nothing they name is shared with another thread.
+unsafe impl Send for SendChain {}
+
+impl std::fmt::Debug for SendChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendChain").field("len", &self.len).finish()
+    }
+}
+
+impl Default for SendChain {
+    fn default() -> Self {
+        SendChain {
+            // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of those).
+            wrs: unsafe { std::mem::zeroed() },
+            sges: [Sge::default(); CHAIN_MAX],
+            keep: [const { None }; CHAIN_MAX],
+            len: 0,
+        }
+    }
+}
+
+impl SendChain {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn is_full(&self) -> bool {
+        self.len == CHAIN_MAX
+    }
+    /// The work request ids waiting to be posted, oldest first.
+    pub fn pending(&self) -> impl Iterator<Item = u64> + '_ {
+        self.wrs[..self.len].iter().map(|w| w.wr_id)
+    }
+    /// Drops the newest entry (one whose post failed and is reported to its caller).
+    pub fn pop(&mut self) {
+        if self.len > 0 {
+            self.len -= 1;
+            self.keep[self.len] = None;
+        }
+    }
+    /// Drops every entry (after reporting them failed).
+    pub fn clear(&mut self) {
+        while self.len > 0 {
+            self.pop();
+        }
+    }
+}
+
+/// Receives chained under `FI_MORE`, posted by one `ibv_post_recv` when the batch ends.
+pub struct RecvChain {
+    wrs: [r::ibv_recv_wr; CHAIN_MAX],
+    sges: [Sge; CHAIN_MAX],
+    len: usize,
+}
+
+// SAFETY: as for SendChain: the pointers are rebuilt from the chain's own arrays.
+unsafe impl Send for RecvChain {}
+
+impl std::fmt::Debug for RecvChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvChain").field("len", &self.len).finish()
+    }
+}
+
+impl Default for RecvChain {
+    fn default() -> Self {
+        RecvChain {
+            // SAFETY: ibv_recv_wr is plain data.
+            wrs: unsafe { std::mem::zeroed() },
+            sges: [Sge::default(); CHAIN_MAX],
+            len: 0,
+        }
+    }
+}
+
+impl RecvChain {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn is_full(&self) -> bool {
+        self.len == CHAIN_MAX
+    }
+    pub fn pending(&self) -> impl Iterator<Item = u64> + '_ {
+        self.wrs[..self.len].iter().map(|w| w.wr_id)
+    }
+    pub fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Appends a receive into `sge` (device-checked memory). `ENOSPC` when full.
+    pub fn push(&mut self, wr_id: u64, sge: Sge) -> Result<(), i32> {
+        if self.is_full() {
+            return Err(libc::ENOSPC);
+        }
+        let w = &mut self.wrs[self.len];
+        w.wr_id = wr_id;
+        w.num_sge = i32::from(sge.length != 0);
+        self.sges[self.len] = sge;
+        self.len += 1;
+        Ok(())
+    }
+}
+
+impl QpHandle {
+    /// Appends a send of `len` bytes at `offset` in `mr` to `chain` (inline when it fits,
+    /// as [`Self::post_send_mr`]). `ENOSPC` when the chain is full, `EINVAL` for a range
+    /// outside the region.
+    pub fn chain_send(
+        &self,
+        chain: &mut SendChain,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        offset: usize,
+        len: usize,
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
+        if chain.is_full() {
+            return Err(libc::ENOSPC);
+        }
+        let sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
+        let flags = if len <= self.max_inline as usize {
+            flags | send_flags::INLINE
+        } else {
+            flags & !send_flags::INLINE
+        };
+        let i = chain.len;
+        chain.sges[i] = sge;
+        chain.wrs[i] = SendWr::new(wr_id, ptr::null_mut(), usize::from(len != 0), flags, imm).0;
+        chain.keep[i] = Some(mr.clone());
+        chain.len += 1;
+        Ok(())
+    }
+
+    /// Posts every send of `chain` with one doorbell. On failure the entries the device
+    /// did not take (the failed one first) stay in the chain, and the error is returned.
+    pub fn post_send_chain(&self, chain: &mut SendChain) -> Result<(), i32> {
+        let n = chain.len;
+        if n == 0 {
+            return Ok(());
+        }
+        let wrs = chain.wrs.as_mut_ptr();
+        let sges = chain.sges.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= CHAIN_MAX: in bounds of both arrays, which outlive the post.
+            unsafe {
+                let w = wrs.add(i);
+                (*w).sg_list = sges.add(i).cast();
+                (*w).next = if i + 1 < n {
+                    wrs.add(i + 1)
+                } else {
+                    ptr::null_mut()
+                };
+            }
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid QP (see post_send_raw); each element names registered memory
+        // (device-checked) and inline ones name memory of a region the chain holds alive.
+        let rc = unsafe { r::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) };
+        if rc == 0 {
+            chain.clear();
+            return Ok(());
+        }
+        let k = first_unposted(bad, wrs, n);
+        chain.wrs[..n].rotate_left(k);
+        chain.sges[..n].rotate_left(k);
+        chain.keep[..n].rotate_left(k);
+        for slot in &mut chain.keep[n - k..n] {
+            *slot = None;
+        }
+        chain.len = n - k;
+        Err(rc.abs())
+    }
+
+    /// Posts every receive of `chain` with one call; on failure the entries not taken stay.
+    pub fn post_recv_chain(&self, chain: &mut RecvChain) -> Result<(), i32> {
+        let n = chain.len;
+        if n == 0 {
+            return Ok(());
+        }
+        let wrs = chain.wrs.as_mut_ptr();
+        let sges = chain.sges.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= CHAIN_MAX: in bounds of both arrays, which outlive the post.
+            unsafe {
+                let w = wrs.add(i);
+                (*w).sg_list = sges.add(i).cast();
+                (*w).next = if i + 1 < n {
+                    wrs.add(i + 1)
+                } else {
+                    ptr::null_mut()
+                };
+            }
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid QP; every element names registered memory, checked by the device.
+        let rc = unsafe { r::ibv_post_recv(self.qp.as_ptr(), wrs, &mut bad) };
+        if rc == 0 {
+            chain.clear();
+            return Ok(());
+        }
+        let k = first_unposted(bad, wrs, n);
+        chain.wrs[..n].rotate_left(k);
+        chain.sges[..n].rotate_left(k);
+        chain.len = n - k;
+        Err(rc.abs())
+    }
+}
+
+/// The index of the first work request of a chain that a failed post did not take.
+fn first_unposted<T>(bad: *mut T, base: *mut T, n: usize) -> usize {
+    if bad.is_null() {
+        return 0;
+    }
+    // SAFETY: on failure verbs points bad_wr at an element of the chain that starts at base.
+    let k = unsafe { bad.offset_from(base) };
+    usize::try_from(k).unwrap_or(0).min(n)
+}
