@@ -1139,6 +1139,7 @@ impl QpHandle {
     /// Appends a send of `len` bytes at `offset` in `mr` to `chain` (inline when it fits,
     /// as [`Self::post_send_mr`]). `ENOSPC` when the chain is full, `EINVAL` for a range
     /// outside the region.
+    #[allow(clippy::too_many_arguments)]
     pub fn chain_send(
         &self,
         chain: &mut SendChain,
