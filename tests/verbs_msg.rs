@@ -7,6 +7,7 @@ use common::*;
 use rfabric::core::eq::EqEvent;
 use rfabric::verbs::*;
 use rfabric::*;
+use std::net::SocketAddr;
 
 #[test]
 fn getinfo_describes_the_device_from_its_attributes() {
@@ -983,4 +984,97 @@ fn fi_more_chains_sends_and_receives_until_the_batch_ends() {
         got.push(wait_one(&p.client_cq).op_context);
     }
     assert_eq!(got, sent);
+}
+
+#[test]
+fn names_follow_the_addrlen_rules_and_setname_picks_the_address() {
+    use rfabric::core::addr::{parse_sockaddr, SOCKADDR_IN_LEN};
+    let Some(info) = device_info() else { return };
+    let ip = info.src_addr.unwrap().ip();
+    // A passive endpoint moved to a chosen address before listening.
+    let (fabric, eq, mut pep, _) = {
+        let fabric = Fabric::open(&info.fabric_attr).unwrap();
+        let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+        let mut pinfo = info.clone();
+        pinfo.src_addr = Some(SocketAddr::new(ip, 0));
+        let pep = PassiveEndpoint::open(&fabric, &pinfo, 1).unwrap();
+        pep.bind_eq(&eq).unwrap();
+        (fabric, eq, pep, ())
+    };
+    let first = pep.getname().unwrap().port();
+    let want = SocketAddr::new(ip, if first == 40000 { 40001 } else { 40000 });
+    pep.setname(&want).unwrap();
+    assert_eq!(pep.getname(), Some(want));
+    pep.listen().unwrap();
+    assert_eq!(
+        pep.setname(&SocketAddr::new(ip, 0)).unwrap_err().errno(),
+        errno::EOPBADSTATE
+    );
+    // fi_getname's addrlen rules: too small is ETOOSMALL with the size needed.
+    let mut buf = [0u8; 64];
+    let mut len = 4;
+    assert_eq!(
+        pep.getname_into(&mut buf, &mut len).unwrap_err().errno(),
+        errno::ETOOSMALL
+    );
+    assert_eq!(len, SOCKADDR_IN_LEN);
+    pep.getname_into(&mut buf, &mut len).unwrap();
+    assert_eq!(parse_sockaddr(&buf[..len]).unwrap(), want);
+    drop((pep, eq, fabric));
+
+    // A client that chose its own address is seen from there by the server.
+    let opts = PairOpts {
+        client_name: Some(SocketAddr::new(ip, 0)),
+        ..Default::default()
+    };
+    let mut p = connect_pair_full(&info, &opts, b"", b"", |_, _, _| {});
+    let (mut a, mut b) = ([0u8; 64], [0u8; 64]);
+    let (mut la, mut lb) = (a.len(), b.len());
+    p.client.getname_into(&mut a, &mut la).unwrap();
+    p.server.getpeer_into(&mut b, &mut lb).unwrap();
+    assert_eq!((la, lb), (SOCKADDR_IN_LEN, SOCKADDR_IN_LEN));
+    assert_eq!(
+        parse_sockaddr(&a[..la]).unwrap(),
+        p.server.getpeer().unwrap()
+    );
+    assert_eq!(&a[..la], &b[..lb]);
+    let mut peer = [0u8; 64];
+    let mut lp = 64;
+    p.client.getpeer_into(&mut peer, &mut lp).unwrap();
+    assert_eq!(
+        parse_sockaddr(&peer[..lp]).unwrap(),
+        p.server.getname().unwrap()
+    );
+    let mut small = 3;
+    assert_eq!(
+        p.server
+            .getpeer_into(&mut b, &mut small)
+            .unwrap_err()
+            .errno(),
+        errno::ETOOSMALL
+    );
+    assert_eq!(small, SOCKADDR_IN_LEN);
+    // Too late, or not the endpoint's to choose.
+    assert_eq!(
+        p.client
+            .setname(&SocketAddr::new(ip, 0))
+            .unwrap_err()
+            .errno(),
+        errno::EOPBADSTATE
+    );
+    assert_eq!(
+        p.server
+            .setname(&SocketAddr::new(ip, 0))
+            .unwrap_err()
+            .errno(),
+        errno::EOPBADSTATE
+    );
+    // getpeer before the connection is up is an error, not garbage.
+    let cinfo = client_info(&p.server.getname().unwrap());
+    let fresh = MsgEndpoint::open(&p.domain, &cinfo, 9).unwrap();
+    let mut l = 64;
+    assert_eq!(
+        fresh.getpeer_into(&mut peer, &mut l).unwrap_err().errno(),
+        errno::ENOTCONN
+    );
 }

@@ -1,6 +1,7 @@
 //! The transport-agnostic engine: flags, errors, info and hint matching, event and
 //! completion queue state. No I/O here, so all of it is tested on the host.
 
+pub mod addr;
 pub mod cq;
 pub mod env;
 pub mod eq;

@@ -9,6 +9,7 @@ use rfabric_sys::verbs::{
     send_flags, MrSlice, QpCaps, QpHandle, RecvChain, SendChain, Sge, MAX_IOV,
 };
 
+use crate::core::addr::{fill_name, sockaddr_bytes};
 use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpOpt, EpType, Flags};
@@ -202,13 +203,7 @@ impl MsgEndpoint {
             .id
             .migrate(eq.channel())
             .map_err(os_err("rdma_migrate_id"))?;
-        eq.register(
-            self.shared.id.ident(),
-            Owner::Active {
-                fid: self.shared.context,
-                ep: Arc::downgrade(&self.shared),
-            },
-        );
+        self.register(eq);
         c.eq = Some(eq.clone());
         Ok(())
     }
@@ -472,6 +467,93 @@ impl MsgEndpoint {
     /// The peer's address (`fi_getpeer`).
     pub fn getpeer(&self) -> Option<SocketAddr> {
         self.shared.id.peer_addr()
+    }
+
+    /// `fi_getname` into a caller's buffer, with fi_cm(3)'s `addrlen` rules.
+    pub fn getname_into(&self, buf: &mut [u8], addrlen: &mut usize) -> Result<()> {
+        let name = self.getname().ok_or_else(|| {
+            Error::new(
+                errno::EADDRNOTAVAIL,
+                "the endpoint has no local address yet",
+            )
+        })?;
+        fill_name(&sockaddr_bytes(&name), buf, addrlen)
+    }
+
+    /// `fi_getpeer` into a caller's buffer; valid once `FI_CONNECTED` was seen.
+    pub fn getpeer_into(&self, buf: &mut [u8], addrlen: &mut usize) -> Result<()> {
+        let state = self.shared.state.load(Ordering::Acquire);
+        let peer = self
+            .getpeer()
+            .filter(|_| state != IDLE && state != CONNECTING);
+        let peer = peer.ok_or_else(|| {
+            Error::new(
+                errno::ENOTCONN,
+                "fi_getpeer before FI_CONNECTED: the peer's address is not known yet",
+            )
+        })?;
+        fill_name(&sockaddr_bytes(&peer), buf, addrlen)
+    }
+
+    /// `fi_setname`: the local address to connect from (port 0: any), before `enable`.
+    /// The route to the peer is resolved again from it; on failure nothing changes.
+    pub fn setname(&mut self, addr: &SocketAddr) -> Result<()> {
+        if self.shared.caps.get().is_some() {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "fi_setname after fi_enable: set the address before enabling",
+            ));
+        }
+        let Some(dst) = self
+            .shared
+            .info
+            .dest_addr
+            .filter(|_| self.shared.info.handle.is_none())
+        else {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "an accepting endpoint's address is the one its connection request arrived at",
+            ));
+        };
+        let id = resolve_route(Some(addr), &dst)?;
+        let dev = id.context().map(|c| c.name()).unwrap_or_default();
+        if dev != self.shared.domain.device().name {
+            return Err(Error::new(
+                errno::EADDRNOTAVAIL,
+                format!("{addr} is on {dev}, not this domain's device"),
+            ));
+        }
+        let eq = self.shared.ctl().eq.clone();
+        if let Some(eq) = &eq {
+            id.migrate(eq.channel())
+                .map_err(os_err("rdma_migrate_id"))?;
+            eq.unregister(self.shared.id.ident());
+        }
+        // The EQ's registration was the only other reference; with it gone the state is ours.
+        let r = match Arc::get_mut(&mut self.shared) {
+            Some(sh) => {
+                sh.id = id;
+                Ok(())
+            }
+            None => Err(Error::new(
+                errno::EBUSY,
+                "the endpoint is in use elsewhere; set its address before sharing it",
+            )),
+        };
+        if let Some(eq) = &eq {
+            self.register(eq);
+        }
+        r
+    }
+
+    fn register(&self, eq: &EventQueue) {
+        eq.register(
+            self.shared.id.ident(),
+            Owner::Active {
+                fid: self.shared.context,
+                ep: Arc::downgrade(&self.shared),
+            },
+        );
     }
 
     /// Capacities the queue pair was given (after `enable`).

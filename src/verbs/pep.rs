@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use rfabric_sys::cm::{CmId, REJECT_PRIVATE_DATA_MAX};
 
+use crate::core::addr::{fill_name, sockaddr_bytes};
 use crate::core::error::{errno, Error, Result};
 use crate::core::info::Info;
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
@@ -31,18 +32,10 @@ impl PassiveEndpoint {
     /// Opens a passive endpoint bound to `info.src_addr` (any address, any port when unset).
     /// `context` is reported as the `fid` of its events.
     pub fn open(fabric: &Arc<Fabric>, info: &Info, context: u64) -> Result<Self> {
-        let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
         let src = info
             .src_addr
             .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
-        id.bind_addr(&src).map_err(|e| {
-            let what = if e == libc::EADDRINUSE {
-                "address in use"
-            } else {
-                "rdma_bind_addr"
-            };
-            Error::os(e, format!("cannot bind passive endpoint to {src}: {what}"))
-        })?;
+        let id = bound_id(&src)?;
         Ok(PassiveEndpoint {
             id,
             info: info.clone(),
@@ -66,13 +59,7 @@ impl PassiveEndpoint {
         self.id
             .migrate(eq.channel())
             .map_err(os_err("rdma_migrate_id"))?;
-        eq.register(
-            self.id.ident(),
-            Owner::Passive {
-                fid: self.context,
-                info: Box::new(self.info.clone()),
-            },
-        );
+        self.register(eq);
         *cur = Some(eq.clone());
         Ok(())
     }
@@ -144,6 +131,48 @@ impl PassiveEndpoint {
         self.id.local_addr()
     }
 
+    /// `fi_getname` into a caller's buffer, with fi_cm(3)'s `addrlen` rules.
+    pub fn getname_into(&self, buf: &mut [u8], addrlen: &mut usize) -> Result<()> {
+        let name = self.getname().ok_or_else(|| {
+            Error::new(errno::EADDRNOTAVAIL, "the passive endpoint has no address")
+        })?;
+        fill_name(&sockaddr_bytes(&name), buf, addrlen)
+    }
+
+    /// `fi_setname`: binds the passive endpoint to `addr` instead (port 0: any free port),
+    /// before `listen`. On failure the endpoint keeps its address.
+    pub fn setname(&mut self, addr: &SocketAddr) -> Result<()> {
+        if self.listening.load(Ordering::Acquire) {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "fi_setname on a listening passive endpoint: set the address before fi_listen",
+            ));
+        }
+        let id = bound_id(addr)?;
+        let eq = self.eq.get_mut().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(eq) = &eq {
+            id.migrate(eq.channel())
+                .map_err(os_err("rdma_migrate_id"))?;
+            eq.unregister(self.id.ident());
+        }
+        self.id = id;
+        self.info.src_addr = Some(*addr);
+        if let Some(eq) = &eq {
+            self.register(eq);
+        }
+        Ok(())
+    }
+
+    fn register(&self, eq: &EventQueue) {
+        eq.register(
+            self.id.ident(),
+            Owner::Passive {
+                fid: self.context,
+                info: Box::new(self.info.clone()),
+            },
+        );
+    }
+
     /// Refuses a connection request, sending `data` to the connecting side (`fi_reject`).
     pub fn reject(&self, request: &ConnRequest, data: &[u8]) -> Result<()> {
         let id = request.take()?;
@@ -158,4 +187,18 @@ impl Drop for PassiveEndpoint {
             eq.unregister(self.id.ident());
         }
     }
+}
+
+/// A new rdma_cm identifier bound to `src`.
+fn bound_id(src: &SocketAddr) -> Result<CmId> {
+    let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
+    id.bind_addr(src).map_err(|e| {
+        let what = if e == libc::EADDRINUSE {
+            "address in use"
+        } else {
+            "rdma_bind_addr"
+        };
+        Error::os(e, format!("cannot bind passive endpoint to {src}: {what}"))
+    })?;
+    Ok(id)
 }

@@ -163,6 +163,8 @@ pub struct PairOpts {
     pub bind: Flags,
     /// Send queue depth of both endpoints (0: the provider default).
     pub tx_size: usize,
+    /// `fi_setname` on the client (after binding its EQ) before it is enabled.
+    pub client_name: Option<SocketAddr>,
 }
 
 pub fn connect_pair_full(
@@ -185,8 +187,11 @@ pub fn connect_pair_full(
     if opts.tx_size != 0 {
         cinfo.tx_attr.size = opts.tx_size;
     }
-    let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
+    let mut client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&client_eq).unwrap();
+    if let Some(a) = &opts.client_name {
+        client.setname(a).unwrap();
+    }
     client.bind_cq(&client_cq, bind).unwrap();
     client.enable().unwrap();
 
