@@ -1078,3 +1078,102 @@ fn names_follow_the_addrlen_rules_and_setname_picks_the_address() {
         errno::ENOTCONN
     );
 }
+
+#[test]
+fn a_shared_receive_context_feeds_several_endpoints() {
+    use rfabric::core::info::RxAttr;
+    let Some(info) = device_info() else { return };
+    let (fabric, server_eq, _pep, addr) = listener(&info);
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let attr = RxAttr {
+        size: 64,
+        iov_limit: 2,
+        ..Default::default()
+    };
+    let srx = SharedRxContext::open(&domain, &attr).unwrap();
+    assert!(srx.size() >= 64);
+    let server_cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let client_cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let rx = MemoryRegion::alloc(&domain, 64 * 1024, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&domain, 64 * 1024, Flags::SEND).unwrap();
+    // Receives posted before any endpoint exists are there for all of them.
+    for i in 0..4 {
+        srx.recv(&rx, i * 4096, 4096, 100 + i as u64).unwrap();
+    }
+    srx.recvv(&[(&rx, 40000, 100), (&rx, 50000, 4000)], 104)
+        .unwrap();
+    let mut servers = Vec::new();
+    let mut clients = Vec::new();
+    for c in 0..2u64 {
+        let ceq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+        let client = MsgEndpoint::open(&domain, &client_info(&addr), 10 + c).unwrap();
+        client.bind_eq(&ceq).unwrap();
+        client
+            .bind_cq(&client_cq, Flags::TRANSMIT | Flags::RECV)
+            .unwrap();
+        client.enable().unwrap();
+        client.connect(b"").unwrap();
+        let sinfo = match next_event(&server_eq) {
+            EqEvent::ConnReq { info, .. } => *info,
+            other => panic!("expected FI_CONNREQ, got {other:?}"),
+        };
+        let server = MsgEndpoint::open(&domain, &sinfo, 20 + c).unwrap();
+        server.bind_eq(&server_eq).unwrap();
+        server
+            .bind_cq(&server_cq, Flags::TRANSMIT | Flags::RECV)
+            .unwrap();
+        server.bind_srx(&srx).unwrap();
+        assert_eq!(
+            server.bind_srx(&srx).unwrap_err().errno(),
+            errno::EINVAL,
+            "bound twice"
+        );
+        server.enable().unwrap();
+        server.accept(b"").unwrap();
+        assert!(matches!(next_event(&ceq), EqEvent::Connected { fid, .. } if fid == 10 + c));
+        assert!(matches!(next_event(&server_eq), EqEvent::Connected { fid, .. } if fid == 20 + c));
+        servers.push(server);
+        clients.push((client, ceq));
+    }
+    // Messages from either connection take the shared receives in posting order.
+    let msgs: Vec<Vec<u8>> = (0..4).map(|i| pattern(1000 * (i + 1), i as u8)).collect();
+    for (i, m) in msgs.iter().enumerate() {
+        let (client, _) = &clients[i % 2];
+        tx.write_at(0, m).unwrap();
+        client.send(&tx, 0, m.len(), 200 + i as u64).unwrap();
+        assert_eq!(wait_one(&client_cq).op_context, 200 + i as u64);
+        let e = wait_one(&server_cq);
+        assert_eq!((e.op_context, e.len), (100 + i as u64, m.len()));
+        let mut got = vec![0u8; m.len()];
+        rx.read_at(i * 4096, &mut got).unwrap();
+        assert!(&got == m, "message {i} bytes");
+    }
+    // The endpoints refuse receives of their own; the SRX refuses what it cannot do.
+    assert_eq!(
+        servers[0].recv(&rx, 0, 8, 1).unwrap_err().errno(),
+        errno::EOPBADSTATE
+    );
+    assert_eq!(
+        srx.recvmsg(&rx, 0, 8, 1, Flags::MULTI_RECV)
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL
+    );
+    assert_eq!(
+        servers[0].bind_srx(&srx).unwrap_err().errno(),
+        errno::EOPBADSTATE,
+        "after enable"
+    );
+    // One endpoint shutting down leaves the shared receives to the other.
+    servers[0].shutdown().unwrap();
+    let m = pattern(3000, 9);
+    tx.write_at(0, &m).unwrap();
+    clients[1].0.send(&tx, 0, m.len(), 300).unwrap();
+    assert_eq!(wait_one(&client_cq).op_context, 300);
+    let e = wait_one(&server_cq);
+    assert_eq!((e.op_context, e.len), (104, 3000));
+    let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 2900]);
+    rx.read_at(40000, &mut a).unwrap();
+    rx.read_at(50000, &mut b).unwrap();
+    assert!([a, b].concat() == m, "scattered over the two ranges");
+}

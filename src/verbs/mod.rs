@@ -11,6 +11,7 @@ pub mod info;
 pub mod mr;
 pub mod msg_ep;
 pub mod pep;
+pub mod srx;
 pub(crate) mod wr_id;
 
 pub use cq::{CompletionQueue, CqAttr};
@@ -21,6 +22,7 @@ pub use info::{devices, getinfo, Device};
 pub use mr::MemoryRegion;
 pub use msg_ep::{Iov, MsgEndpoint};
 pub use pep::PassiveEndpoint;
+pub use srx::SharedRxContext;
 
 use crate::core::error::{errno, Error};
 

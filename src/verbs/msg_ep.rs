@@ -17,7 +17,7 @@ use crate::core::info::Info;
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
 use crate::verbs::wr_id::{self, Kind};
-use crate::verbs::{os_err, CompletionQueue, Domain, EventQueue, MemoryRegion};
+use crate::verbs::{os_err, CompletionQueue, Domain, EventQueue, MemoryRegion, SharedRxContext};
 
 /// Most CM data `fi_connect` / `fi_accept` carry (`FI_OPT_CM_DATA_SIZE`).
 pub const CM_DATA_SIZE: usize = CONNECT_PRIVATE_DATA_MAX - 1;
@@ -46,6 +46,8 @@ pub(crate) struct EpShared {
     id: CmId,
     state: AtomicU8,
     caps: OnceLock<QpCaps>,
+    /// The shared receive context receives come from, when one is bound.
+    srx: OnceLock<Arc<SharedRxContext>>,
     /// `FI_SELECTIVE_COMPLETION` on the transmit / receive binding.
     tx_selective: AtomicBool,
     rx_selective: AtomicBool,
@@ -174,6 +176,7 @@ impl MsgEndpoint {
                 id,
                 state: AtomicU8::new(IDLE),
                 caps: OnceLock::new(),
+                srx: OnceLock::new(),
                 tx_selective: AtomicBool::new(false),
                 rx_selective: AtomicBool::new(false),
                 unsignaled: AtomicU32::new(0),
@@ -253,6 +256,29 @@ impl MsgEndpoint {
         Ok(())
     }
 
+    /// Takes receives from `srx` instead of a receive queue of its own (`fi_ep_bind` of a
+    /// shared receive context), before `enable`. Receives are then posted to `srx`.
+    pub fn bind_srx(&self, srx: &Arc<SharedRxContext>) -> Result<()> {
+        if !Arc::ptr_eq(srx.domain(), &self.shared.domain) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the shared receive context belongs to another domain",
+            ));
+        }
+        if self.shared.caps.get().is_some() {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "bind the shared receive context before enabling the endpoint",
+            ));
+        }
+        self.shared.srx.set(srx.clone()).map_err(|_| {
+            Error::new(
+                errno::EINVAL,
+                "endpoint already bound to a shared receive context",
+            )
+        })
+    }
+
     /// Creates the queue pair (`fi_enable`).
     pub fn enable(&self) -> Result<()> {
         let mut c = self.shared.ctl();
@@ -262,6 +288,13 @@ impl MsgEndpoint {
         let (Some(tx), Some(rx)) = (c.tx_cq.clone(), c.rx_cq.clone()) else {
             return Err(Error::new(errno::ENOCQ, "bind a CQ for FI_TRANSMIT and one for FI_RECV (they may be the same) before enabling"));
         };
+        let srx = self.shared.srx.get();
+        if srx.is_some() && self.shared.rx_selective.load(Ordering::Relaxed) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "FI_SELECTIVE_COMPLETION on the receive CQ of an endpoint with a shared receive context: every shared receive completes",
+            ));
+        }
         let i = &self.shared.info;
         let dev = &self.shared.domain.device().attr;
         let want = QpCaps {
@@ -271,17 +304,20 @@ impl MsgEndpoint {
             max_recv_sge: (i.rx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
             max_inline_data: i.tx_attr.inject_size as u32,
         };
+        // Each receive the QP can complete needs a CQ entry: its own queue's, or the SRQ's.
+        let rx_depth = srx.map_or(want.max_recv_wr, |s| s.size() as u32);
         tx.reserve(want.max_send_wr)?;
-        if let Err(e) = rx.reserve(want.max_recv_wr) {
+        if let Err(e) = rx.reserve(rx_depth) {
             tx.release(want.max_send_wr);
             return Err(e);
         }
         let pd = self.shared.domain.pd();
-        let got = match self.shared.id.create_qp(pd, tx.raw(), rx.raw(), want) {
+        let srq = srx.map(|s| s.srq());
+        let got = match self.shared.id.create_qp(pd, tx.raw(), rx.raw(), want, srq) {
             Ok(g) => g,
             Err(e) => {
                 tx.release(want.max_send_wr);
-                rx.release(want.max_recv_wr);
+                rx.release(rx_depth);
                 return Err(Error::os(
                     e,
                     format!(
@@ -290,7 +326,7 @@ impl MsgEndpoint {
                 ));
             }
         };
-        c.reserved = (want.max_send_wr, want.max_recv_wr);
+        c.reserved = (want.max_send_wr, rx_depth);
         crate::fi_debug!("ep", "RC QP {} created: {:?}", self.qp()?.qp_num(), got);
         let _ = self.shared.caps.set(got);
         Ok(())
@@ -389,7 +425,8 @@ impl MsgEndpoint {
         let marker = wr_id::encode(token, Kind::Marker, true);
         let wait = std::time::Duration::from_secs(2);
         let mut done = true;
-        if let Some(rx) = rx {
+        // A shared receive queue is not the endpoint's to flush.
+        if let Some(rx) = rx.filter(|_| self.shared.srx.get().is_none()) {
             done &=
                 qp.post_recv(marker, &[]).is_ok() && rx.flush_until(marker, wait).unwrap_or(false);
         }
@@ -568,13 +605,7 @@ impl MsgEndpoint {
 
     #[inline]
     fn check_mr(&self, mr: &MemoryRegion) -> Result<()> {
-        if !Arc::ptr_eq(mr.domain(), &self.shared.domain) {
-            return Err(Error::new(
-                errno::EINVAL,
-                "memory region belongs to another domain",
-            ));
-        }
-        Ok(())
+        check_domain(mr, &self.shared.domain)
     }
 
     /// Sends `len` bytes at `offset` of `mr` (`fi_send`); `context` comes back in the
@@ -608,7 +639,7 @@ impl MsgEndpoint {
 
     /// `fi_sendv`: one message gathered from `iov` (at most `tx_attr.iov_limit` ranges).
     pub fn sendv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
-        let slices = self.slices(iov)?;
+        let slices = iov_slices(&self.shared.domain, iov)?;
         let total: usize = iov.iter().map(|v| v.2).sum();
         self.check_len(total)?;
         wr_id::check(context)?;
@@ -624,7 +655,7 @@ impl MsgEndpoint {
 
     /// `fi_recvv`: one receive scattered over `iov` (at most `rx_attr.iov_limit` ranges).
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
-        let slices = self.slices(iov)?;
+        let slices = iov_slices(&self.shared.domain, iov)?;
         let id = self.recv_id(context, self.shared.info.rx_attr.op_flags)?;
         let qp = self.qp()?;
         self.ring_recvs(qp)?;
@@ -637,6 +668,12 @@ impl MsgEndpoint {
     #[inline]
     fn recv_id(&self, context: u64, flags: Flags) -> Result<u64> {
         wr_id::check(context)?;
+        if self.shared.srx.get().is_some() {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "this endpoint takes its receives from a shared receive context: post them there",
+            ));
+        }
         let suppressed =
             self.shared.rx_selective.load(Ordering::Relaxed) && !flags.contains(Flags::COMPLETION);
         Ok(wr_id::encode(context, Kind::Recv, suppressed))
@@ -654,34 +691,6 @@ impl MsgEndpoint {
             ));
         }
         Ok(())
-    }
-
-    /// The `rfabric-sys` view of an iov, with every region checked to be this domain's.
-    fn slices<'a>(&self, iov: &[Iov<'a>]) -> Result<([MrSlice<'a>; MAX_IOV], usize)> {
-        if iov.len() > MAX_IOV {
-            return Err(Error::new(
-                errno::EINVAL,
-                format!("{} ranges exceed the iov limit {MAX_IOV}", iov.len()),
-            ));
-        }
-        let mut out = [MrSlice {
-            mr: iov
-                .first()
-                .ok_or_else(|| Error::new(errno::EINVAL, "an empty iov"))?
-                .0
-                .sys(),
-            offset: 0,
-            len: 0,
-        }; MAX_IOV];
-        for (o, (mr, offset, len)) in out.iter_mut().zip(iov) {
-            self.check_mr(mr)?;
-            *o = MrSlice {
-                mr: mr.sys(),
-                offset: *offset,
-                len: *len,
-            };
-        }
-        Ok((out, iov.len()))
     }
 
     /// `fi_sendmsg`: a send with per-operation flags. `FI_COMPLETION` asks for a completion
@@ -1017,6 +1026,49 @@ impl MsgEndpoint {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Checks that `mr` is registered in `domain`.
+#[inline]
+pub(crate) fn check_domain(mr: &MemoryRegion, domain: &Arc<Domain>) -> Result<()> {
+    if !Arc::ptr_eq(mr.domain(), domain) {
+        return Err(Error::new(
+            errno::EINVAL,
+            "memory region belongs to another domain",
+        ));
+    }
+    Ok(())
+}
+
+/// The `rfabric-sys` view of an iov, with every region checked to be `domain`'s.
+pub(crate) fn iov_slices<'a>(
+    domain: &Arc<Domain>,
+    iov: &[Iov<'a>],
+) -> Result<([MrSlice<'a>; MAX_IOV], usize)> {
+    if iov.len() > MAX_IOV {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("{} ranges exceed the iov limit {MAX_IOV}", iov.len()),
+        ));
+    }
+    let mut out = [MrSlice {
+        mr: iov
+            .first()
+            .ok_or_else(|| Error::new(errno::EINVAL, "an empty iov"))?
+            .0
+            .sys(),
+        offset: 0,
+        len: 0,
+    }; MAX_IOV];
+    for (o, (mr, offset, len)) in out.iter_mut().zip(iov) {
+        check_domain(mr, domain)?;
+        *o = MrSlice {
+            mr: mr.sys(),
+            offset: *offset,
+            len: *len,
+        };
+    }
+    Ok((out, iov.len()))
 }
 
 fn no_such_option(opt: EpOpt) -> Error {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rdma_sys as r;
 
 use crate::last_errno;
-use crate::verbs::{warn, Context, Cq, ProtectionDomain, QpCaps, QpHandle};
+use crate::verbs::{warn, Context, Cq, ProtectionDomain, QpCaps, QpHandle, Srq};
 
 /// Largest private data rdma_cm carries on a connect request (IB CM REQ less its header).
 pub const CONNECT_PRIVATE_DATA_MAX: usize = 56;
@@ -177,6 +177,7 @@ impl EventChannel {
             NonNull::new(e.id).map(|id| CmId {
                 id,
                 qp: OnceLock::new(),
+                srq: OnceLock::new(),
                 channel: Mutex::new(Some(self.clone())),
             })
         } else {
@@ -221,6 +222,8 @@ pub fn event_str(kind: u32) -> &'static str {
 pub struct CmId {
     id: NonNull<r::rdma_cm_id>,
     qp: OnceLock<QpHandle>,
+    /// The shared receive queue the QP takes its receives from: freed after the QP.
+    srq: OnceLock<Arc<Srq>>,
     /// rdma_destroy_id writes to the id's channel: keep it open until then.
     channel: Mutex<Option<Arc<EventChannel>>>,
 }
@@ -257,6 +260,7 @@ impl CmId {
             .map(|id| CmId {
                 id,
                 qp: OnceLock::new(),
+                srq: OnceLock::new(),
                 channel: Mutex::new(channel.cloned()),
             })
             .ok_or(libc::ENOMEM)
@@ -345,6 +349,7 @@ impl CmId {
         send_cq: &Cq,
         recv_cq: &Cq,
         caps: QpCaps,
+        srq: Option<&Arc<Srq>>,
     ) -> Result<QpCaps, i32> {
         if self.qp.get().is_some() {
             return Err(libc::EBUSY);
@@ -362,9 +367,18 @@ impl CmId {
             max_recv_sge: caps.max_recv_sge,
             max_inline_data: caps.max_inline_data,
         };
+        if let Some(srq) = srq {
+            // Receives come from the SRQ: the QP has no receive queue of its own.
+            attr.srq = srq.as_ptr();
+            attr.cap.max_recv_wr = 0;
+            attr.cap.max_recv_sge = 0;
+        }
         // SAFETY: valid id, PD and CQs of the id's device; the caller keeps PD and CQs alive
         // for as long as this id (the endpoint holds Arcs of them).
         check(unsafe { r::rdma_create_qp(self.id.as_ptr(), pd.as_ptr(), &mut attr) })?;
+        if let Some(srq) = srq {
+            let _ = self.srq.set(srq.clone());
+        }
         let got = QpCaps {
             max_send_wr: attr.cap.max_send_wr,
             max_recv_wr: attr.cap.max_recv_wr,

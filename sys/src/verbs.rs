@@ -1251,3 +1251,87 @@ fn first_unposted<T>(bad: *mut T, base: *mut T, n: usize) -> usize {
     let k = unsafe { bad.offset_from(base) };
     usize::try_from(k).unwrap_or(0).min(n)
 }
+
+/// A shared receive queue: receives posted once, consumed by whichever of its queue pairs
+/// a message arrives on (the verbs object behind `fi_srx_context` on MSG endpoints).
+#[derive(Debug)]
+pub struct Srq {
+    srq: NonNull<r::ibv_srq>,
+    max_wr: u32,
+    max_sge: u32,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: posting to an SRQ is thread-safe in rdma-core providers; freed only in Drop.
+unsafe impl Send for Srq {}
+// SAFETY: as above.
+unsafe impl Sync for Srq {}
+
+impl Srq {
+    /// Creates an SRQ of at least `max_wr` receives of up to `max_sge` elements.
+    pub fn new(pd: &Arc<ProtectionDomain>, max_wr: u32, max_sge: u32) -> Result<Arc<Self>, i32> {
+        // SAFETY: plain data; zero is valid.
+        let mut attr: r::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        attr.attr.max_wr = max_wr;
+        attr.attr.max_sge = max_sge;
+        // SAFETY: valid PD; attr initialised; the SRQ holds the PD alive.
+        let srq = unsafe { r::ibv_create_srq(pd.as_ptr(), &mut attr) };
+        let srq = NonNull::new(srq).ok_or_else(last_errno)?;
+        Ok(Arc::new(Srq {
+            srq,
+            max_wr: attr.attr.max_wr,
+            max_sge: attr.attr.max_sge.max(max_sge),
+            _pd: pd.clone(),
+        }))
+    }
+
+    /// Receives the SRQ holds at most, as granted.
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    /// Posts one receive into the memory named by `sges` (checked by the device).
+    #[inline]
+    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
+        if sges.len() > self.max_sge as usize {
+            return Err(libc::E2BIG);
+        }
+        // SAFETY: ibv_recv_wr is plain data.
+        let mut wr: r::ibv_recv_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = sges.as_ptr() as *mut r::ibv_sge;
+        wr.num_sge = sges.len() as i32;
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid SRQ; the SGEs name registered memory, checked by the device.
+        let rc = unsafe { r::ibv_post_srq_recv(self.srq.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            Err(rc.abs())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Posts one receive scattered over several ranges of registered regions.
+    pub fn post_recv_iov(&self, wr_id: u64, iov: &[MrSlice<'_>]) -> Result<(), i32> {
+        let mut sges = [Sge::default(); MAX_IOV];
+        let (n, _) = fill_sges(&mut sges, iov, self.max_sge)?;
+        self.post_recv(wr_id, &sges[..n])
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut r::ibv_srq {
+        self.srq.as_ptr()
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: ours; every QP using it holds an Arc of it, so none is left.
+        let rc = unsafe { r::ibv_destroy_srq(self.srq.as_ptr()) };
+        if rc != 0 {
+            warn(&format!(
+                "ibv_destroy_srq failed: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ));
+        }
+    }
+}
