@@ -633,13 +633,6 @@ fn sendmsg_flags_are_checked_per_the_man_page() {
         errno::EINVAL
     );
     assert_eq!(
-        p.server
-            .recvmsg(&m, 0, 8, 1, Flags::MULTI_RECV)
-            .unwrap_err()
-            .errno(),
-        errno::ENOSYS
-    );
-    assert_eq!(
         p.client.send(&m, 0, 8, 1 << 63).unwrap_err().errno(),
         errno::EINVAL,
         "reserved context bit"
@@ -819,7 +812,7 @@ fn endpoint_options_follow_fi_endpoint_3() {
         "read-only"
     );
     assert_eq!(
-        p.client.getopt(EpOpt::MinMultiRecv).unwrap_err().errno(),
+        p.client.getopt(EpOpt::BufferedMin).unwrap_err().errno(),
         errno::ENOPROTOOPT
     );
     assert_eq!(
@@ -1176,4 +1169,91 @@ fn a_shared_receive_context_feeds_several_endpoints() {
     rx.read_at(40000, &mut a).unwrap();
     rx.read_at(50000, &mut b).unwrap();
     assert!([a, b].concat() == m, "scattered over the two ranges");
+}
+
+#[test]
+fn multi_recv_packs_messages_into_one_buffer_and_releases_it() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    assert_eq!(p.server.getopt(EpOpt::MinMultiRecv).unwrap(), 64);
+    p.server.setopt(EpOpt::MinMultiRecv, 1000).unwrap();
+    assert_eq!(p.server.getopt(EpOpt::MinMultiRecv).unwrap(), 1000);
+    let rx = MemoryRegion::alloc(&p.domain, 64 * 1024, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 64 * 1024, Flags::SEND).unwrap();
+    rx.fill(0, 64 * 1024, 0xee).unwrap();
+    // A 10000-byte buffer, and a plain receive posted behind it.
+    p.server
+        .recvmsg(&rx, 1000, 10000, 7, Flags::MULTI_RECV)
+        .unwrap();
+    p.server.recv(&rx, 40000, 4096, 8).unwrap();
+    assert_eq!(
+        p.server.recvv(&[(&rx, 0, 8)], 9).unwrap_err().errno(),
+        errno::EOPBADSTATE,
+        "a vectored receive cannot wait behind the buffer"
+    );
+    // Sent back to back: each waits (receiver not ready) until the rest is posted again.
+    let sizes = [100usize, 3000, 1, 0, 2500, 2000, 1500, 700];
+    let msgs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| pattern(*n, i as u8 + 1))
+        .collect();
+    let mut off = 0;
+    for (i, m) in msgs.iter().enumerate() {
+        tx.write_at(off, m).unwrap();
+        p.client.send(&tx, off, m.len(), 100 + i as u64).unwrap();
+        off += m.len().max(1);
+    }
+    // 10000 - (100 + 3000 + 1 + 0 + 2500 + 2000 + 1500) = 899 < 1000: released after the 7th.
+    let mut at = 1000;
+    for (i, m) in msgs.iter().enumerate().take(7) {
+        let e = wait_one(&p.server_cq);
+        let f = Flags::from_bits_retain(e.flags);
+        assert_eq!((e.op_context, e.len), (7, m.len()), "message {i}");
+        assert_eq!(
+            e.buf,
+            rx.addr() + at as u64,
+            "message {i} packed after the previous"
+        );
+        assert_eq!(
+            f.contains(Flags::MULTI_RECV),
+            i == 6,
+            "released with the 7th: {f:?}"
+        );
+        assert!(f.contains(Flags::RECV | Flags::MSG));
+        let mut got = vec![0u8; m.len()];
+        rx.read_at(at, &mut got).unwrap();
+        assert!(&got == m, "message {i} bytes");
+        at += m.len();
+    }
+    let mut tail = [0u8; 1];
+    rx.read_at(at, &mut tail).unwrap();
+    assert_eq!(tail[0], 0xee, "nothing written past the last message");
+    let e = wait_one(&p.server_cq);
+    assert_eq!(
+        (e.op_context, e.len),
+        (8, 700),
+        "the receive behind the buffer"
+    );
+    assert_eq!(
+        Flags::from_bits_retain(e.flags) & Flags::MULTI_RECV,
+        Flags::empty()
+    );
+    let mut got = vec![0u8; 700];
+    rx.read_at(40000, &mut got).unwrap();
+    assert!(got == msgs[7]);
+    for i in 0..msgs.len() {
+        assert_eq!(wait_one(&p.client_cq).op_context, 100 + i as u64);
+    }
+    // Shutdown cancels a buffer still posted and the receive behind it, in order.
+    p.server
+        .recvmsg(&rx, 0, 8192, 20, Flags::MULTI_RECV)
+        .unwrap();
+    p.server.recv(&rx, 40000, 64, 21).unwrap();
+    p.server.shutdown().unwrap();
+    let a = wait_err(&p.server_cq);
+    assert_eq!((a.op_context, a.err), (20, errno::ECANCELED));
+    assert!(Flags::from_bits_retain(a.flags).contains(Flags::MULTI_RECV));
+    let b = wait_err(&p.server_cq);
+    assert_eq!((b.op_context, b.err), (21, errno::ECANCELED));
 }

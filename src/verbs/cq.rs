@@ -11,7 +11,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -156,7 +156,20 @@ pub struct CompletionQueue {
     waiter: Option<Waiter>,
     attr: CqAttr,
     max_cqe: u32,
+    /// Endpoints whose `FI_MULTI_RECV` buffers complete here, by token (few: a scan).
+    multi_recv: Mutex<Vec<(u64, Weak<dyn MultiRecvOwner>)>>,
     _domain: Arc<Domain>,
+}
+
+/// An endpoint that turns the device completions of its multi-receive buffer into CQ
+/// entries: it knows where in the buffer each message landed, and posts the rest again.
+pub(crate) trait MultiRecvOwner: Send + Sync {
+    /// The entry for one completion (`Err` for a failure); `None` when nothing is reported.
+    /// A failure comes with the cancellations of the receives that waited behind it.
+    fn multi_recv_completion(
+        &self,
+        wc: &WorkCompletion,
+    ) -> Option<std::result::Result<CqEntry, Vec<CqErrEntry>>>;
 }
 
 /// libfabric errno for a failed work completion.
@@ -352,6 +365,7 @@ impl CompletionQueue {
             waiter,
             attr,
             max_cqe,
+            multi_recv: Mutex::new(Vec::new()),
             _domain: domain.clone(),
         }))
     }
@@ -475,7 +489,20 @@ impl CompletionQueue {
             if wr_id::is_suppressed(w.wr_id()) {
                 continue;
             }
-            out[n] = E::from_tagged(&to_entry(w));
+            let entry = if wr_id::is_multi_recv(w.wr_id()) {
+                match self.multi_recv(w) {
+                    Some(Ok(e)) => e,
+                    Some(Err(v)) => {
+                        // Staged behind: the rest of this poll follows it there.
+                        self.stage_multi_err(v, &wcs[i + 1..]);
+                        return Ok((n, wcs.len()));
+                    }
+                    None => continue,
+                }
+            } else {
+                to_entry(w)
+            };
+            out[n] = E::from_tagged(&entry);
             if let Some(s) = src.as_deref_mut() {
                 s[n] = FI_ADDR_NOTAVAIL;
             }
@@ -489,9 +516,66 @@ impl CompletionQueue {
     fn stage(&self, wcs: &[WorkCompletion]) {
         let mut s = self.state();
         for w in wcs {
-            stage_one(&mut s, w);
+            if wr_id::is_multi_recv(w.wr_id()) {
+                let r = match self.multi_recv(w) {
+                    Some(Ok(e)) => s.push_entry(e),
+                    Some(Err(v)) => v.into_iter().try_for_each(|e| s.push_error(e)),
+                    None => Ok(()),
+                };
+                if let Err(e) = r {
+                    crate::fi_warn!("cq", "{e}");
+                }
+            } else {
+                stage_one(&mut s, w);
+            }
         }
         self.staged.store(s.len(), Ordering::SeqCst);
+    }
+
+    #[cold]
+    fn stage_multi_err(&self, v: Vec<CqErrEntry>, rest: &[WorkCompletion]) {
+        {
+            let mut s = self.state();
+            if let Err(err) = v.into_iter().try_for_each(|e| s.push_error(e)) {
+                crate::fi_warn!("cq", "{err}");
+            }
+            self.staged.store(s.len(), Ordering::SeqCst);
+        }
+        self.stage(rest);
+    }
+
+    /// The entry for a completion of an `FI_MULTI_RECV` buffer, from its endpoint.
+    #[cold]
+    fn multi_recv(
+        &self,
+        w: &WorkCompletion,
+    ) -> Option<std::result::Result<CqEntry, Vec<CqErrEntry>>> {
+        let token = wr_id::context(w.wr_id());
+        let owner = lock(&self.multi_recv)
+            .iter()
+            .find(|(t, _)| *t == token)
+            .and_then(|(_, o)| o.upgrade());
+        match owner {
+            Some(o) => o.multi_recv_completion(w),
+            None => {
+                crate::fi_debug!(
+                    "cq",
+                    "multi-receive completion of a closed endpoint dropped"
+                );
+                None
+            }
+        }
+    }
+
+    /// Routes the multi-receive completions carrying `token` to `owner`.
+    pub(crate) fn register_multi_recv(&self, token: u64, owner: Weak<dyn MultiRecvOwner>) {
+        let mut v = lock(&self.multi_recv);
+        v.retain(|(t, o)| *t != token && o.strong_count() > 0);
+        v.push((token, owner));
+    }
+
+    pub(crate) fn unregister_multi_recv(&self, token: u64) {
+        lock(&self.multi_recv).retain(|(t, _)| *t != token);
     }
 
     /// Moves device completions into the software queue, in order, until the flush of the
@@ -895,4 +979,8 @@ mod tests {
             assert_eq!((e.op_context, e.err, e.prov_errno), (9, err, status as i32));
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

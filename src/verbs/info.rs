@@ -102,7 +102,7 @@ fn inline_size(dev: &Device) -> Result<usize> {
 /// The MSG endpoint info a device offers, before addresses and hints.
 pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
     let a = &dev.attr;
-    let caps = Flags::MSG | Flags::SEND | Flags::RECV;
+    let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::MULTI_RECV;
     let max_msg = dev.port.max_msg_sz as usize;
     let prefix = u64::from_be_bytes(dev.gid0[..8].try_into().expect("8 bytes"));
     let mut i = Info {
@@ -121,7 +121,7 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         ..Default::default()
     };
     i.rx_attr = RxAttr {
-        caps: Flags::MSG | Flags::RECV,
+        caps: Flags::MSG | Flags::RECV | Flags::MULTI_RECV,
         msg_order: RC_MSG_ORDER,
         comp_order: fi::FI_ORDER_STRICT,
         size: a.max_qp_wr as usize,

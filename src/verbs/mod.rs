@@ -10,6 +10,7 @@ pub mod fabric;
 pub mod info;
 pub mod mr;
 pub mod msg_ep;
+pub(crate) mod multi_recv;
 pub mod pep;
 pub mod srx;
 pub(crate) mod wr_id;

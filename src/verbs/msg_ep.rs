@@ -1,21 +1,23 @@
 //! Connected (`FI_EP_MSG`) endpoints on RC queue pairs.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
 use rfabric_sys::verbs::{
-    send_flags, MrSlice, QpCaps, QpHandle, RecvChain, SendChain, Sge, MAX_IOV,
+    send_flags, MrSlice, QpCaps, QpHandle, RecvChain, SendChain, Sge, WorkCompletion, MAX_IOV,
 };
 
 use crate::core::addr::{fill_name, sockaddr_bytes};
-use crate::core::cq::CqErrEntry;
+use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
+use crate::verbs::cq::MultiRecvOwner;
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
+use crate::verbs::multi_recv::{MultiBuf, MultiRecvQueue, DEFAULT_MIN_MULTI_RECV};
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{os_err, CompletionQueue, Domain, EventQueue, MemoryRegion, SharedRxContext};
 
@@ -60,6 +62,11 @@ pub(crate) struct EpShared {
     recv_chain: Mutex<RecvChain>,
     send_chained: AtomicBool,
     recv_chained: AtomicBool,
+    /// `FI_MULTI_RECV` buffers and the receives behind them; `multi_active` says (without
+    /// the lock) whether receives must queue there.
+    multi: Mutex<MultiRecvQueue>,
+    multi_active: AtomicBool,
+    min_multi_recv: AtomicUsize,
     ctl: Mutex<Control>,
     max_msg_size: usize,
     info: Info,
@@ -75,6 +82,24 @@ impl EpShared {
         let _ = self
             .state
             .compare_exchange(IDLE, CONNECTED, Ordering::AcqRel, Ordering::Acquire);
+        // rdma_cm leaves min_rnr_timer at 0, which is 655 ms: a sender that finds no
+        // receive posted would stall that long. Ask for a short retry instead.
+        if let Some(qp) = self.id.qp() {
+            let code = min_rnr_timer();
+            if let Err(e) = qp.set_min_rnr_timer(code) {
+                crate::fi_debug!("ep", "min_rnr_timer {code} not set: errno {e}");
+            }
+        }
+    }
+
+    /// The endpoint's own work request context, unique among live endpoints (its address).
+    fn token(&self) -> u64 {
+        (self as *const Self as u64) & wr_id::CONTEXT
+    }
+
+    /// Receives in flight at most: the queue pair's receive depth.
+    fn rx_depth(&self) -> usize {
+        self.caps.get().map_or(0, |c| c.max_recv_wr as usize)
     }
 
     /// Records a disconnect; true when the peer started it (so `FI_SHUTDOWN` is due).
@@ -97,8 +122,22 @@ impl EpShared {
     }
 }
 
+impl MultiRecvOwner for EpShared {
+    fn multi_recv_completion(
+        &self,
+        wc: &WorkCompletion,
+    ) -> Option<std::result::Result<CqEntry, Vec<CqErrEntry>>> {
+        let mut m = lock(&self.multi);
+        let min = self.min_multi_recv.load(Ordering::Relaxed);
+        let r = m.completion(self.id.qp(), self.token(), wc, min);
+        self.multi_active.store(!m.is_idle(), Ordering::Release);
+        r
+    }
+}
+
 impl Drop for EpShared {
     fn drop(&mut self) {
+        let token = self.token();
         let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(eq) = c.eq.take() {
             eq.unregister(self.id.ident());
@@ -110,8 +149,17 @@ impl Drop for EpShared {
         if let Some(cq) = &c.rx_cq {
             cq.release(c.reserved.1);
             cq.unbind();
+            cq.unregister_multi_recv(token);
         }
     }
+}
+
+/// `FI_RVERBS_MIN_RNR_TIMER`: the IB code of the receiver-not-ready delay (12 = 0.64 ms).
+fn min_rnr_timer() -> u8 {
+    crate::core::env::get_usize_or("FI_RVERBS_MIN_RNR_TIMER", 12)
+        .ok()
+        .filter(|v| *v <= 31)
+        .unwrap_or(12) as u8
 }
 
 /// A connected endpoint (`fi_endpoint` with `FI_EP_MSG`).
@@ -184,6 +232,9 @@ impl MsgEndpoint {
                 recv_chain: Mutex::default(),
                 send_chained: AtomicBool::new(false),
                 recv_chained: AtomicBool::new(false),
+                multi: Mutex::default(),
+                multi_active: AtomicBool::new(false),
+                min_multi_recv: AtomicUsize::new(DEFAULT_MIN_MULTI_RECV),
                 ctl: Mutex::new(Control::default()),
                 max_msg_size,
                 info: info.clone(),
@@ -421,14 +472,28 @@ impl MsgEndpoint {
             (c.tx_cq.clone(), c.rx_cq.clone())
         };
         // The endpoint's address is unique among live endpoints: a marker no other can post.
-        let token = (Arc::as_ptr(&self.shared) as u64) & wr_id::CONTEXT;
-        let marker = wr_id::encode(token, Kind::Marker, true);
+        let marker = wr_id::encode(self.shared.token(), Kind::Marker, true);
         let wait = std::time::Duration::from_secs(2);
         let mut done = true;
         // A shared receive queue is not the endpoint's to flush.
         if let Some(rx) = rx.filter(|_| self.shared.srx.get().is_none()) {
             done &=
                 qp.post_recv(marker, &[]).is_ok() && rx.flush_until(marker, wait).unwrap_or(false);
+            // The flush of a multi-receive buffer cancels what waited behind it; anything
+            // still waiting (a buffer not flushed in time) is canceled here.
+            let left = lock(&self.shared.multi).take_backlog();
+            for (context, flags) in left {
+                let e = CqErrEntry {
+                    op_context: context,
+                    flags: flags.bits(),
+                    err: errno::ECANCELED,
+                    prov_errno: 0,
+                    ..Default::default()
+                };
+                if let Err(err) = rx.writeerr(e) {
+                    crate::fi_warn!("ep", "shutdown: a cancellation was lost: {err}");
+                }
+            }
         }
         if let Some(tx) = tx {
             done &= qp
@@ -449,6 +514,7 @@ impl MsgEndpoint {
         let granted = self.shared.caps.get();
         match opt {
             EpOpt::CmDataSize => Ok(CM_DATA_SIZE),
+            EpOpt::MinMultiRecv => Ok(self.shared.min_multi_recv.load(Ordering::Relaxed)),
             EpOpt::TxSize => Ok(granted
                 .map_or(c.tx_size.unwrap_or(self.shared.info.tx_attr.size), |g| {
                     g.max_send_wr as usize
@@ -477,6 +543,10 @@ impl MsgEndpoint {
             )),
             EpOpt::TxSize => {
                 c.tx_size = Some(value);
+                Ok(())
+            }
+            EpOpt::MinMultiRecv => {
+                self.shared.min_multi_recv.store(value, Ordering::Relaxed);
                 Ok(())
             }
             EpOpt::RxSize => {
@@ -658,6 +728,12 @@ impl MsgEndpoint {
         let slices = iov_slices(&self.shared.domain, iov)?;
         let id = self.recv_id(context, self.shared.info.rx_attr.op_flags)?;
         let qp = self.qp()?;
+        if self.shared.multi_active.load(Ordering::Acquire) {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "a vectored receive cannot queue behind an FI_MULTI_RECV buffer: post it once the buffer is released",
+            ));
+        }
         self.ring_recvs(qp)?;
         qp.post_recv_iov(id, &slices.0[..slices.1])
             .map_err(|e| iov_error(e, "receive", iov.len()))
@@ -839,20 +915,53 @@ impl MsgEndpoint {
                 "FI_CLAIM / FI_DISCARD need FI_BUFFERED_RECV, which MSG endpoints do not offer",
             ));
         }
-        if flags.contains(Flags::MULTI_RECV) {
-            return Err(Error::new(
-                errno::ENOSYS,
-                "FI_MULTI_RECV is not implemented yet",
-            ));
-        }
-        let known = Flags::COMPLETION | Flags::MORE;
+        let known = Flags::COMPLETION | Flags::MORE | Flags::MULTI_RECV;
         if !(flags - known).is_empty() {
             return Err(Error::new(
                 errno::EBADFLAGS,
                 format!("receive flags {:?} are not supported", flags - known),
             ));
         }
+        if flags.contains(Flags::MULTI_RECV) {
+            return self.post_multi_recv(mr, offset, len, context, flags);
+        }
         self.post_recv(mr, offset, len, context, flags)
+    }
+
+    /// `FI_MULTI_RECV`: messages are packed into `len` bytes at `offset` of `mr`, each
+    /// completion's `buf` saying where; the one that leaves less than
+    /// `FI_OPT_MIN_MULTI_RECV` free carries `FI_MULTI_RECV` (the buffer is released).
+    fn post_multi_recv(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        self.check_mr(mr)?;
+        mr.sys()
+            .sge(offset, len)
+            .ok_or_else(|| mr.range_error(offset, len))?;
+        self.recv_id(context, flags)?;
+        let qp = self.qp()?;
+        self.ring_recvs(qp)?;
+        let sh = &self.shared;
+        if let Some(rx) = sh.ctl().rx_cq.clone() {
+            let owner: Arc<dyn MultiRecvOwner> = sh.clone();
+            rx.register_multi_recv(sh.token(), Arc::downgrade(&owner));
+        }
+        let buf = MultiBuf {
+            mr: mr.clone(),
+            next: offset,
+            end: offset + len,
+            context,
+            suppress: sh.rx_selective.load(Ordering::Relaxed) && !flags.contains(Flags::COMPLETION),
+        };
+        let mut m = lock(&sh.multi);
+        let r = m.post_multi(qp, sh.token(), buf, sh.rx_depth());
+        sh.multi_active.store(!m.is_idle(), Ordering::Release);
+        r
     }
 
     #[inline]
@@ -871,11 +980,26 @@ impl MsgEndpoint {
             .ok_or_else(|| mr.range_error(offset, len))?;
         let id = self.recv_id(context, flags)?;
         let qp = self.qp()?;
+        if self.shared.multi_active.load(Ordering::Acquire) {
+            return self.queue_behind_multi(qp, id, sge);
+        }
         if flags.contains(Flags::MORE) || self.shared.recv_chained.load(Ordering::Acquire) {
             return self.chain_recv(qp, id, sge, flags.contains(Flags::MORE));
         }
         qp.post_recv(id, &[sge])
             .map_err(|e| post_error(e, "receive"))
+    }
+
+    /// A receive posted while a multi-receive buffer is active waits behind it.
+    #[cold]
+    fn queue_behind_multi(&self, qp: &QpHandle, id: u64, sge: Sge) -> Result<()> {
+        self.ring_recvs(qp)?;
+        let mut m = lock(&self.shared.multi);
+        let r = m.post_recv(qp, id, sge, self.shared.rx_depth());
+        self.shared
+            .multi_active
+            .store(!m.is_idle(), Ordering::Release);
+        r
     }
 
     /// `FI_MORE` on a send: chain it, and post the chain with one doorbell once a send

@@ -24,6 +24,8 @@ pub(crate) enum Kind {
     Recv = 3,
     /// Posted by `shutdown` behind everything else; its flush says the queue is empty.
     Marker = 4,
+    /// The posted part of an `FI_MULTI_RECV` buffer; the context names its endpoint.
+    MultiRecv = 5,
 }
 
 /// Rejects contexts that use the reserved top byte instead of corrupting them.
@@ -58,12 +60,18 @@ pub(crate) fn is_marker(wr_id: u64) -> bool {
     (wr_id >> KIND_SHIFT) & 0x7f == Kind::Marker as u64
 }
 
+#[inline(always)]
+pub(crate) fn is_multi_recv(wr_id: u64) -> bool {
+    (wr_id >> KIND_SHIFT) & 0x7f == Kind::MultiRecv as u64
+}
+
 /// Completion flags of the operation, for its error entry.
 pub(crate) fn flags(wr_id: u64) -> Flags {
     match (wr_id >> KIND_SHIFT) & 0x7f {
         k if k == Kind::Send as u64 => Flags::MSG | Flags::SEND,
         k if k == Kind::SendData as u64 => Flags::MSG | Flags::SEND | Flags::REMOTE_CQ_DATA,
         k if k == Kind::Recv as u64 => Flags::MSG | Flags::RECV,
+        k if k == Kind::MultiRecv as u64 => Flags::MSG | Flags::RECV | Flags::MULTI_RECV,
         _ => Flags::empty(),
     }
 }

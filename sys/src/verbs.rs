@@ -1335,3 +1335,21 @@ impl Drop for Srq {
         }
     }
 }
+
+impl QpHandle {
+    /// Sets the receiver-not-ready delay this QP asks senders to wait (`min_rnr_timer`, the
+    /// IB 5-bit encoding: 1 = 0.01 ms … 12 = 0.64 ms … 0 = 655 ms). Valid once connected.
+    pub fn set_min_rnr_timer(&self, code: u8) -> Result<(), i32> {
+        // SAFETY: plain data; zero is valid.
+        let mut attr: r::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.min_rnr_timer = code & 0x1f;
+        let mask = r::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32;
+        // SAFETY: valid QP; attr initialised for the masked field.
+        let rc = unsafe { r::ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask) };
+        if rc != 0 {
+            Err(rc.abs())
+        } else {
+            Ok(())
+        }
+    }
+}
