@@ -920,6 +920,10 @@ impl Waitable for CompletionQueue {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -979,8 +983,4 @@ mod tests {
             assert_eq!((e.op_context, e.err, e.prov_errno), (9, err, status as i32));
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
