@@ -38,6 +38,11 @@ pub const KNOBS: &[Knob] = &[
         help: "largest send carried inline in the work request (inject_size)",
     },
     Knob {
+        name: "FI_RVERBS_MIN_RNR_TIMER",
+        default: "12 (0.64 ms)",
+        help: "IB code (0-31) of the receiver-not-ready delay an RC endpoint asks senders to wait",
+    },
+    Knob {
         name: "FI_RVERBS_CM_TIMEOUT_MS",
         default: "2000",
         help: "address and route resolution timeout of rdma_cm",

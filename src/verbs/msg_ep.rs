@@ -772,8 +772,9 @@ impl MsgEndpoint {
     /// `fi_sendmsg`: a send with per-operation flags. `FI_COMPLETION` asks for a completion
     /// under selective completion; `FI_INJECT` sends inline (at most `inject_size` bytes)
     /// so the buffer is free on return; `FI_REMOTE_CQ_DATA` carries `data`; `FI_FENCE`
-    /// waits for earlier operations; `FI_MORE` and the completion levels are accepted
-    /// (every level is met, see the README). `FI_MULTICAST`, `FI_CLAIM` and `FI_DISCARD`
+    /// waits for earlier operations; `FI_MORE` chains it for one doorbell with the next
+    /// send without `FI_MORE`; the completion levels are accepted (every level is met on
+    /// RC, see the README). `FI_MULTICAST`, `FI_CLAIM` and `FI_DISCARD`
     /// do not apply to a MSG endpoint's sends: `EINVAL`.
     pub fn sendmsg(
         &self,
@@ -898,9 +899,9 @@ impl MsgEndpoint {
         self.post_recv(mr, offset, len, context, self.shared.info.rx_attr.op_flags)
     }
 
-    /// `fi_recvmsg`: a receive with per-operation flags (`FI_COMPLETION` under selective
-    /// completion). `FI_CLAIM` / `FI_DISCARD` need buffered receives, which MSG endpoints
-    /// do not offer, and `FI_MULTI_RECV` is not implemented yet: `EINVAL` / `ENOSYS`.
+    /// `fi_recvmsg`: a receive with per-operation flags: `FI_COMPLETION` under selective
+    /// completion, `FI_MORE` (chained, one doorbell), `FI_MULTI_RECV`. `FI_CLAIM` /
+    /// `FI_DISCARD` need buffered receives, which MSG endpoints do not offer: `EINVAL`.
     pub fn recvmsg(
         &self,
         mr: &MemoryRegion,
