@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
 use rfabric_sys::verbs::{
-    send_flags, MrSlice, QpCaps, QpHandle, RecvChain, SendChain, Sge, WorkCompletion, MAX_IOV,
+    send_flags, Chain, ChainLink, MrSlice, QpCaps, QpHandle, RecvChain, SendChain, Sge,
+    WorkCompletion, MAX_IOV,
 };
 
 use crate::core::addr::{fill_name, sockaddr_bytes};
@@ -910,19 +911,7 @@ impl MsgEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        if flags.intersects(Flags::CLAIM | Flags::DISCARD) {
-            return Err(Error::new(
-                errno::EINVAL,
-                "FI_CLAIM / FI_DISCARD need FI_BUFFERED_RECV, which MSG endpoints do not offer",
-            ));
-        }
-        let known = Flags::COMPLETION | Flags::MORE | Flags::MULTI_RECV;
-        if !(flags - known).is_empty() {
-            return Err(Error::new(
-                errno::EBADFLAGS,
-                format!("receive flags {:?} are not supported", flags - known),
-            ));
-        }
+        check_recv_flags(flags, Flags::MULTI_RECV)?;
         if flags.contains(Flags::MULTI_RECV) {
             return self.post_multi_recv(mr, offset, len, context, flags);
         }
@@ -940,10 +929,7 @@ impl MsgEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        self.check_mr(mr)?;
-        mr.sys()
-            .sge(offset, len)
-            .ok_or_else(|| mr.range_error(offset, len))?;
+        region_sge(mr, &self.shared.domain, offset, len)?;
         self.recv_id(context, flags)?;
         let qp = self.qp()?;
         self.ring_recvs(qp)?;
@@ -974,11 +960,7 @@ impl MsgEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        self.check_mr(mr)?;
-        let sge = mr
-            .sys()
-            .sge(offset, len)
-            .ok_or_else(|| mr.range_error(offset, len))?;
+        let sge = region_sge(mr, &self.shared.domain, offset, len)?;
         let id = self.recv_id(context, flags)?;
         let qp = self.qp()?;
         if self.shared.multi_active.load(Ordering::Acquire) {
@@ -1019,7 +1001,7 @@ impl MsgEndpoint {
     ) -> Result<()> {
         let mut ch = lock(&self.shared.send_chain);
         if ch.is_full() {
-            self.post_chained_sends(qp, &mut ch, false)?;
+            self.post_chained(qp, &mut ch, false)?;
         }
         qp.chain_send(&mut ch, id, mr.sys(), offset, len, vflags, imm)
             .map_err(|e| {
@@ -1029,50 +1011,83 @@ impl MsgEndpoint {
                     post_error(e, "send")
                 }
             })?;
+        self.end_batch(qp, &mut ch, more, &self.shared.send_chained)
+    }
+
+    /// After appending to a chain: posts it unless `more`, and records whether it is open.
+    fn end_batch<W: ChainLink>(
+        &self,
+        qp: &QpHandle,
+        ch: &mut Chain<W>,
+        more: bool,
+        open: &AtomicBool,
+    ) -> Result<()> {
         let r = if more {
             Ok(())
         } else {
-            self.post_chained_sends(qp, &mut ch, true)
-                .inspect_err(|_| ch.pop())
+            self.post_chained(qp, ch, true).inspect_err(|_| ch.pop())
         };
-        self.shared
-            .send_chained
-            .store(!ch.is_empty(), Ordering::Release);
+        open.store(!ch.is_empty(), Ordering::Release);
         r
     }
 
-    /// Posts the chained sends. When the device takes only some, the rest stay chained
-    /// for the next post (after a full queue, `-FI_EAGAIN`); on any other failure they
-    /// complete in error, so no accepted send is lost without a word. `own`: the newest
-    /// entry is the caller's, reported by the returned error instead.
-    fn post_chained_sends(&self, qp: &QpHandle, ch: &mut SendChain, own: bool) -> Result<()> {
-        match qp.post_send_chain(ch) {
+    /// Posts a chain. When the device takes only some, the rest stay chained for the next
+    /// post (after a full queue, `-FI_EAGAIN`); on any other failure they complete in
+    /// error, so no accepted operation is lost without a word. `own`: the newest entry is
+    /// the caller's, reported by the returned error instead.
+    fn post_chained<W: ChainLink>(
+        &self,
+        qp: &QpHandle,
+        ch: &mut Chain<W>,
+        own: bool,
+    ) -> Result<()> {
+        let recv = W::RECEIVE;
+        let what = if recv { "receive" } else { "send" };
+        match qp.post_chain(ch) {
             Ok(()) => Ok(()),
-            Err(e) if e == libc::ENOMEM || e == libc::EAGAIN => Err(post_error(e, "send")),
+            Err(e) if e == libc::ENOMEM || e == libc::EAGAIN => Err(post_error(e, what)),
             Err(e) => {
-                let cq = self.shared.ctl().tx_cq.clone();
+                let cq = {
+                    let c = self.shared.ctl();
+                    if recv {
+                        c.rx_cq.clone()
+                    } else {
+                        c.tx_cq.clone()
+                    }
+                };
                 self.abandon(
                     cq.as_deref(),
                     ch.pending().take(ch.len() - usize::from(own)),
                     e,
                 );
                 ch.clear();
-                Err(post_error(e, "send"))
+                Err(post_error(e, what))
             }
         }
     }
 
-    /// Posts any sends still chained, before an operation that must not pass them.
-    fn ring_sends(&self, qp: &QpHandle) -> Result<()> {
-        if !self.shared.send_chained.load(Ordering::Acquire) {
+    /// Posts what `chain` holds, before an operation that must not pass it.
+    fn ring<W: ChainLink>(
+        &self,
+        qp: &QpHandle,
+        chain: &Mutex<Chain<W>>,
+        open: &AtomicBool,
+    ) -> Result<()> {
+        if !open.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut ch = lock(&self.shared.send_chain);
-        let r = self.post_chained_sends(qp, &mut ch, false);
-        self.shared
-            .send_chained
-            .store(!ch.is_empty(), Ordering::Release);
+        let mut ch = lock(chain);
+        let r = self.post_chained(qp, &mut ch, false);
+        open.store(!ch.is_empty(), Ordering::Release);
         r
+    }
+
+    fn ring_sends(&self, qp: &QpHandle) -> Result<()> {
+        self.ring(qp, &self.shared.send_chain, &self.shared.send_chained)
+    }
+
+    fn ring_recvs(&self, qp: &QpHandle) -> Result<()> {
+        self.ring(qp, &self.shared.recv_chain, &self.shared.recv_chained)
     }
 
     /// `FI_MORE` on a receive: chain it; the chain is posted when a receive without
@@ -1080,48 +1095,11 @@ impl MsgEndpoint {
     fn chain_recv(&self, qp: &QpHandle, id: u64, sge: Sge, more: bool) -> Result<()> {
         let mut ch = lock(&self.shared.recv_chain);
         if ch.is_full() {
-            self.post_chained_recvs(qp, &mut ch, false)?;
+            self.post_chained(qp, &mut ch, false)?;
         }
-        ch.push(id, sge).map_err(|e| post_error(e, "receive"))?;
-        let r = if more {
-            Ok(())
-        } else {
-            self.post_chained_recvs(qp, &mut ch, true)
-                .inspect_err(|_| ch.pop())
-        };
-        self.shared
-            .recv_chained
-            .store(!ch.is_empty(), Ordering::Release);
-        r
-    }
-
-    fn post_chained_recvs(&self, qp: &QpHandle, ch: &mut RecvChain, own: bool) -> Result<()> {
-        match qp.post_recv_chain(ch) {
-            Ok(()) => Ok(()),
-            Err(e) if e == libc::ENOMEM || e == libc::EAGAIN => Err(post_error(e, "receive")),
-            Err(e) => {
-                let cq = self.shared.ctl().rx_cq.clone();
-                self.abandon(
-                    cq.as_deref(),
-                    ch.pending().take(ch.len() - usize::from(own)),
-                    e,
-                );
-                ch.clear();
-                Err(post_error(e, "receive"))
-            }
-        }
-    }
-
-    fn ring_recvs(&self, qp: &QpHandle) -> Result<()> {
-        if !self.shared.recv_chained.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let mut ch = lock(&self.shared.recv_chain);
-        let r = self.post_chained_recvs(qp, &mut ch, false);
-        self.shared
-            .recv_chained
-            .store(!ch.is_empty(), Ordering::Release);
-        r
+        ch.push_recv(id, sge)
+            .map_err(|e| post_error(e, "receive"))?;
+        self.end_batch(qp, &mut ch, more, &self.shared.recv_chained)
     }
 
     /// Writes an error completion for each chained operation the device refused.
@@ -1151,6 +1129,44 @@ impl MsgEndpoint {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Checks a receive's flags: `FI_COMPLETION`, `FI_MORE` and `extra` are understood;
+/// `FI_CLAIM`, `FI_DISCARD` (and `FI_MULTI_RECV` unless in `extra`) need the software
+/// receive engine of RDM endpoints: `EINVAL`; anything else: `EBADFLAGS`.
+pub(crate) fn check_recv_flags(flags: Flags, extra: Flags) -> Result<()> {
+    let refused = (Flags::CLAIM | Flags::DISCARD | Flags::MULTI_RECV) - extra;
+    if flags.intersects(refused) {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!(
+                "receive flags {:?} are not offered here (they need buffered receives)",
+                flags & refused
+            ),
+        ));
+    }
+    let known = Flags::COMPLETION | Flags::MORE | extra;
+    if !(flags - known - refused).is_empty() {
+        return Err(Error::new(
+            errno::EBADFLAGS,
+            format!("receive flags {:?} are not supported", flags - known),
+        ));
+    }
+    Ok(())
+}
+
+/// The element naming `len` bytes at `offset` of `mr`, a region of `domain`.
+#[inline]
+pub(crate) fn region_sge(
+    mr: &MemoryRegion,
+    domain: &Arc<Domain>,
+    offset: usize,
+    len: usize,
+) -> Result<Sge> {
+    check_domain(mr, domain)?;
+    mr.sys()
+        .sge(offset, len)
+        .ok_or_else(|| mr.range_error(offset, len))
 }
 
 /// Checks that `mr` is registered in `domain`.

@@ -8,7 +8,7 @@ use rfabric_sys::verbs::{Srq, MAX_IOV};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::info::RxAttr;
-use crate::verbs::msg_ep::{check_domain, iov_slices};
+use crate::verbs::msg_ep::{check_recv_flags, iov_slices, region_sge};
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{os_err, Domain, Iov, MemoryRegion};
 
@@ -71,12 +71,8 @@ impl SharedRxContext {
     /// Every receive on a shared context completes (see the README).
     #[inline]
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
-        check_domain(mr, &self.domain)?;
         wr_id::check(context)?;
-        let sge = mr
-            .sys()
-            .sge(offset, len)
-            .ok_or_else(|| mr.range_error(offset, len))?;
+        let sge = region_sge(mr, &self.domain, offset, len)?;
         self.srq
             .post_recv(wr_id::encode(context, Kind::Recv, false), &[sge])
             .map_err(|e| srq_error(e, 1))
@@ -102,19 +98,7 @@ impl SharedRxContext {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        if flags.intersects(Flags::MULTI_RECV | Flags::CLAIM | Flags::DISCARD) {
-            return Err(Error::new(
-                errno::EINVAL,
-                "FI_MULTI_RECV / FI_CLAIM / FI_DISCARD are not offered on a verbs shared receive context",
-            ));
-        }
-        let known = Flags::COMPLETION | Flags::MORE;
-        if !(flags - known).is_empty() {
-            return Err(Error::new(
-                errno::EBADFLAGS,
-                format!("receive flags {:?} are not supported", flags - known),
-            ));
-        }
+        check_recv_flags(flags, Flags::empty())?;
         self.recv(mr, offset, len, context)
     }
 }

@@ -994,58 +994,98 @@ impl QpHandle {
         if sges.len() > self.max_recv_sge as usize {
             return Err(libc::EINVAL);
         }
-        // SAFETY: ibv_recv_wr is plain data.
-        let mut wr: r::ibv_recv_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = sges.as_ptr() as *mut r::ibv_sge;
-        wr.num_sge = sges.len() as i32;
+        let mut wr = recv_wr(wr_id, sges);
         let mut bad = ptr::null_mut();
         // SAFETY: valid QP (see post_send_raw); SGEs are device-checked registered memory.
-        let rc = unsafe { r::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
-        }
+        rc_result(unsafe { r::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
     }
 }
 
 /// Most work requests one `FI_MORE` chain holds; a fuller batch is posted early.
 pub const CHAIN_MAX: usize = 32;
 
-/// Sends chained under `FI_MORE` and posted by one `ibv_post_send` (one doorbell) when the
-/// batch ends. Each entry holds its region, so memory an inline entry names is still
-/// there when the CPU copies it at post time.
-pub struct SendChain {
-    wrs: [r::ibv_send_wr; CHAIN_MAX],
+/// A work request type that can be chained: sends (`ibv_send_wr`) or receives (`ibv_recv_wr`).
+pub trait ChainLink: Sized {
+    /// What an entry holds alive until it is posted.
+    type Keep;
+    /// Whether these are receives (else sends).
+    const RECEIVE: bool;
+    fn zeroed() -> Self;
+    fn wr_id(&self) -> u64;
+    fn link(&mut self, sge: *mut Sge, next: *mut Self);
+    /// Posts the chain at `head` on `qp`: `ibv_post_send` or `ibv_post_recv`.
+    ///
+    /// # Safety
+    /// `qp` is a live QP and `head` a linked chain whose elements name registered memory
+    /// (or, inline, memory the chain holds alive).
+    unsafe fn post(qp: *mut r::ibv_qp, head: *mut Self, bad: &mut *mut Self) -> i32;
+}
+
+/// Implements [`ChainLink`] for a verbs work request type and its post function.
+macro_rules! chain_link {
+    ($wr:ty, $keep:ty, $receive:expr, $post:path) => {
+        impl ChainLink for $wr {
+            type Keep = $keep;
+            const RECEIVE: bool = $receive;
+            fn zeroed() -> Self {
+                // SAFETY: verbs work requests are plain data (integers, pointers, unions).
+                unsafe { std::mem::zeroed() }
+            }
+            fn wr_id(&self) -> u64 {
+                self.wr_id
+            }
+            fn link(&mut self, sge: *mut Sge, next: *mut Self) {
+                self.sg_list = sge.cast();
+                self.next = next;
+            }
+            unsafe fn post(qp: *mut r::ibv_qp, head: *mut Self, bad: &mut *mut Self) -> i32 {
+                // SAFETY: the caller's contract.
+                unsafe { $post(qp, head, bad) }
+            }
+        }
+    };
+}
+
+// A send's region is held: inline entries are read by the CPU at post time.
+chain_link!(r::ibv_send_wr, Arc<MemoryRegion>, false, r::ibv_post_send);
+chain_link!(r::ibv_recv_wr, (), true, r::ibv_post_recv);
+
+/// Work requests chained under `FI_MORE` and posted by one call (one doorbell) when the
+/// batch ends. Each has one element; the links are made only at post time.
+pub struct Chain<W: ChainLink> {
+    wrs: [W; CHAIN_MAX],
     sges: [Sge; CHAIN_MAX],
-    keep: [Option<Arc<MemoryRegion>>; CHAIN_MAX],
+    keep: [Option<W::Keep>; CHAIN_MAX],
     len: usize,
 }
 
+/// Sends chained under `FI_MORE`, each holding its region.
+pub type SendChain = Chain<r::ibv_send_wr>;
+/// Receives chained under `FI_MORE`.
+pub type RecvChain = Chain<r::ibv_recv_wr>;
+
 // SAFETY: the pointers inside `wrs` are rebuilt from the chain's own arrays at each post;
 // nothing they name is shared with another thread.
-unsafe impl Send for SendChain {}
+unsafe impl<W: ChainLink> Send for Chain<W> where W::Keep: Send {}
 
-impl std::fmt::Debug for SendChain {
+impl<W: ChainLink> std::fmt::Debug for Chain<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendChain").field("len", &self.len).finish()
+        f.debug_struct("Chain").field("len", &self.len).finish()
     }
 }
 
-impl Default for SendChain {
+impl<W: ChainLink> Default for Chain<W> {
     fn default() -> Self {
-        SendChain {
-            // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of those).
-            wrs: unsafe { std::mem::zeroed() },
+        Chain {
+            wrs: std::array::from_fn(|_| W::zeroed()),
             sges: [Sge::default(); CHAIN_MAX],
-            keep: [const { None }; CHAIN_MAX],
+            keep: std::array::from_fn(|_| None),
             len: 0,
         }
     }
 }
 
-impl SendChain {
+impl<W: ChainLink> Chain<W> {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -1057,7 +1097,7 @@ impl SendChain {
     }
     /// The work request ids waiting to be posted, oldest first.
     pub fn pending(&self) -> impl Iterator<Item = u64> + '_ {
-        self.wrs[..self.len].iter().map(|w| w.wr_id)
+        self.wrs[..self.len].iter().map(|w| w.wr_id())
     }
     /// Drops the newest entry (one whose post failed and is reported to its caller).
     pub fn pop(&mut self) {
@@ -1072,66 +1112,26 @@ impl SendChain {
             self.pop();
         }
     }
-}
 
-/// Receives chained under `FI_MORE`, posted by one `ibv_post_recv` when the batch ends.
-pub struct RecvChain {
-    wrs: [r::ibv_recv_wr; CHAIN_MAX],
-    sges: [Sge; CHAIN_MAX],
-    len: usize,
-}
-
-// SAFETY: as for SendChain: the pointers are rebuilt from the chain's own arrays.
-unsafe impl Send for RecvChain {}
-
-impl std::fmt::Debug for RecvChain {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvChain").field("len", &self.len).finish()
-    }
-}
-
-impl Default for RecvChain {
-    fn default() -> Self {
-        RecvChain {
-            // SAFETY: ibv_recv_wr is plain data.
-            wrs: unsafe { std::mem::zeroed() },
-            sges: [Sge::default(); CHAIN_MAX],
-            len: 0,
+    fn push(&mut self, wr: W, sge: Sge, keep: Option<W::Keep>) -> Result<(), i32> {
+        if self.is_full() {
+            return Err(libc::ENOSPC);
         }
+        self.wrs[self.len] = wr;
+        self.sges[self.len] = sge;
+        self.keep[self.len] = keep;
+        self.len += 1;
+        Ok(())
     }
 }
 
 impl RecvChain {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    pub fn is_full(&self) -> bool {
-        self.len == CHAIN_MAX
-    }
-    pub fn pending(&self) -> impl Iterator<Item = u64> + '_ {
-        self.wrs[..self.len].iter().map(|w| w.wr_id)
-    }
-    pub fn pop(&mut self) {
-        self.len = self.len.saturating_sub(1);
-    }
-    pub fn clear(&mut self) {
-        self.len = 0;
-    }
-
     /// Appends a receive into `sge` (device-checked memory). `ENOSPC` when full.
-    pub fn push(&mut self, wr_id: u64, sge: Sge) -> Result<(), i32> {
-        if self.is_full() {
-            return Err(libc::ENOSPC);
-        }
-        let w = &mut self.wrs[self.len];
-        w.wr_id = wr_id;
-        w.num_sge = i32::from(sge.length != 0);
-        self.sges[self.len] = sge;
-        self.len += 1;
-        Ok(())
+    pub fn push_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), i32> {
+        let mut wr = r::ibv_recv_wr::zeroed();
+        wr.wr_id = wr_id;
+        wr.num_sge = i32::from(sge.length != 0);
+        self.push(wr, sge, None)
     }
 }
 
@@ -1150,53 +1150,46 @@ impl QpHandle {
         flags: u32,
         imm: Option<u32>,
     ) -> Result<(), i32> {
-        if chain.is_full() {
-            return Err(libc::ENOSPC);
-        }
         let sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
         let flags = if len <= self.max_inline as usize {
             flags | send_flags::INLINE
         } else {
             flags & !send_flags::INLINE
         };
-        let i = chain.len;
-        chain.sges[i] = sge;
-        chain.wrs[i] = SendWr::new(wr_id, ptr::null_mut(), usize::from(len != 0), flags, imm).0;
-        chain.keep[i] = Some(mr.clone());
-        chain.len += 1;
-        Ok(())
+        let wr = SendWr::new(wr_id, ptr::null_mut(), usize::from(len != 0), flags, imm).0;
+        chain.push(wr, sge, Some(mr.clone()))
     }
 
-    /// Posts every send of `chain` with one doorbell. On failure the entries the device
-    /// did not take (the failed one first) stay in the chain, and the error is returned.
-    pub fn post_send_chain(&self, chain: &mut SendChain) -> Result<(), i32> {
+    /// Posts every work request of `chain` with one call (one doorbell). On failure the
+    /// entries the device did not take (the failed one first) stay in the chain.
+    pub fn post_chain<W: ChainLink>(&self, chain: &mut Chain<W>) -> Result<(), i32> {
         let n = chain.len;
         if n == 0 {
             return Ok(());
         }
-        let wrs = chain.wrs.as_mut_ptr();
-        let sges = chain.sges.as_mut_ptr();
+        let head = chain.wrs.as_mut_ptr();
+        let sge = chain.sges.as_mut_ptr();
         for i in 0..n {
+            let next = if i + 1 < n {
+                // SAFETY: i + 1 < n <= CHAIN_MAX: in bounds.
+                unsafe { head.add(i + 1) }
+            } else {
+                ptr::null_mut()
+            };
             // SAFETY: i < n <= CHAIN_MAX: in bounds of both arrays, which outlive the post.
-            unsafe {
-                let w = wrs.add(i);
-                (*w).sg_list = sges.add(i).cast();
-                (*w).next = if i + 1 < n {
-                    wrs.add(i + 1)
-                } else {
-                    ptr::null_mut()
-                };
-            }
+            let (w, g) = unsafe { (&mut *head.add(i), sge.add(i)) };
+            w.link(g, next);
         }
         let mut bad = ptr::null_mut();
-        // SAFETY: valid QP (see post_send_raw); each element names registered memory
-        // (device-checked) and inline ones name memory of a region the chain holds alive.
-        let rc = unsafe { r::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) };
+        // SAFETY: valid QP (see post_send_raw); the chain was just linked over its own
+        // arrays; each element names registered memory (device-checked), and inline ones
+        // memory of a region the chain holds alive.
+        let rc = unsafe { W::post(self.qp.as_ptr(), head, &mut bad) };
         if rc == 0 {
             chain.clear();
             return Ok(());
         }
-        let k = first_unposted(bad, wrs, n);
+        let k = first_unposted(bad, head, n);
         chain.wrs[..n].rotate_left(k);
         chain.sges[..n].rotate_left(k);
         chain.keep[..n].rotate_left(k);
@@ -1206,39 +1199,23 @@ impl QpHandle {
         chain.len = n - k;
         Err(rc.abs())
     }
+}
 
-    /// Posts every receive of `chain` with one call; on failure the entries not taken stay.
-    pub fn post_recv_chain(&self, chain: &mut RecvChain) -> Result<(), i32> {
-        let n = chain.len;
-        if n == 0 {
-            return Ok(());
-        }
-        let wrs = chain.wrs.as_mut_ptr();
-        let sges = chain.sges.as_mut_ptr();
-        for i in 0..n {
-            // SAFETY: i < n <= CHAIN_MAX: in bounds of both arrays, which outlive the post.
-            unsafe {
-                let w = wrs.add(i);
-                (*w).sg_list = sges.add(i).cast();
-                (*w).next = if i + 1 < n {
-                    wrs.add(i + 1)
-                } else {
-                    ptr::null_mut()
-                };
-            }
-        }
-        let mut bad = ptr::null_mut();
-        // SAFETY: valid QP; every element names registered memory, checked by the device.
-        let rc = unsafe { r::ibv_post_recv(self.qp.as_ptr(), wrs, &mut bad) };
-        if rc == 0 {
-            chain.clear();
-            return Ok(());
-        }
-        let k = first_unposted(bad, wrs, n);
-        chain.wrs[..n].rotate_left(k);
-        chain.sges[..n].rotate_left(k);
-        chain.len = n - k;
+/// A receive work request over `sges`, which must outlive its posting.
+fn recv_wr(wr_id: u64, sges: &[Sge]) -> r::ibv_recv_wr {
+    let mut wr = r::ibv_recv_wr::zeroed();
+    wr.wr_id = wr_id;
+    wr.sg_list = sges.as_ptr() as *mut r::ibv_sge;
+    wr.num_sge = sges.len() as i32;
+    wr
+}
+
+/// A verbs post's return code as a result (providers return errno, some negated).
+fn rc_result(rc: i32) -> Result<(), i32> {
+    if rc != 0 {
         Err(rc.abs())
+    } else {
+        Ok(())
     }
 }
 
@@ -1296,19 +1273,10 @@ impl Srq {
         if sges.len() > self.max_sge as usize {
             return Err(libc::E2BIG);
         }
-        // SAFETY: ibv_recv_wr is plain data.
-        let mut wr: r::ibv_recv_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = sges.as_ptr() as *mut r::ibv_sge;
-        wr.num_sge = sges.len() as i32;
+        let mut wr = recv_wr(wr_id, sges);
         let mut bad = ptr::null_mut();
         // SAFETY: valid SRQ; the SGEs name registered memory, checked by the device.
-        let rc = unsafe { r::ibv_post_srq_recv(self.srq.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
-        }
+        rc_result(unsafe { r::ibv_post_srq_recv(self.srq.as_ptr(), &mut wr, &mut bad) })
     }
 
     /// Posts one receive scattered over several ranges of registered regions.
