@@ -95,7 +95,8 @@ impl PassiveEndpoint {
     }
 
     /// `fi_control(FI_BACKLOG)`: how many connection requests may wait for the
-    /// application. Set it before `listen`; rdma_cm refuses requests beyond it.
+    /// application. Set it before `listen`; rdma_cm refuses requests beyond it, and
+    /// refuses a second `rdma_listen` (tried on rxe, kernel 6.1), so it cannot change after.
     pub fn set_backlog(&self, backlog: i32) -> Result<()> {
         if backlog <= 0 {
             return Err(Error::new(
