@@ -2,6 +2,7 @@
 //! completion queue state. No I/O here, so all of it is tested on the host.
 
 pub mod addr;
+pub mod av;
 pub mod cq;
 pub mod env;
 pub mod eq;
