@@ -44,6 +44,7 @@ pub mod errno {
     pub const EBADFLAGS: i32 = fi::FI_EBADFLAGS as i32;
     pub const ENOEQ: i32 = fi::FI_ENOEQ as i32;
     pub const ENOCQ: i32 = fi::FI_ENOCQ as i32;
+    pub const ENOAV: i32 = fi::FI_ENOAV as i32;
     pub const ETRUNC: i32 = fi::FI_ETRUNC as i32;
     pub const EOVERRUN: i32 = fi::FI_EOVERRUN as i32;
 }
@@ -59,6 +60,7 @@ pub fn strerror(errnum: i32) -> Cow<'static, str> {
         EBADFLAGS => "Flags not supported",
         ENOEQ => "Missing or unavailable event queue",
         ENOCQ => "Missing or unavailable completion queue",
+        ENOAV => "Missing or unavailable address vector",
         ETRUNC => "Truncation error",
         EOVERRUN => "Queue has been overrun",
         e if (1..256).contains(&e) => {

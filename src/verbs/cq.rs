@@ -212,7 +212,8 @@ pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
         op_context: wr_id::context(wc.wr_id()),
         flags: flags.bits(),
         len: if flags.intersects(Flags::RECV | Flags::REMOTE_WRITE) {
-            wc.byte_len() as usize
+            wc.byte_len()
+                .saturating_sub(wr_id::provider_prefix(wc.wr_id())) as usize
         } else {
             0
         },

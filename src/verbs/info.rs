@@ -22,6 +22,10 @@ pub struct Device {
     pub gid0: [u8; 16],
     /// The IPv4 address behind the first IPv4-mapped GID (RoCE v2), if any.
     pub ipv4: Option<Ipv4Addr>,
+    /// The GID datagram endpoints are named by and send from: the IPv4-mapped one when
+    /// there is one (RoCE v2 routes it), else index 0.
+    pub ud_gid: [u8; 16],
+    pub ud_gid_index: u8,
     pub(crate) context: Context,
 }
 
@@ -68,10 +72,11 @@ pub fn devices() -> Result<Vec<Device>> {
             );
         }
         let gid0 = ctx.query_gid(port.port_num, 0).unwrap_or([0; 16]);
-        let ipv4 = (0..port.gid_tbl_len.min(16) as i32)
-            .filter_map(|i| ctx.query_gid(port.port_num, i).ok())
-            .find(|g| g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
-            .map(|g| Ipv4Addr::new(g[12], g[13], g[14], g[15]));
+        let mapped = (0..port.gid_tbl_len.min(16) as i32)
+            .filter_map(|i| ctx.query_gid(port.port_num, i).ok().map(|g| (i, g)))
+            .find(|(_, g)| g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff);
+        let ipv4 = mapped.map(|(_, g)| Ipv4Addr::new(g[12], g[13], g[14], g[15]));
+        let (ud_gid_index, ud_gid) = mapped.map_or((0, gid0), |(i, g)| (i as u8, g));
         crate::fi_debug!(
             "core",
             "found {name}: port {} mtu {} max_sge {} max_qp_wr {}",
@@ -86,6 +91,8 @@ pub fn devices() -> Result<Vec<Device>> {
             port,
             gid0,
             ipv4,
+            ud_gid,
+            ud_gid_index,
             context: ctx,
         });
     }
@@ -171,6 +178,31 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         prov_version: PROVIDER_VERSION,
         api_version: fi::RFABRIC_FI_VERSION,
     };
+    Ok(i)
+}
+
+/// Bytes of the GRH at the start of every UD receive: the `FI_MSG_PREFIX` size.
+pub const DGRAM_PREFIX: usize = rfabric_sys::verbs::GRH_LEN;
+
+/// The DGRAM endpoint info a device offers: UD queue pairs, one MTU per message.
+pub(crate) fn dgram_info(dev: &Device) -> Result<Info> {
+    let mut i = msg_info(dev)?;
+    let mtu = dev.port.active_mtu as usize;
+    i.caps = Flags::MSG | Flags::SEND | Flags::RECV;
+    i.addr_format = AddrFormat::IbUd;
+    i.tx_attr.caps = Flags::MSG | Flags::SEND;
+    i.rx_attr.caps = Flags::MSG | Flags::RECV;
+    // Datagrams carry no order and no guarantee.
+    i.tx_attr.msg_order = 0;
+    i.rx_attr.msg_order = 0;
+    i.tx_attr.inject_size = i.tx_attr.inject_size.min(mtu);
+    i.ep_attr.ep_type = EpType::Dgram;
+    i.ep_attr.protocol = fi::FI_PROTO_IB_UD;
+    i.ep_attr.max_msg_size = mtu;
+    i.ep_attr.max_order_raw_size = 0;
+    i.ep_attr.max_order_war_size = 0;
+    i.ep_attr.max_order_waw_size = 0;
+    i.domain_attr.max_err_data = 0;
     Ok(i)
 }
 
@@ -296,10 +328,20 @@ pub fn getinfo(
         .iter()
         .filter(|d| only.as_ref().is_none_or(|n| n == &d.name))
     {
-        let mut info = msg_info(dev)?;
+        let dgram = hints.ep_attr.ep_type == EpType::Dgram;
+        let mut info = if dgram {
+            dgram_info(dev)?
+        } else {
+            msg_info(dev)?
+        };
         info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
         info.dest_addr = dst;
-        if let Some(a) = info.dest_addr.as_ref().or(info.src_addr.as_ref()) {
+        if let Some(a) = info
+            .dest_addr
+            .as_ref()
+            .or(info.src_addr.as_ref())
+            .filter(|_| !dgram)
+        {
             info.addr_format = addr_format_of(a);
         }
         if let Some(why) = info.mismatch(hints) {
@@ -318,6 +360,11 @@ pub fn getinfo(
         }
         if hints.domain_attr.data_progress == Progress::Unspec {
             n.domain_attr.data_progress = Progress::Manual;
+        }
+        // Prefix mode is the application's choice: with it, the GRH lands in its buffers.
+        if dgram && hints.mode.contains(Mode::MSG_PREFIX) {
+            n.mode |= Mode::MSG_PREFIX;
+            n.ep_attr.msg_prefix_size = DGRAM_PREFIX;
         }
         out.push(n);
     }

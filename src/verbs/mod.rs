@@ -3,8 +3,11 @@
 //! Domains are protection domains, CQs are `ibv_cq`s read in manual progress, MSG endpoints
 //! are RC queue pairs connected with rdma_cm, and the EQ is the rdma_cm event channel.
 
+pub mod av;
 pub mod cq;
+pub mod dgram_ep;
 pub mod domain;
+pub(crate) mod ep_common;
 pub mod eq;
 pub mod fabric;
 pub mod info;
@@ -15,7 +18,9 @@ pub mod pep;
 pub mod srx;
 pub(crate) mod wr_id;
 
+pub use av::{AddressVector, AvAttr, UdName};
 pub use cq::{CompletionQueue, CqAttr};
+pub use dgram_ep::DgramEndpoint;
 pub use domain::Domain;
 pub use eq::{ConnRequest, EqAttr, EventQueue};
 pub use fabric::Fabric;

@@ -1,7 +1,7 @@
 //! Connected (`FI_EP_MSG`) endpoints on RC queue pairs.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
@@ -16,6 +16,7 @@ use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
 use crate::verbs::cq::MultiRecvOwner;
+use crate::verbs::ep_common::{wanted_caps, CqBinding, Signalling};
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
 use crate::verbs::multi_recv::{MultiBuf, MultiRecvQueue, DEFAULT_MIN_MULTI_RECV};
@@ -37,9 +38,7 @@ struct Control {
     tx_size: Option<usize>,
     rx_size: Option<usize>,
     eq: Option<Arc<EventQueue>>,
-    tx_cq: Option<Arc<CompletionQueue>>,
-    rx_cq: Option<Arc<CompletionQueue>>,
-    reserved: (u32, u32),
+    cqs: CqBinding,
 }
 
 /// State shared between the endpoint and its event queue.
@@ -52,11 +51,8 @@ pub(crate) struct EpShared {
     /// The shared receive context receives come from, when one is bound.
     srx: OnceLock<Arc<SharedRxContext>>,
     /// `FI_SELECTIVE_COMPLETION` on the transmit / receive binding.
-    tx_selective: AtomicBool,
-    rx_selective: AtomicBool,
-    /// Unsignalled sends since the last signalled one: bounded, so that the send queue
-    /// (whose entries a signalled completion frees) never fills with unsignalled work.
-    unsignaled: AtomicU32,
+    /// `FI_SELECTIVE_COMPLETION` per direction and the bound on unsignalled sends.
+    signalling: Signalling,
     /// Work requests chained under `FI_MORE`, and whether any wait (checked without the
     /// lock, so posts without `FI_MORE` pay nothing while no chain is open).
     send_chain: Mutex<SendChain>,
@@ -143,13 +139,7 @@ impl Drop for EpShared {
         if let Some(eq) = c.eq.take() {
             eq.unregister(self.id.ident());
         }
-        if let Some(cq) = &c.tx_cq {
-            cq.release(c.reserved.0);
-            cq.unbind();
-        }
-        if let Some(cq) = &c.rx_cq {
-            cq.release(c.reserved.1);
-            cq.unbind();
+        if let Some(cq) = &c.cqs.rx_cq {
             cq.unregister_multi_recv(token);
         }
     }
@@ -226,9 +216,7 @@ impl MsgEndpoint {
                 state: AtomicU8::new(IDLE),
                 caps: OnceLock::new(),
                 srx: OnceLock::new(),
-                tx_selective: AtomicBool::new(false),
-                rx_selective: AtomicBool::new(false),
-                unsignaled: AtomicU32::new(0),
+                signalling: Signalling::default(),
                 send_chain: Mutex::default(),
                 recv_chain: Mutex::default(),
                 send_chained: AtomicBool::new(false),
@@ -265,47 +253,11 @@ impl MsgEndpoint {
 
     /// Binds a completion queue for `FI_TRANSMIT` and/or `FI_RECV` completions.
     pub fn bind_cq(&self, cq: &Arc<CompletionQueue>, flags: Flags) -> Result<()> {
-        let dirs = flags & (Flags::TRANSMIT | Flags::RECV);
-        if dirs.is_empty()
-            || !(flags - (Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION)).is_empty()
-        {
-            return Err(Error::new(
-                errno::EBADFLAGS,
-                format!("CQ bind flags {flags:?}: use FI_TRANSMIT and/or FI_RECV"),
-            ));
-        }
-        let selective = flags.contains(Flags::SELECTIVE_COMPLETION);
-        if self.shared.caps.get().is_some() {
-            return Err(Error::new(
-                errno::EOPBADSTATE,
-                "bind CQs before enabling the endpoint",
-            ));
-        }
+        let enabled = self.shared.caps.get().is_some();
         let mut c = self.shared.ctl();
-        if (dirs.contains(Flags::TRANSMIT) && c.tx_cq.is_some())
-            || (dirs.contains(Flags::RECV) && c.rx_cq.is_some())
-        {
-            return Err(Error::new(
-                errno::EINVAL,
-                "a CQ is already bound for that direction",
-            ));
-        }
-        if dirs.contains(Flags::TRANSMIT) {
-            cq.bind()?;
-            c.tx_cq = Some(cq.clone());
-            self.shared.tx_selective.store(selective, Ordering::Release);
-        }
-        if dirs.contains(Flags::RECV) {
-            if let Err(e) = cq.bind() {
-                if let Some(tx) = c.tx_cq.take().filter(|_| dirs.contains(Flags::TRANSMIT)) {
-                    tx.unbind();
-                }
-                return Err(e);
-            }
-            c.rx_cq = Some(cq.clone());
-            self.shared.rx_selective.store(selective, Ordering::Release);
-        }
-        Ok(())
+        self.shared
+            .signalling
+            .bind_cq(&mut c.cqs, cq, flags, enabled)
     }
 
     /// Takes receives from `srx` instead of a receive queue of its own (`fi_ep_bind` of a
@@ -337,39 +289,32 @@ impl MsgEndpoint {
         if self.shared.caps.get().is_some() {
             return Ok(());
         }
-        let (Some(tx), Some(rx)) = (c.tx_cq.clone(), c.rx_cq.clone()) else {
-            return Err(Error::new(errno::ENOCQ, "bind a CQ for FI_TRANSMIT and one for FI_RECV (they may be the same) before enabling"));
-        };
         let srx = self.shared.srx.get();
-        if srx.is_some() && self.shared.rx_selective.load(Ordering::Relaxed) {
+        if srx.is_some() && self.shared.signalling.rx_selective() {
             return Err(Error::new(
                 errno::EINVAL,
                 "FI_SELECTIVE_COMPLETION on the receive CQ of an endpoint with a shared receive context: every shared receive completes",
             ));
         }
-        let i = &self.shared.info;
-        let dev = &self.shared.domain.device().attr;
-        let want = QpCaps {
-            max_send_wr: (c.tx_size.unwrap_or(i.tx_attr.size).max(1) as u32).min(dev.max_qp_wr),
-            max_recv_wr: (c.rx_size.unwrap_or(i.rx_attr.size).max(1) as u32).min(dev.max_qp_wr),
-            max_send_sge: (i.tx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
-            max_recv_sge: (i.rx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
-            max_inline_data: i.tx_attr.inject_size as u32,
-        };
+        let want = wanted_caps(
+            &self.shared.info,
+            &self.shared.domain.device().attr,
+            c.tx_size,
+            c.rx_size,
+        );
         // Each receive the QP can complete needs a CQ entry: its own queue's, or the SRQ's.
         let rx_depth = srx.map_or(want.max_recv_wr, |s| s.size() as u32);
-        tx.reserve(want.max_send_wr)?;
-        if let Err(e) = rx.reserve(rx_depth) {
-            tx.release(want.max_send_wr);
-            return Err(e);
-        }
+        c.cqs.reserve(want.max_send_wr, rx_depth)?;
+        let (tx, rx) = (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone());
+        let (Some(tx), Some(rx)) = (tx, rx) else {
+            unreachable!("reserve checked both CQs are bound")
+        };
         let pd = self.shared.domain.pd();
         let srq = srx.map(|s| s.srq());
         let got = match self.shared.id.create_qp(pd, tx.raw(), rx.raw(), want, srq) {
             Ok(g) => g,
             Err(e) => {
-                tx.release(want.max_send_wr);
-                rx.release(rx_depth);
+                c.cqs.unreserve();
                 return Err(Error::os(
                     e,
                     format!(
@@ -378,7 +323,6 @@ impl MsgEndpoint {
                 ));
             }
         };
-        c.reserved = (want.max_send_wr, rx_depth);
         crate::fi_debug!("ep", "RC QP {} created: {:?}", self.qp()?.qp_num(), got);
         let _ = self.shared.caps.set(got);
         Ok(())
@@ -470,7 +414,7 @@ impl MsgEndpoint {
         };
         let (tx, rx) = {
             let c = self.shared.ctl();
-            (c.tx_cq.clone(), c.rx_cq.clone())
+            (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone())
         };
         // The endpoint's address is unique among live endpoints: a marker no other can post.
         let marker = wr_id::encode(self.shared.token(), Kind::Marker, true);
@@ -751,8 +695,7 @@ impl MsgEndpoint {
                 "this endpoint takes its receives from a shared receive context: post them there",
             ));
         }
-        let suppressed =
-            self.shared.rx_selective.load(Ordering::Relaxed) && !flags.contains(Flags::COMPLETION);
+        let suppressed = self.shared.signalling.recv_suppressed(flags);
         Ok(wr_id::encode(context, Kind::Recv, suppressed))
     }
 
@@ -826,33 +769,20 @@ impl MsgEndpoint {
             .map_err(|e| post_error(e, "send"))
     }
 
-    /// The work request id and signalling of a send: signalled when a completion is due
-    /// (no selective completion, or `FI_COMPLETION` asked), else counted as unsignalled.
+    /// The send queue depth, which bounds the unsignalled run.
     #[inline]
-    fn signalling(&self, id: u64, flags: Flags) -> (u64, u32) {
-        if !self.shared.tx_selective.load(Ordering::Relaxed) || flags.contains(Flags::COMPLETION) {
-            (id, send_flags::SIGNALED)
-        } else {
-            self.unsignaled_slot(id)
-        }
+    fn tx_depth(&self) -> u32 {
+        self.shared.caps.get().map_or(1, |c| c.max_send_wr)
     }
 
-    /// The work request id and signalling of a send that reports no completion: every
-    /// `depth / 2`-th one is signalled anyway (its completion suppressed) to free the queue.
     #[inline]
-    fn unsignaled_slot(&self, context: u64) -> (u64, u32) {
-        let every = self
-            .shared
-            .caps
-            .get()
-            .map_or(1, |c| (c.max_send_wr / 2).max(1));
-        let n = self.shared.unsignaled.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= every {
-            self.shared.unsignaled.store(0, Ordering::Relaxed);
-            (context | wr_id::SUPPRESSED, send_flags::SIGNALED)
-        } else {
-            (context, 0)
-        }
+    fn signalling(&self, id: u64, flags: Flags) -> (u64, u32) {
+        self.shared.signalling.send(id, flags, self.tx_depth())
+    }
+
+    #[inline]
+    fn unsignaled_slot(&self, id: u64) -> (u64, u32) {
+        self.shared.signalling.unsignaled(id, self.tx_depth())
     }
 
     #[inline]
@@ -934,7 +864,7 @@ impl MsgEndpoint {
         let qp = self.qp()?;
         self.ring_recvs(qp)?;
         let sh = &self.shared;
-        if let Some(rx) = sh.ctl().rx_cq.clone() {
+        if let Some(rx) = sh.ctl().cqs.rx_cq.clone() {
             let owner: Arc<dyn MultiRecvOwner> = sh.clone();
             rx.register_multi_recv(sh.token(), Arc::downgrade(&owner));
         }
@@ -943,7 +873,7 @@ impl MsgEndpoint {
             next: offset,
             end: offset + len,
             context,
-            suppress: sh.rx_selective.load(Ordering::Relaxed) && !flags.contains(Flags::COMPLETION),
+            suppress: sh.signalling.recv_suppressed(flags),
         };
         let mut m = lock(&sh.multi);
         let r = m.post_multi(qp, sh.token(), buf, sh.rx_depth());
@@ -1050,9 +980,9 @@ impl MsgEndpoint {
                 let cq = {
                     let c = self.shared.ctl();
                     if recv {
-                        c.rx_cq.clone()
+                        c.cqs.rx_cq.clone()
                     } else {
-                        c.tx_cq.clone()
+                        c.cqs.tx_cq.clone()
                     }
                 };
                 self.abandon(
@@ -1127,7 +1057,7 @@ impl MsgEndpoint {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -1243,7 +1173,7 @@ const SEND_FLAGS: Flags = Flags::COMPLETION
     .union(Flags::TRANSMIT_COMPLETE)
     .union(Flags::DELIVERY_COMPLETE);
 
-fn check_send_flags(flags: Flags) -> Result<()> {
+pub(crate) fn check_send_flags(flags: Flags) -> Result<()> {
     if flags.contains(Flags::MULTICAST) {
         return Err(Error::new(
             errno::EINVAL,
@@ -1265,7 +1195,7 @@ fn check_send_flags(flags: Flags) -> Result<()> {
     Ok(())
 }
 
-fn cq_data(data: u64) -> Result<u32> {
+pub(crate) fn cq_data(data: u64) -> Result<u32> {
     u32::try_from(data).map_err(|_| {
         Error::new(
             errno::EINVAL,
@@ -1274,7 +1204,7 @@ fn cq_data(data: u64) -> Result<u32> {
     })
 }
 
-fn inject_too_big(len: usize, max: usize) -> Error {
+pub(crate) fn inject_too_big(len: usize, max: usize) -> Error {
     Error::new(
         errno::EINVAL,
         format!("{len} bytes exceed the inject size {max}: send without FI_INJECT"),
@@ -1283,7 +1213,7 @@ fn inject_too_big(len: usize, max: usize) -> Error {
 
 /// A full work queue is `-FI_EAGAIN`: reading the CQ frees room.
 #[cold]
-fn post_error(e: i32, what: &str) -> Error {
+pub(crate) fn post_error(e: i32, what: &str) -> Error {
     if e == libc::ENOMEM || e == libc::EAGAIN {
         Error::new(
             errno::EAGAIN,

@@ -26,6 +26,9 @@ pub(crate) enum Kind {
     Marker = 4,
     /// The posted part of an `FI_MULTI_RECV` buffer; the context names its endpoint.
     MultiRecv = 5,
+    /// A datagram receive whose first 40 bytes (the GRH) land in a provider slot: its
+    /// length is reported without them.
+    DgramRecv = 6,
 }
 
 /// Rejects contexts that use the reserved top byte instead of corrupting them.
@@ -65,6 +68,16 @@ pub(crate) fn is_multi_recv(wr_id: u64) -> bool {
     (wr_id >> KIND_SHIFT) & 0x7f == Kind::MultiRecv as u64
 }
 
+/// Bytes of a receive's completion that belong to the provider, not the application.
+#[inline(always)]
+pub(crate) fn provider_prefix(wr_id: u64) -> u32 {
+    if (wr_id >> KIND_SHIFT) & 0x7f == Kind::DgramRecv as u64 {
+        rfabric_sys::verbs::GRH_LEN as u32
+    } else {
+        0
+    }
+}
+
 /// Completion flags of the operation, for its error entry.
 pub(crate) fn flags(wr_id: u64) -> Flags {
     match (wr_id >> KIND_SHIFT) & 0x7f {
@@ -72,6 +85,7 @@ pub(crate) fn flags(wr_id: u64) -> Flags {
         k if k == Kind::SendData as u64 => Flags::MSG | Flags::SEND | Flags::REMOTE_CQ_DATA,
         k if k == Kind::Recv as u64 => Flags::MSG | Flags::RECV,
         k if k == Kind::MultiRecv as u64 => Flags::MSG | Flags::RECV | Flags::MULTI_RECV,
+        k if k == Kind::DgramRecv as u64 => Flags::MSG | Flags::RECV,
         _ => Flags::empty(),
     }
 }

@@ -21,6 +21,9 @@ use rdma_sys as r;
 
 use crate::last_errno;
 
+mod ud;
+pub use ud::{AddressHandle, UdDest, UdQp, GRH_LEN};
+
 /// A hook for messages that cannot be returned (failures inside `Drop`).
 static WARN_HOOK: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 
@@ -558,6 +561,16 @@ impl WorkCompletion {
         self.0.qp_num
     }
     #[inline]
+    /// The sending queue pair of a UD receive.
+    pub fn src_qp(&self) -> u32 {
+        self.0.src_qp
+    }
+
+    /// Whether a UD receive's first 40 bytes hold a Global Route Header.
+    pub fn has_grh(&self) -> bool {
+        self.0.wc_flags & r::ibv_wc_flags::IBV_WC_GRH.0 != 0
+    }
+
     pub fn vendor_err(&self) -> u32 {
         self.0.vendor_err
     }
@@ -926,11 +939,33 @@ impl QpHandle {
         flags: u32,
         imm: Option<u32>,
     ) -> Result<(), i32> {
+        self.post_send_to(wr_id, sges, n, flags, imm, None)
+    }
+
+    /// Posts one send; `to` names the destination of a UD queue pair's datagram.
+    #[inline(always)]
+    fn post_send_to(
+        &self,
+        wr_id: u64,
+        sges: *mut Sge,
+        n: usize,
+        flags: u32,
+        imm: Option<u32>,
+        to: Option<&UdDest>,
+    ) -> Result<(), i32> {
         let mut wr = SendWr::new(wr_id, sges, n, flags, imm);
+        if let Some(d) = to {
+            wr.0.wr.ud = r::ud_t {
+                ah: d.ah.as_ptr(),
+                remote_qpn: d.qpn,
+                remote_qkey: d.qkey,
+            };
+        }
         let mut bad = ptr::null_mut();
-        // SAFETY: the QP is valid while its CmId lives (QpHandle is borrowed from it); the
+        // SAFETY: the QP is valid while its owner lives (QpHandle is borrowed from it); the
         // SGEs either name registered memory (device-checked) or, with INLINE, point at a
-        // live slice that the provider copies before returning.
+        // live slice that the provider copies before returning; a UD destination's address
+        // handle is borrowed, so alive for the call.
         let rc = unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr.0, &mut bad) };
         if rc != 0 {
             Err(rc.abs())

@@ -1,0 +1,186 @@
+//! Address vectors (`fi_av`) for datagram endpoints: UD names mapped to address handles.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use rfabric_sys::verbs::AddressHandle;
+
+use crate::core::addr::fill_name;
+use crate::core::av::AvTable;
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::AvType;
+use crate::verbs::{os_err, Domain};
+
+/// The Q_Key of every rverbs datagram endpoint (high bit clear: not a controlled key).
+pub const DGRAM_QKEY: u32 = 0x5246_5642;
+
+/// The name of a datagram endpoint (`FI_ADDR_IB_UD` for rverbs): the port's GID, the queue
+/// pair number and its Q_Key, 24 bytes, numbers little-endian.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdName {
+    pub gid: [u8; 16],
+    pub qpn: u32,
+    pub qkey: u32,
+}
+
+impl UdName {
+    pub const LEN: usize = 24;
+
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..16].copy_from_slice(&self.gid);
+        b[16..20].copy_from_slice(&self.qpn.to_le_bytes());
+        b[20..24].copy_from_slice(&self.qkey.to_le_bytes());
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() != Self::LEN {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "a datagram endpoint name is {} bytes (from fi_getname), not {}",
+                    Self::LEN,
+                    b.len()
+                ),
+            ));
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[..16]);
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Ok(UdName {
+            gid,
+            qpn: u(16),
+            qkey: u(20),
+        })
+    }
+
+    /// `fi_av_straddr`'s form: `fi_addr_ib_ud://<gid>/<qpn>/<qkey>`.
+    pub fn to_str(&self) -> String {
+        let gid = std::net::Ipv6Addr::from(self.gid);
+        format!("fi_addr_ib_ud://{gid}/{:#x}/{:#x}", self.qpn, self.qkey)
+    }
+}
+
+/// A peer as a datagram send needs it.
+#[derive(Debug)]
+pub(crate) struct UdPeer {
+    pub(crate) ah: Arc<AddressHandle>,
+    pub(crate) qpn: u32,
+    pub(crate) qkey: u32,
+}
+
+/// `fi_av_attr`: the type and the expected number of entries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AvAttr {
+    pub av_type: AvType,
+    pub count: usize,
+}
+
+/// An address vector of datagram endpoint names (`fi_av_open`).
+#[derive(Debug)]
+pub struct AddressVector {
+    table: RwLock<AvTable<UdPeer>>,
+    /// One address handle per remote port, made on first use and shared by its entries.
+    ahs: Mutex<HashMap<[u8; 16], Arc<AddressHandle>>>,
+    attr: AvAttr,
+    domain: Arc<Domain>,
+}
+
+impl AddressVector {
+    /// Opens an address vector (`FI_AV_UNSPEC` becomes `FI_AV_TABLE`).
+    pub fn open(domain: &Arc<Domain>, attr: &AvAttr) -> Result<Arc<Self>> {
+        let av_type = match attr.av_type {
+            AvType::Unspec => AvType::Table,
+            t => t,
+        };
+        Ok(Arc::new(AddressVector {
+            table: RwLock::new(AvTable::new(av_type, attr.count)),
+            ahs: Mutex::new(HashMap::new()),
+            attr: AvAttr {
+                av_type,
+                count: attr.count,
+            },
+            domain: domain.clone(),
+        }))
+    }
+
+    pub fn attr(&self) -> &AvAttr {
+        &self.attr
+    }
+
+    pub(crate) fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// Inserts one endpoint name (`fi_av_insert`); returns its `fi_addr_t`.
+    pub fn insert(&self, name: &[u8]) -> Result<u64> {
+        let n = UdName::parse(name)?;
+        let ah = {
+            let mut ahs = self.ahs.lock().unwrap_or_else(|p| p.into_inner());
+            match ahs.get(&n.gid) {
+                Some(ah) => ah.clone(),
+                None => {
+                    let dev = self.domain.device();
+                    let ah = AddressHandle::new(
+                        self.domain.pd(),
+                        dev.port.port_num,
+                        n.gid,
+                        dev.ud_gid_index,
+                    )
+                    .map_err(os_err("ibv_create_ah"))?;
+                    ahs.insert(n.gid, ah.clone());
+                    ah
+                }
+            }
+        };
+        let peer = UdPeer {
+            ah,
+            qpn: n.qpn,
+            qkey: n.qkey,
+        };
+        Ok(self.write().insert(&n.to_bytes(), peer))
+    }
+
+    /// Removes an address (`fi_av_remove`); later sends to it fail with `-FI_EINVAL`.
+    pub fn remove(&self, addr: u64) -> Result<()> {
+        self.write().remove(addr).map(|_| ())
+    }
+
+    /// `fi_av_lookup`: the name behind `addr`, with fi_cm(3)'s `addrlen` rules.
+    pub fn lookup(&self, addr: u64, buf: &mut [u8], addrlen: &mut usize) -> Result<()> {
+        let t = self.read();
+        fill_name(t.name(addr)?, buf, addrlen)
+    }
+
+    /// `fi_av_straddr`: a printable form of an endpoint name.
+    pub fn straddr(name: &[u8]) -> Result<String> {
+        UdName::parse(name).map(|n| n.to_str())
+    }
+
+    /// The address `name` was inserted at, for `FI_SOURCE`.
+    pub fn find(&self, name: &UdName) -> Option<u64> {
+        self.read().find(&name.to_bytes())
+    }
+
+    /// Runs `f` on the peer at `addr`, or fails with `-FI_EINVAL` for an unknown address.
+    #[inline]
+    pub(crate) fn with_peer<R>(&self, addr: u64, f: impl FnOnce(&UdPeer) -> R) -> Result<R> {
+        let t = self.read();
+        match t.get(addr) {
+            Some(p) => Ok(f(p)),
+            None => Err(Error::new(
+                errno::EINVAL,
+                format!("fi_addr {addr:#x} is not in the endpoint's address vector (never inserted, or removed)"),
+            )),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, AvTable<UdPeer>> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AvTable<UdPeer>> {
+        self.table.write().unwrap_or_else(|p| p.into_inner())
+    }
+}

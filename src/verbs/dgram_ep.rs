@@ -1,0 +1,476 @@
+//! Datagram (`FI_EP_DGRAM`) endpoints on UD queue pairs.
+//!
+//! Every UD receive starts with a 40-byte Global Route Header. An application that accepts
+//! `FI_MSG_PREFIX` provides that room at the start of its buffers (and its sends start
+//! after a prefix of the same size); one that does not gets a provider-owned first
+//! scatter element for it, so it never sees the header. Nothing waits for an
+//! acknowledgement: a datagram that finds no receive posted is dropped by the device.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rfabric_sys::verbs::{QpCaps, QpHandle, Sge, UdDest, UdQp, GRH_LEN, MAX_IOV};
+
+use crate::core::addr::fill_name;
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::{EpType, Flags, Mode};
+use crate::core::info::Info;
+use crate::verbs::av::{UdName, UdPeer, DGRAM_QKEY};
+use crate::verbs::ep_common::{wanted_caps, CqBinding, Signalling};
+use crate::verbs::msg_ep::{
+    check_recv_flags, check_send_flags, cq_data, inject_too_big, iov_slices, lock, post_error,
+    region_sge,
+};
+use crate::verbs::wr_id::{self, Kind};
+use crate::verbs::{AddressVector, CompletionQueue, Domain, Iov, MemoryRegion};
+
+#[derive(Debug, Default)]
+struct Control {
+    cqs: CqBinding,
+    av: Option<Arc<AddressVector>>,
+}
+
+/// A datagram endpoint (`fi_endpoint` with `FI_EP_DGRAM`).
+#[derive(Debug)]
+pub struct DgramEndpoint {
+    /// Dropped first: the QP goes before the CQs it uses.
+    qp: OnceLock<UdQp>,
+    caps: OnceLock<QpCaps>,
+    /// The address vector sends resolve through, fixed at enable.
+    av: OnceLock<Arc<AddressVector>>,
+    /// Where the GRH of every receive goes when the application has no prefix room.
+    grh: OnceLock<MemoryRegion>,
+    signalling: Signalling,
+    ctl: Mutex<Control>,
+    /// `FI_MSG_PREFIX`: buffers start with `GRH_LEN` bytes of room for the provider.
+    prefix: bool,
+    max_msg_size: usize,
+    info: Info,
+    domain: Arc<Domain>,
+}
+
+fn not_enabled() -> Error {
+    Error::new(
+        errno::EOPBADSTATE,
+        "endpoint not enabled: bind its CQs and address vector, then call enable",
+    )
+}
+
+impl DgramEndpoint {
+    /// Opens a datagram endpoint from a `FI_EP_DGRAM` info (`fi_endpoint`).
+    pub fn open(domain: &Arc<Domain>, info: &Info) -> Result<Self> {
+        if info.ep_attr.ep_type != EpType::Dgram {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "{:?} info given to a DGRAM endpoint: ask fi_getinfo for FI_EP_DGRAM",
+                    info.ep_attr.ep_type
+                ),
+            ));
+        }
+        let mtu = domain.device().port.active_mtu as usize;
+        let max_msg_size = match info.ep_attr.max_msg_size {
+            0 => mtu,
+            n => n.min(mtu),
+        };
+        Ok(DgramEndpoint {
+            qp: OnceLock::new(),
+            caps: OnceLock::new(),
+            av: OnceLock::new(),
+            grh: OnceLock::new(),
+            signalling: Signalling::default(),
+            ctl: Mutex::default(),
+            prefix: info.mode.contains(Mode::MSG_PREFIX),
+            max_msg_size,
+            info: info.clone(),
+            domain: domain.clone(),
+        })
+    }
+
+    fn check_not_enabled(&self, what: &str) -> Result<()> {
+        if self.caps.get().is_some() {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                format!("bind {what} before enabling the endpoint"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Binds a completion queue for `FI_TRANSMIT` and/or `FI_RECV` completions.
+    pub fn bind_cq(&self, cq: &Arc<CompletionQueue>, flags: Flags) -> Result<()> {
+        let enabled = self.caps.get().is_some();
+        let mut c = lock(&self.ctl);
+        self.signalling.bind_cq(&mut c.cqs, cq, flags, enabled)
+    }
+
+    /// Binds the address vector whose addresses sends name (`fi_ep_bind` of an AV).
+    pub fn bind_av(&self, av: &Arc<AddressVector>) -> Result<()> {
+        self.check_not_enabled("the address vector")?;
+        if !Arc::ptr_eq(av.domain(), &self.domain) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the address vector belongs to another domain",
+            ));
+        }
+        let mut c = lock(&self.ctl);
+        if c.av.is_some() {
+            return Err(Error::new(
+                errno::EINVAL,
+                "endpoint already bound to an address vector",
+            ));
+        }
+        c.av = Some(av.clone());
+        Ok(())
+    }
+
+    /// Creates the UD queue pair (`fi_enable`).
+    pub fn enable(&self) -> Result<()> {
+        let mut c = lock(&self.ctl);
+        if self.caps.get().is_some() {
+            return Ok(());
+        }
+        let Some(av) = c.av.clone() else {
+            return Err(Error::new(
+                errno::ENOAV,
+                "bind an address vector before enabling: sends name their peers through it",
+            ));
+        };
+        let dev = self.domain.device();
+        let mut want = wanted_caps(&self.info, &dev.attr, None, None);
+        if !self.prefix {
+            // One more element per receive: the provider's GRH slot.
+            want.max_recv_sge = (want.max_recv_sge + 1).min(dev.attr.max_sge);
+            let slot = MemoryRegion::alloc(&self.domain, GRH_LEN, Flags::RECV)?;
+            let _ = self.grh.set(slot);
+        }
+        c.cqs.reserve(want.max_send_wr, want.max_recv_wr)?;
+        let (Some(tx), Some(rx)) = (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone()) else {
+            unreachable!("reserve checked both CQs are bound")
+        };
+        let (qp, got) = match UdQp::new(
+            self.domain.pd(),
+            tx.raw(),
+            rx.raw(),
+            want,
+            dev.port.port_num,
+            DGRAM_QKEY,
+        ) {
+            Ok(q) => q,
+            Err(e) => {
+                c.cqs.unreserve();
+                return Err(Error::os(e, format!("creating a UD QP ({want:?})")));
+            }
+        };
+        crate::fi_debug!("ep", "UD QP {} created: {:?}", qp.qp_num(), got);
+        let _ = self.av.set(av);
+        let _ = self.qp.set(qp);
+        let _ = self.caps.set(got);
+        Ok(())
+    }
+
+    #[inline]
+    fn qp(&self) -> Result<&QpHandle> {
+        self.qp.get().map(UdQp::handle).ok_or_else(not_enabled)
+    }
+
+    /// The endpoint's name, what a peer inserts into its address vector (`fi_getname`).
+    pub fn getname(&self) -> Result<UdName> {
+        let qp = self.qp.get().ok_or_else(|| {
+            Error::new(
+                errno::EADDRNOTAVAIL,
+                "a datagram endpoint has its name once enabled",
+            )
+        })?;
+        Ok(UdName {
+            gid: self.domain.device().ud_gid,
+            qpn: qp.qp_num(),
+            qkey: DGRAM_QKEY,
+        })
+    }
+
+    /// `fi_getname` into a caller's buffer, with fi_cm(3)'s `addrlen` rules.
+    pub fn getname_into(&self, buf: &mut [u8], addrlen: &mut usize) -> Result<()> {
+        fill_name(&self.getname()?.to_bytes(), buf, addrlen)
+    }
+
+    /// `FI_MSG_PREFIX` in force: buffers start with `msg_prefix_size` (40) bytes.
+    pub fn prefix_size(&self) -> usize {
+        if self.prefix {
+            GRH_LEN
+        } else {
+            0
+        }
+    }
+
+    /// The largest datagram payload: the port's active path MTU.
+    pub fn max_msg_size(&self) -> usize {
+        self.max_msg_size
+    }
+
+    /// The largest payload sent inline (`inject_size`).
+    pub fn inject_size(&self) -> usize {
+        self.qp().map(|q| q.max_inline() as usize).unwrap_or(0)
+    }
+
+    /// The payload of a send buffer: after the prefix in prefix mode.
+    fn payload(&self, offset: usize, len: usize) -> Result<(usize, usize)> {
+        let p = self.prefix_size();
+        if len < p {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "{len} bytes: in FI_MSG_PREFIX mode a buffer starts with {p} bytes of prefix"
+                ),
+            ));
+        }
+        let n = len - p;
+        if n > self.max_msg_size {
+            return Err(Error::new(
+                errno::EMSGSIZE,
+                format!(
+                    "{n} bytes exceed the datagram size {} (the path MTU)",
+                    self.max_msg_size
+                ),
+            ));
+        }
+        Ok((offset + p, n))
+    }
+
+    /// Sends `len` bytes at `offset` of `mr` to `dest`, an address of the bound AV (`fi_send`).
+    pub fn send(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        dest: u64,
+        context: u64,
+    ) -> Result<()> {
+        self.sendmsg(
+            mr,
+            offset,
+            len,
+            dest,
+            context,
+            0,
+            self.info.tx_attr.op_flags,
+        )
+    }
+
+    /// `fi_senddata`: a send carrying 4 bytes of remote CQ data.
+    #[allow(clippy::too_many_arguments)]
+    pub fn senddata(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        data: u64,
+        dest: u64,
+        context: u64,
+    ) -> Result<()> {
+        let flags = self.info.tx_attr.op_flags | Flags::REMOTE_CQ_DATA;
+        self.sendmsg(mr, offset, len, dest, context, data, flags)
+    }
+
+    /// `fi_sendmsg` with one range: `FI_COMPLETION`, `FI_INJECT`, `FI_REMOTE_CQ_DATA`,
+    /// `FI_FENCE`, `FI_MORE` (posted at once), the completion levels (a datagram meets
+    /// transmit complete). `FI_MULTICAST` needs `fi_join`, not implemented yet: `ENOSYS`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sendmsg(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        dest: u64,
+        context: u64,
+        data: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        if flags.contains(Flags::MULTICAST) {
+            return Err(Error::new(
+                errno::ENOSYS,
+                "FI_MULTICAST: multicast groups (fi_join) are not implemented yet",
+            ));
+        }
+        check_send_flags(flags)?;
+        let (off, n) = self.payload(offset, len)?;
+        if flags.contains(Flags::INJECT) && n > self.inject_size() {
+            return Err(inject_too_big(n, self.inject_size()));
+        }
+        self.sendv_flags(&[(mr, off, n)], dest, context, data, flags)
+    }
+
+    /// `fi_sendv`: one datagram gathered from `iov` (in prefix mode the first range starts
+    /// with the prefix).
+    pub fn sendv(&self, iov: &[Iov<'_>], dest: u64, context: u64) -> Result<()> {
+        let Some(&(mr, offset, len)) = iov.first() else {
+            return Err(Error::new(errno::EINVAL, "an empty iov"));
+        };
+        if iov.len() > MAX_IOV {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("{} ranges exceed the iov limit {MAX_IOV}", iov.len()),
+            ));
+        }
+        let mut v = [(mr, offset, len); MAX_IOV];
+        v[..iov.len()].copy_from_slice(iov);
+        let (off, n) = self.payload(offset, len)?;
+        v[0] = (mr, off, n);
+        let flags = self.info.tx_attr.op_flags;
+        self.sendv_flags(&v[..iov.len()], dest, context, 0, flags)
+    }
+
+    fn sendv_flags(
+        &self,
+        iov: &[Iov<'_>],
+        dest: u64,
+        context: u64,
+        data: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        wr_id::check(context)?;
+        let total: usize = iov.iter().map(|v| v.2).sum();
+        if total > self.max_msg_size {
+            return Err(Error::new(
+                errno::EMSGSIZE,
+                format!(
+                    "{total} bytes exceed the datagram size {}",
+                    self.max_msg_size
+                ),
+            ));
+        }
+        let imm = if flags.contains(Flags::REMOTE_CQ_DATA) {
+            Some(cq_data(data)?)
+        } else {
+            None
+        };
+        let kind = if imm.is_some() {
+            Kind::SendData
+        } else {
+            Kind::Send
+        };
+        let qp = self.qp()?;
+        let (slices, n) = iov_slices(&self.domain, iov)?;
+        let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
+        let (id, vflags) = self
+            .signalling
+            .send(wr_id::encode(context, kind, false), flags, depth);
+        self.to_peer(dest, |to| qp.post_ud_iov(id, &slices[..n], vflags, imm, to))?
+            .map_err(|e| match e {
+                libc::E2BIG => Error::new(
+                    errno::EINVAL,
+                    format!("{} ranges exceed the iov limit", iov.len()),
+                ),
+                libc::EINVAL => Error::new(errno::EINVAL, "a range lies outside its memory region"),
+                e => post_error(e, "send"),
+            })
+    }
+
+    /// `fi_inject`: sends `data` inline to `dest` with no completion; the buffer is free on return.
+    pub fn inject(&self, data: &[u8], dest: u64) -> Result<()> {
+        self.post_inject(data, None, dest)
+    }
+
+    /// `fi_injectdata`: `inject` with remote CQ data.
+    pub fn injectdata(&self, data: &[u8], cq: u64, dest: u64) -> Result<()> {
+        self.post_inject(data, Some(cq_data(cq)?), dest)
+    }
+
+    fn post_inject(&self, data: &[u8], imm: Option<u32>, dest: u64) -> Result<()> {
+        let (off, n) = self.payload(0, data.len())?;
+        let data = &data[off..off + n];
+        let max = self.inject_size();
+        if data.len() > max {
+            return Err(inject_too_big(data.len(), max));
+        }
+        let qp = self.qp()?;
+        let kind = if imm.is_some() {
+            Kind::SendData
+        } else {
+            Kind::Send
+        };
+        let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
+        let (id, vflags) = self
+            .signalling
+            .unsignaled(wr_id::encode(0, kind, false), depth);
+        self.to_peer(dest, |to| qp.post_ud_inline(id, data, vflags, imm, to))?
+            .map_err(|e| post_error(e, "send"))
+    }
+
+    /// Runs `post` with the destination of `dest`.
+    #[inline]
+    fn to_peer<R>(&self, dest: u64, post: impl FnOnce(&UdDest<'_>) -> R) -> Result<R> {
+        let av = self.av.get().ok_or_else(not_enabled)?;
+        av.with_peer(dest, |p: &UdPeer| {
+            post(&UdDest {
+                ah: &p.ah,
+                qpn: p.qpn,
+                qkey: p.qkey,
+            })
+        })
+    }
+
+    /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`). In prefix
+    /// mode the first 40 bytes receive the GRH and the length reported includes them.
+    pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
+        self.recvmsg(mr, offset, len, context, self.info.rx_attr.op_flags)
+    }
+
+    /// `fi_recvmsg` with one range: `FI_COMPLETION` under selective completion, `FI_MORE`
+    /// (posted at once).
+    pub fn recvmsg(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        check_recv_flags(flags, Flags::empty())?;
+        self.recvv_flags(&[(mr, offset, len)], context, flags)
+    }
+
+    /// `fi_recvv`: one datagram scattered over `iov`.
+    pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
+        self.recvv_flags(iov, context, self.info.rx_attr.op_flags)
+    }
+
+    fn recvv_flags(&self, iov: &[Iov<'_>], context: u64, flags: Flags) -> Result<()> {
+        wr_id::check(context)?;
+        let qp = self.qp()?;
+        let suppressed = self.signalling.recv_suppressed(flags);
+        if self.prefix && iov.first().is_none_or(|v| v.2 < GRH_LEN) {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("in FI_MSG_PREFIX mode a receive buffer starts with {GRH_LEN} bytes for the GRH"),
+            ));
+        }
+        let mut sges = [Sge::default(); MAX_IOV];
+        let mut n = 0;
+        let kind = match self.grh.get() {
+            Some(slot) => {
+                sges[0] = region_sge(slot, &self.domain, 0, GRH_LEN)?;
+                n = 1;
+                Kind::DgramRecv
+            }
+            None => Kind::Recv,
+        };
+        if iov.len() + n > MAX_IOV {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("{} ranges exceed the iov limit", iov.len()),
+            ));
+        }
+        for (mr, off, len) in iov {
+            sges[n] = region_sge(mr, &self.domain, *off, *len)?;
+            n += 1;
+        }
+        qp.post_recv(wr_id::encode(context, kind, suppressed), &sges[..n])
+            .map_err(|e| match e {
+                libc::EINVAL => Error::new(
+                    errno::EINVAL,
+                    format!("{} ranges exceed the iov limit", iov.len()),
+                ),
+                e => post_error(e, "receive"),
+            })
+    }
+}

@@ -1,0 +1,174 @@
+//! What every verbs endpoint has: its CQ bindings, and how its sends are signalled.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use rfabric_sys::verbs::{send_flags, DeviceAttr, QpCaps};
+
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::Flags;
+use crate::core::info::Info;
+use crate::verbs::{wr_id, CompletionQueue};
+
+/// The completion queues an endpoint is bound to, and the device entries it reserved in
+/// them (released, with the bindings, when it goes).
+#[derive(Debug, Default)]
+pub(crate) struct CqBinding {
+    pub(crate) tx_cq: Option<Arc<CompletionQueue>>,
+    pub(crate) rx_cq: Option<Arc<CompletionQueue>>,
+    pub(crate) reserved: (u32, u32),
+}
+
+impl CqBinding {
+    /// Reserves `tx` and `rx` entries in the bound CQs (they grow to cover them).
+    pub(crate) fn reserve(&mut self, tx: u32, rx: u32) -> Result<()> {
+        let (Some(t), Some(r)) = (&self.tx_cq, &self.rx_cq) else {
+            return Err(Error::new(
+                errno::ENOCQ,
+                "bind a CQ for FI_TRANSMIT and one for FI_RECV (they may be the same) before enabling",
+            ));
+        };
+        t.reserve(tx)?;
+        if let Err(e) = r.reserve(rx) {
+            t.release(tx);
+            return Err(e);
+        }
+        self.reserved = (tx, rx);
+        Ok(())
+    }
+
+    /// Gives back what `reserve` took (after a failed enable).
+    pub(crate) fn unreserve(&mut self) {
+        let (tx, rx) = std::mem::take(&mut self.reserved);
+        if let Some(t) = &self.tx_cq {
+            t.release(tx);
+        }
+        if let Some(r) = &self.rx_cq {
+            r.release(rx);
+        }
+    }
+}
+
+impl Drop for CqBinding {
+    fn drop(&mut self) {
+        self.unreserve();
+        for cq in [&self.tx_cq, &self.rx_cq].into_iter().flatten() {
+            cq.unbind();
+        }
+    }
+}
+
+/// `FI_SELECTIVE_COMPLETION` per direction, and the bound on unsignalled sends.
+#[derive(Debug, Default)]
+pub(crate) struct Signalling {
+    tx_selective: AtomicBool,
+    rx_selective: AtomicBool,
+    /// Unsignalled sends since the last signalled one: bounded, so that the send queue
+    /// (whose entries a signalled completion frees) never fills with unsignalled work.
+    unsignaled: AtomicU32,
+}
+
+impl Signalling {
+    /// `fi_ep_bind` of a CQ for `FI_TRANSMIT` and/or `FI_RECV` (with
+    /// `FI_SELECTIVE_COMPLETION`), into `c`, on an endpoint not yet `enabled`.
+    pub(crate) fn bind_cq(
+        &self,
+        c: &mut CqBinding,
+        cq: &Arc<CompletionQueue>,
+        flags: Flags,
+        enabled: bool,
+    ) -> Result<()> {
+        let dirs = flags & (Flags::TRANSMIT | Flags::RECV);
+        if dirs.is_empty()
+            || !(flags - (Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION)).is_empty()
+        {
+            return Err(Error::new(
+                errno::EBADFLAGS,
+                format!("CQ bind flags {flags:?}: use FI_TRANSMIT and/or FI_RECV"),
+            ));
+        }
+        let selective = flags.contains(Flags::SELECTIVE_COMPLETION);
+        if enabled {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "bind CQs before enabling the endpoint",
+            ));
+        }
+        if (dirs.contains(Flags::TRANSMIT) && c.tx_cq.is_some())
+            || (dirs.contains(Flags::RECV) && c.rx_cq.is_some())
+        {
+            return Err(Error::new(
+                errno::EINVAL,
+                "a CQ is already bound for that direction",
+            ));
+        }
+        if dirs.contains(Flags::TRANSMIT) {
+            cq.bind()?;
+            c.tx_cq = Some(cq.clone());
+            self.tx_selective.store(selective, Ordering::Release);
+        }
+        if dirs.contains(Flags::RECV) {
+            if let Err(e) = cq.bind() {
+                if let Some(tx) = c.tx_cq.take().filter(|_| dirs.contains(Flags::TRANSMIT)) {
+                    tx.unbind();
+                }
+                return Err(e);
+            }
+            c.rx_cq = Some(cq.clone());
+            self.rx_selective.store(selective, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn rx_selective(&self) -> bool {
+        self.rx_selective.load(Ordering::Relaxed)
+    }
+
+    /// Whether a receive posted with `flags` completes unseen (selective, no `FI_COMPLETION`).
+    #[inline]
+    pub(crate) fn recv_suppressed(&self, flags: Flags) -> bool {
+        self.rx_selective() && !flags.contains(Flags::COMPLETION)
+    }
+
+    /// The work request id and signalling of a send: signalled when a completion is due
+    /// (no selective completion, or `FI_COMPLETION` asked), else counted as unsignalled.
+    #[inline]
+    pub(crate) fn send(&self, id: u64, flags: Flags, depth: u32) -> (u64, u32) {
+        if !self.tx_selective.load(Ordering::Relaxed) || flags.contains(Flags::COMPLETION) {
+            (id, send_flags::SIGNALED)
+        } else {
+            self.unsignaled(id, depth)
+        }
+    }
+
+    /// The work request id and signalling of a send that reports no completion: every
+    /// `depth / 2`-th one is signalled anyway (its completion suppressed) to free the queue.
+    #[inline]
+    pub(crate) fn unsignaled(&self, id: u64, depth: u32) -> (u64, u32) {
+        let every = (depth / 2).max(1);
+        let n = self.unsignaled.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= every {
+            self.unsignaled.store(0, Ordering::Relaxed);
+            (id | wr_id::SUPPRESSED, send_flags::SIGNALED)
+        } else {
+            (id, 0)
+        }
+    }
+}
+
+/// The queue pair capacities an endpoint asks for: its info's sizes (or those set with
+/// `fi_setopt` before enable) within the device's limits, inline up to the inject size.
+pub(crate) fn wanted_caps(
+    info: &Info,
+    dev: &DeviceAttr,
+    tx_size: Option<usize>,
+    rx_size: Option<usize>,
+) -> QpCaps {
+    QpCaps {
+        max_send_wr: (tx_size.unwrap_or(info.tx_attr.size).max(1) as u32).min(dev.max_qp_wr),
+        max_recv_wr: (rx_size.unwrap_or(info.rx_attr.size).max(1) as u32).min(dev.max_qp_wr),
+        max_send_sge: (info.tx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
+        max_recv_sge: (info.rx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
+        max_inline_data: info.tx_attr.inject_size as u32,
+    }
+}
