@@ -17,7 +17,7 @@ use crate::core::info::Info;
 use crate::verbs::av::{UdName, UdPeer, DGRAM_QKEY};
 use crate::verbs::ep_common::{wanted_caps, CqBinding, Signalling};
 use crate::verbs::msg_ep::{
-    check_recv_flags, check_send_flags, cq_data, inject_too_big, iov_slices, lock, post_error,
+    check_inject, check_recv_flags, check_send_flags, cq_data, iov_slices, lock, post_error,
     region_sge,
 };
 use crate::verbs::wr_id::{self, Kind};
@@ -212,7 +212,8 @@ impl DgramEndpoint {
         self.qp().map(|q| q.max_inline() as usize).unwrap_or(0)
     }
 
-    /// The payload of a send buffer: after the prefix in prefix mode.
+    /// The payload of a send buffer: after the prefix in prefix mode. The datagram size
+    /// is checked where the whole payload is known.
     fn payload(&self, offset: usize, len: usize) -> Result<(usize, usize)> {
         let p = self.prefix_size();
         if len < p {
@@ -223,17 +224,7 @@ impl DgramEndpoint {
                 ),
             ));
         }
-        let n = len - p;
-        if n > self.max_msg_size {
-            return Err(Error::new(
-                errno::EMSGSIZE,
-                format!(
-                    "{n} bytes exceed the datagram size {} (the path MTU)",
-                    self.max_msg_size
-                ),
-            ));
-        }
-        Ok((offset + p, n))
+        Ok((offset + p, len - p))
     }
 
     /// Sends `len` bytes at `offset` of `mr` to `dest`, an address of the bound AV (`fi_send`).
@@ -293,8 +284,8 @@ impl DgramEndpoint {
         }
         check_send_flags(flags)?;
         let (off, n) = self.payload(offset, len)?;
-        if flags.contains(Flags::INJECT) && n > self.inject_size() {
-            return Err(inject_too_big(n, self.inject_size()));
+        if flags.contains(Flags::INJECT) {
+            check_inject(n, self.inject_size())?;
         }
         self.sendv_flags(&[(mr, off, n)], dest, context, data, flags)
     }
@@ -333,7 +324,7 @@ impl DgramEndpoint {
             return Err(Error::new(
                 errno::EMSGSIZE,
                 format!(
-                    "{total} bytes exceed the datagram size {}",
+                    "{total} bytes exceed the datagram size {} (the path MTU)",
                     self.max_msg_size
                 ),
             ));
@@ -343,11 +334,7 @@ impl DgramEndpoint {
         } else {
             None
         };
-        let kind = if imm.is_some() {
-            Kind::SendData
-        } else {
-            Kind::Send
-        };
+        let kind = wr_id::send_kind(imm);
         let qp = self.qp()?;
         let (slices, n) = iov_slices(&self.domain, iov)?;
         let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
@@ -378,16 +365,9 @@ impl DgramEndpoint {
     fn post_inject(&self, data: &[u8], imm: Option<u32>, dest: u64) -> Result<()> {
         let (off, n) = self.payload(0, data.len())?;
         let data = &data[off..off + n];
-        let max = self.inject_size();
-        if data.len() > max {
-            return Err(inject_too_big(data.len(), max));
-        }
+        check_inject(data.len(), self.inject_size())?;
         let qp = self.qp()?;
-        let kind = if imm.is_some() {
-            Kind::SendData
-        } else {
-            Kind::Send
-        };
+        let kind = wr_id::send_kind(imm);
         let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
         let (id, vflags) = self
             .signalling

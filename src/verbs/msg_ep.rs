@@ -730,8 +730,8 @@ impl MsgEndpoint {
         flags: Flags,
     ) -> Result<()> {
         check_send_flags(flags)?;
-        if flags.contains(Flags::INJECT) && len > self.inject_size() {
-            return Err(inject_too_big(len, self.inject_size()));
+        if flags.contains(Flags::INJECT) {
+            check_inject(len, self.inject_size())?;
         }
         let imm = if flags.contains(Flags::REMOTE_CQ_DATA) {
             Some(cq_data(data)?)
@@ -752,17 +752,10 @@ impl MsgEndpoint {
     }
 
     fn post_inject(&self, data: &[u8], imm: Option<u32>) -> Result<()> {
-        let max = self.inject_size();
-        if data.len() > max {
-            return Err(inject_too_big(data.len(), max));
-        }
+        check_inject(data.len(), self.inject_size())?;
         let qp = self.qp()?;
         // An inject never completes; errors are reported with a NULL (0) context.
-        let kind = if imm.is_some() {
-            Kind::SendData
-        } else {
-            Kind::Send
-        };
+        let kind = wr_id::send_kind(imm);
         let (id, vflags) = self.unsignaled_slot(wr_id::encode(0, kind, false));
         self.ring_sends(qp)?;
         qp.post_send_inline(id, data, vflags, imm)
@@ -797,11 +790,7 @@ impl MsgEndpoint {
     ) -> Result<()> {
         self.check_mr(mr)?;
         wr_id::check(context)?;
-        let kind = if imm.is_some() {
-            Kind::SendData
-        } else {
-            Kind::Send
-        };
+        let kind = wr_id::send_kind(imm);
         let context = wr_id::encode(context, kind, false);
         self.check_len(len)?;
         let qp = self.qp()?;
@@ -1204,11 +1193,16 @@ pub(crate) fn cq_data(data: u64) -> Result<u32> {
     })
 }
 
-pub(crate) fn inject_too_big(len: usize, max: usize) -> Error {
-    Error::new(
-        errno::EINVAL,
-        format!("{len} bytes exceed the inject size {max}: send without FI_INJECT"),
-    )
+/// `FI_INJECT` payloads fit the inject size (`-FI_EINVAL` otherwise).
+#[inline]
+pub(crate) fn check_inject(len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("{len} bytes exceed the inject size {max}: send without FI_INJECT"),
+        ));
+    }
+    Ok(())
 }
 
 /// A full work queue is `-FI_EAGAIN`: reading the CQ frees room.

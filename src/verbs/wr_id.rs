@@ -31,6 +31,16 @@ pub(crate) enum Kind {
     DgramRecv = 6,
 }
 
+/// The kind of a send: with remote CQ data (immediate data) or without.
+#[inline(always)]
+pub(crate) fn send_kind(imm: Option<u32>) -> Kind {
+    if imm.is_some() {
+        Kind::SendData
+    } else {
+        Kind::Send
+    }
+}
+
 /// Rejects contexts that use the reserved top byte instead of corrupting them.
 #[inline]
 pub(crate) fn check(context: u64) -> Result<()> {

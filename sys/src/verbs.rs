@@ -27,6 +27,16 @@ pub use ud::{AddressHandle, UdDest, UdQp, GRH_LEN};
 /// A hook for messages that cannot be returned (failures inside `Drop`).
 static WARN_HOOK: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 
+/// Reports a failed destroy call from a `Drop`, where nothing can be returned.
+fn destroyed(call: &str, rc: i32) {
+    if rc != 0 {
+        warn(&format!(
+            "{call} failed: {}",
+            std::io::Error::from_raw_os_error(rc.abs())
+        ));
+    }
+}
+
 /// Installs the function that receives warnings from destructors.
 pub fn set_warn_hook(hook: fn(&str)) {
     WARN_HOOK.store(hook as *mut (), Ordering::Release);
@@ -267,13 +277,9 @@ impl ProtectionDomain {
 impl Drop for ProtectionDomain {
     fn drop(&mut self) {
         // SAFETY: the PD is ours; every child holds an Arc of it, so none is left.
-        let rc = unsafe { r::ibv_dealloc_pd(self.pd.as_ptr()) };
-        if rc != 0 {
-            warn(&format!(
-                "ibv_dealloc_pd failed: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
-        }
+        destroyed("ibv_dealloc_pd", unsafe {
+            r::ibv_dealloc_pd(self.pd.as_ptr())
+        });
     }
 }
 
@@ -773,13 +779,9 @@ impl Cq {
 impl Drop for Cq {
     fn drop(&mut self) {
         // SAFETY: ours; QPs using it hold an Arc of their CQ, so none is left.
-        let rc = unsafe { r::ibv_destroy_cq(self.cq.as_ptr()) };
-        if rc != 0 {
-            warn(&format!(
-                "ibv_destroy_cq failed: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
-        }
+        destroyed("ibv_destroy_cq", unsafe {
+            r::ibv_destroy_cq(self.cq.as_ptr())
+        });
     }
 }
 
@@ -1329,13 +1331,9 @@ impl Srq {
 impl Drop for Srq {
     fn drop(&mut self) {
         // SAFETY: ours; every QP using it holds an Arc of it, so none is left.
-        let rc = unsafe { r::ibv_destroy_srq(self.srq.as_ptr()) };
-        if rc != 0 {
-            warn(&format!(
-                "ibv_destroy_srq failed: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
-        }
+        destroyed("ibv_destroy_srq", unsafe {
+            r::ibv_destroy_srq(self.srq.as_ptr())
+        });
     }
 }
 

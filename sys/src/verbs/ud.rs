@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rdma_sys as r;
 
 use super::{
-    fill_sges, send_flags, warn, Cq, MrSlice, ProtectionDomain, QpCaps, QpHandle, Sge, MAX_IOV,
+    destroyed, fill_sges, send_flags, Cq, MrSlice, ProtectionDomain, QpCaps, QpHandle, Sge, MAX_IOV,
 };
 use crate::last_errno;
 
@@ -58,13 +58,9 @@ impl AddressHandle {
 impl Drop for AddressHandle {
     fn drop(&mut self) {
         // SAFETY: ours; sends borrow it only for the duration of a post.
-        let rc = unsafe { r::ibv_destroy_ah(self.ah.as_ptr()) };
-        if rc != 0 {
-            warn(&format!(
-                "ibv_destroy_ah failed: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
-        }
+        destroyed("ibv_destroy_ah", unsafe {
+            r::ibv_destroy_ah(self.ah.as_ptr())
+        });
     }
 }
 
@@ -173,13 +169,9 @@ impl UdQp {
 impl Drop for UdQp {
     fn drop(&mut self) {
         // SAFETY: ours; the handle is borrowed from self, so no post is in flight.
-        let rc = unsafe { r::ibv_destroy_qp(self.qp.as_ptr()) };
-        if rc != 0 {
-            warn(&format!(
-                "ibv_destroy_qp failed: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
-        }
+        destroyed("ibv_destroy_qp", unsafe {
+            r::ibv_destroy_qp(self.qp.as_ptr())
+        });
     }
 }
 
