@@ -11,9 +11,15 @@ use rfabric::*;
 
 /// The first device's DGRAM info, asking for prefix mode or not.
 fn dgram_info(prefix: bool) -> Option<Info> {
+    dgram_info_caps(prefix, Flags::empty())
+}
+
+/// As `dgram_info`, asking for `caps` too.
+fn dgram_info_caps(prefix: bool, caps: Flags) -> Option<Info> {
     device_info()?;
     let mut hints = Info::default();
     hints.ep_attr.ep_type = EpType::Dgram;
+    hints.caps = caps;
     if prefix {
         hints.mode = Mode::MSG_PREFIX;
     }
@@ -28,8 +34,8 @@ fn dgram_info(prefix: bool) -> Option<Info> {
 struct Pair {
     domain: Arc<Domain>,
     av: Arc<AddressVector>,
-    a: DgramEndpoint,
-    b: DgramEndpoint,
+    a: Arc<DgramEndpoint>,
+    b: Arc<DgramEndpoint>,
     a_cq: Arc<CompletionQueue>,
     b_cq: Arc<CompletionQueue>,
     /// The AV addresses of a and b.
@@ -222,4 +228,137 @@ fn address_vector_misuse_returns_errors() {
     let ep = DgramEndpoint::open(&p.domain, &info).unwrap();
     ep.bind_cq(&p.a_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
     assert_eq!(ep.enable().unwrap_err().errno(), errno::ENOAV);
+}
+
+/// Reads one completion with its source address, polling up to 10 s.
+fn wait_from(cq: &CompletionQueue) -> (rfabric::core::cq::CqEntry, u64) {
+    let mut out = [rfabric::core::cq::CqEntry::default(); 1];
+    let mut src = [0u64; 1];
+    let start = std::time::Instant::now();
+    loop {
+        match cq.readfrom(&mut out, &mut src) {
+            Ok(1) => return (out[0], src[0]),
+            Ok(_) => {}
+            Err(e) if e.is_again() => {}
+            Err(e) => panic!("cq readfrom: {e} {:?}", cq.readerr()),
+        }
+        assert!(start.elapsed().as_secs() < 10, "no completion within 10 s");
+    }
+}
+
+fn fi_source_maps_senders_back_to_their_addresses(prefix: bool) {
+    let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::SOURCE;
+    let Some(info) = dgram_info_caps(prefix, caps) else {
+        return;
+    };
+    assert!(info.caps.contains(Flags::SOURCE));
+    let p = pair(&info, AvType::Map);
+    let pre = p.a.prefix_size();
+    let rx = MemoryRegion::alloc(&p.domain, 64 * 1024, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 4096, Flags::SEND).unwrap();
+    // A third endpoint sends too, but is not in the AV.
+    let c = DgramEndpoint::open(&p.domain, &info).unwrap();
+    let c_cq = CompletionQueue::open(&p.domain, &CqAttr::default()).unwrap();
+    c.bind_cq(&c_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    c.bind_av(&p.av).unwrap();
+    c.enable().unwrap();
+    for i in 0..6 {
+        p.b.recv(&rx, i * 2048, 2048, 10 + i as u64).unwrap();
+    }
+    // Interleaved senders: each completion names its own.
+    let senders = [
+        (&p.a, &p.a_cq, Some(p.to_a)),
+        (&c, &c_cq, None),
+        (&p.a, &p.a_cq, Some(p.to_a)),
+        (&c, &c_cq, None),
+    ];
+    for (i, (ep, cq, _)) in senders.iter().enumerate() {
+        tx.write_at(pre, &[i as u8; 8]).unwrap();
+        ep.send(&tx, 0, pre + 8, p.to_b, i as u64).unwrap();
+        assert_eq!(wait_one(cq).op_context, i as u64);
+        let (e, from) = wait_from(&p.b_cq);
+        assert_eq!(e.op_context, 10 + i as u64);
+        assert_eq!(
+            from,
+            senders[i]
+                .2
+                .unwrap_or(rfabric_sys::fabric::FI_ADDR_NOTAVAIL),
+            "datagram {i}: source"
+        );
+    }
+    // b answers a: a's completion names b.
+    p.a.recv(&rx, 40000, 2048, 99).unwrap();
+    p.b.inject(&vec![7u8; pre + 4], p.to_a).unwrap();
+    let (e, from) = wait_from(&p.a_cq);
+    assert_eq!((e.op_context, from), (99, p.to_b));
+}
+
+#[test]
+fn fi_source_maps_senders_back_to_their_addresses_without_a_prefix() {
+    fi_source_maps_senders_back_to_their_addresses(false);
+}
+
+#[test]
+fn fi_source_maps_senders_back_to_their_addresses_with_the_prefix() {
+    fi_source_maps_senders_back_to_their_addresses(true);
+}
+
+#[test]
+fn fi_source_err_reports_unknown_senders_with_their_raw_name() {
+    let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::SOURCE | Flags::SOURCE_ERR;
+    let Some(info) = dgram_info_caps(false, caps) else {
+        return;
+    };
+    let p = pair(&info, AvType::Table);
+    let c = DgramEndpoint::open(&p.domain, &info).unwrap();
+    let c_cq = CompletionQueue::open(&p.domain, &CqAttr::default()).unwrap();
+    c.bind_cq(&c_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    c.bind_av(&p.av).unwrap();
+    c.enable().unwrap();
+    let rx = MemoryRegion::alloc(&p.domain, 8192, Flags::RECV).unwrap();
+    p.b.recv(&rx, 0, 2048, 1).unwrap();
+    p.b.recv(&rx, 2048, 2048, 2).unwrap();
+    c.inject(b"who am i", p.to_b).unwrap();
+    let e = wait_err(&p.b_cq);
+    assert_eq!((e.op_context, e.err, e.len), (1, errno::EADDRNOTAVAIL, 8));
+    assert_eq!(
+        e.err_data,
+        c.getname().unwrap().to_bytes().to_vec(),
+        "the raw source name"
+    );
+    // A known sender still completes normally.
+    p.a.inject(b"known", p.to_b).unwrap();
+    let (e, from) = wait_from(&p.b_cq);
+    assert_eq!((e.op_context, e.len, from), (2, 5, p.to_a));
+}
+
+#[test]
+fn a_receive_queue_that_runs_dry_drops_datagrams_and_says_so() {
+    let Some(info) = dgram_info(false) else {
+        return;
+    };
+    let p = pair(&info, AvType::Table);
+    let rx = MemoryRegion::alloc(&p.domain, 4096, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 4096, Flags::SEND).unwrap();
+    assert_eq!(p.b.rx_dry_events(), 0);
+    p.b.recv(&rx, 0, 2048, 1).unwrap();
+    // Two datagrams, one receive: the sender is never held up.
+    p.a.send(&tx, 0, 16, p.to_b, 10).unwrap();
+    p.a.send(&tx, 0, 16, p.to_b, 11).unwrap();
+    assert_eq!(wait_one(&p.a_cq).op_context, 10);
+    assert_eq!(wait_one(&p.a_cq).op_context, 11);
+    assert_eq!(wait_one(&p.b_cq).op_context, 1);
+    assert_eq!(p.b.rx_dry_events(), 1, "the queue ran dry");
+    let start = std::time::Instant::now();
+    let mut out = [rfabric::core::cq::CqEntry::default(); 1];
+    while start.elapsed().as_millis() < 300 {
+        match p.b_cq.read(&mut out) {
+            Err(e) if e.is_again() => {}
+            other => panic!("the second datagram had no receive and must be dropped: {other:?}"),
+        }
+    }
+    // With receives posted again, datagrams arrive again.
+    p.b.recv(&rx, 0, 2048, 2).unwrap();
+    p.a.send(&tx, 0, 16, p.to_b, 12).unwrap();
+    assert_eq!(wait_one(&p.b_cq).op_context, 2);
 }

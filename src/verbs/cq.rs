@@ -11,7 +11,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -156,20 +156,25 @@ pub struct CompletionQueue {
     waiter: Option<Waiter>,
     attr: CqAttr,
     max_cqe: u32,
-    /// Endpoints whose `FI_MULTI_RECV` buffers complete here, by token (few: a scan).
-    multi_recv: Mutex<Vec<(u64, Weak<dyn MultiRecvOwner>)>>,
+    /// Endpoints that place some of their receive completions themselves, by queue pair
+    /// number (few: a scan). Changed rarely, read per owned completion.
+    owners: RwLock<Vec<(u32, Weak<dyn RecvOwner>)>>,
     _domain: Arc<Domain>,
 }
 
-/// An endpoint that turns the device completions of its multi-receive buffer into CQ
-/// entries: it knows where in the buffer each message landed, and posts the rest again.
-pub(crate) trait MultiRecvOwner: Send + Sync {
-    /// The entry for one completion (`Err` for a failure); `None` when nothing is reported.
-    /// A failure comes with the cancellations of the receives that waited behind it.
-    fn multi_recv_completion(
-        &self,
-        wc: &WorkCompletion,
-    ) -> Option<std::result::Result<CqEntry, Vec<CqErrEntry>>>;
+/// An endpoint that turns some of its receive completions into CQ entries itself: where
+/// in a multi-receive buffer a message landed, or which peer a datagram came from.
+pub(crate) trait RecvOwner: Send + Sync {
+    fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned>;
+}
+
+/// What an owner makes of a completion.
+#[derive(Debug)]
+pub(crate) enum Owned {
+    /// An entry and its source address (`FI_ADDR_NOTAVAIL` when unknown).
+    Entry(CqEntry, u64),
+    /// Error entries: a failure, with the cancellations of what waited behind it.
+    Errors(Vec<CqErrEntry>),
 }
 
 /// libfabric errno for a failed work completion.
@@ -212,8 +217,7 @@ pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
         op_context: wr_id::context(wc.wr_id()),
         flags: flags.bits(),
         len: if flags.intersects(Flags::RECV | Flags::REMOTE_WRITE) {
-            wc.byte_len()
-                .saturating_sub(wr_id::provider_prefix(wc.wr_id())) as usize
+            wc.byte_len() as usize
         } else {
             0
         },
@@ -366,7 +370,7 @@ impl CompletionQueue {
             waiter,
             attr,
             max_cqe,
-            multi_recv: Mutex::new(Vec::new()),
+            owners: RwLock::new(Vec::new()),
             _domain: domain.clone(),
         }))
     }
@@ -487,25 +491,26 @@ impl CompletionQueue {
                 self.stage(&wcs[i..]);
                 return Ok((n, wcs.len()));
             }
-            if wr_id::is_suppressed(w.wr_id()) {
-                continue;
-            }
-            let entry = if wr_id::is_multi_recv(w.wr_id()) {
-                match self.multi_recv(w) {
-                    Some(Ok(e)) => e,
-                    Some(Err(v)) => {
+            // Owners see every completion of theirs (they count and track them) and apply
+            // the suppression themselves.
+            let (entry, from) = if wr_id::is_owned(w.wr_id()) {
+                match self.owned(w) {
+                    Some(Owned::Entry(e, from)) => (e, from),
+                    Some(Owned::Errors(v)) => {
                         // Staged behind: the rest of this poll follows it there.
-                        self.stage_multi_err(v, &wcs[i + 1..]);
+                        self.stage_owned_errors(v, &wcs[i + 1..]);
                         return Ok((n, wcs.len()));
                     }
                     None => continue,
                 }
+            } else if wr_id::is_suppressed(w.wr_id()) {
+                continue;
             } else {
-                to_entry(w)
+                (to_entry(w), FI_ADDR_NOTAVAIL)
             };
             out[n] = E::from_tagged(&entry);
             if let Some(s) = src.as_deref_mut() {
-                s[n] = FI_ADDR_NOTAVAIL;
+                s[n] = from;
             }
             n += 1;
         }
@@ -517,10 +522,10 @@ impl CompletionQueue {
     fn stage(&self, wcs: &[WorkCompletion]) {
         let mut s = self.state();
         for w in wcs {
-            if wr_id::is_multi_recv(w.wr_id()) {
-                let r = match self.multi_recv(w) {
-                    Some(Ok(e)) => s.push_entry(e),
-                    Some(Err(v)) => v.into_iter().try_for_each(|e| s.push_error(e)),
+            if wr_id::is_owned(w.wr_id()) {
+                let r = match self.owned(w) {
+                    Some(Owned::Entry(e, from)) => s.push_entry_from(e, from),
+                    Some(Owned::Errors(v)) => v.into_iter().try_for_each(|e| s.push_error(e)),
                     None => Ok(()),
                 };
                 if let Err(e) = r {
@@ -534,7 +539,7 @@ impl CompletionQueue {
     }
 
     #[cold]
-    fn stage_multi_err(&self, v: Vec<CqErrEntry>, rest: &[WorkCompletion]) {
+    fn stage_owned_errors(&self, v: Vec<CqErrEntry>, rest: &[WorkCompletion]) {
         {
             let mut s = self.state();
             if let Err(err) = v.into_iter().try_for_each(|e| s.push_error(e)) {
@@ -545,38 +550,36 @@ impl CompletionQueue {
         self.stage(rest);
     }
 
-    /// The entry for a completion of an `FI_MULTI_RECV` buffer, from its endpoint.
-    #[cold]
-    fn multi_recv(
-        &self,
-        w: &WorkCompletion,
-    ) -> Option<std::result::Result<CqEntry, Vec<CqErrEntry>>> {
-        let token = wr_id::context(w.wr_id());
-        let owner = lock(&self.multi_recv)
+    /// The entry for a completion whose endpoint places it (`wr_id::is_owned`).
+    fn owned(&self, w: &WorkCompletion) -> Option<Owned> {
+        let owner = self
+            .owners
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .find(|(t, _)| *t == token)
+            .find(|(q, _)| *q == w.qp_num())
             .and_then(|(_, o)| o.upgrade());
         match owner {
-            Some(o) => o.multi_recv_completion(w),
+            Some(o) => o.recv_completion(w),
             None => {
-                crate::fi_debug!(
-                    "cq",
-                    "multi-receive completion of a closed endpoint dropped"
-                );
+                crate::fi_debug!("cq", "a completion of a closed endpoint dropped");
                 None
             }
         }
     }
 
-    /// Routes the multi-receive completions carrying `token` to `owner`.
-    pub(crate) fn register_multi_recv(&self, token: u64, owner: Weak<dyn MultiRecvOwner>) {
-        let mut v = lock(&self.multi_recv);
-        v.retain(|(t, o)| *t != token && o.strong_count() > 0);
-        v.push((token, owner));
+    /// Routes the owned completions of queue pair `qp_num` to `owner`.
+    pub(crate) fn register_owner(&self, qp_num: u32, owner: Weak<dyn RecvOwner>) {
+        let mut v = self.owners.write().unwrap_or_else(|p| p.into_inner());
+        v.retain(|(q, o)| *q != qp_num && o.strong_count() > 0);
+        v.push((qp_num, owner));
     }
 
-    pub(crate) fn unregister_multi_recv(&self, token: u64) {
-        lock(&self.multi_recv).retain(|(t, _)| *t != token);
+    pub(crate) fn unregister_owner(&self, qp_num: u32) {
+        self.owners
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(q, _)| *q != qp_num);
     }
 
     /// Moves device completions into the software queue, in order, until the flush of the
@@ -919,10 +922,6 @@ impl Waitable for CompletionQueue {
     fn take_signal(&self) -> bool {
         self.signaled.swap(false, Ordering::SeqCst)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

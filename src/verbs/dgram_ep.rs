@@ -6,15 +6,22 @@
 //! scatter element for it, so it never sees the header. Nothing waits for an
 //! acknowledgement: a datagram that finds no receive posted is dropped by the device.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use rfabric_sys::verbs::{QpCaps, QpHandle, Sge, UdDest, UdQp, GRH_LEN, MAX_IOV};
+use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
+use rfabric_sys::verbs::{
+    wc_status as st, QpCaps, QpHandle, Sge, UdDest, UdQp, WorkCompletion, GRH_LEN, MAX_IOV,
+};
 
 use crate::core::addr::fill_name;
+use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags, Mode};
 use crate::core::info::Info;
 use crate::verbs::av::{UdName, UdPeer, DGRAM_QKEY};
+use crate::verbs::cq::{to_entry, to_err_entry, Owned, RecvOwner};
 use crate::verbs::ep_common::{wanted_caps, CqBinding, Signalling};
 use crate::verbs::msg_ep::{
     check_inject, check_recv_flags, check_send_flags, cq_data, iov_slices, lock, post_error,
@@ -44,8 +51,27 @@ pub struct DgramEndpoint {
     /// `FI_MSG_PREFIX`: buffers start with `GRH_LEN` bytes of room for the provider.
     prefix: bool,
     max_msg_size: usize,
+    /// `FI_SOURCE` / `FI_SOURCE_ERR` in the endpoint's caps.
+    source: bool,
+    source_err: bool,
+    /// With `FI_SOURCE`: where each posted receive's GRH lands, in posting order.
+    track: Mutex<GrhTrack>,
+    /// Receives posted and not yet completed; reaching 0 means datagrams get dropped.
+    outstanding: AtomicU32,
+    dry: AtomicU64,
+    /// The endpoint's own handle, for the CQ to route completions to it.
+    me: Weak<DgramEndpoint>,
     info: Info,
     domain: Arc<Domain>,
+}
+
+impl Drop for DgramEndpoint {
+    fn drop(&mut self) {
+        let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let (Some(cq), Some(qp)) = (&c.cqs.rx_cq, self.qp.get()) {
+            cq.unregister_owner(qp.qp_num());
+        }
+    }
 }
 
 fn not_enabled() -> Error {
@@ -57,7 +83,7 @@ fn not_enabled() -> Error {
 
 impl DgramEndpoint {
     /// Opens a datagram endpoint from a `FI_EP_DGRAM` info (`fi_endpoint`).
-    pub fn open(domain: &Arc<Domain>, info: &Info) -> Result<Self> {
+    pub fn open(domain: &Arc<Domain>, info: &Info) -> Result<Arc<Self>> {
         if info.ep_attr.ep_type != EpType::Dgram {
             return Err(Error::new(
                 errno::EINVAL,
@@ -72,7 +98,14 @@ impl DgramEndpoint {
             0 => mtu,
             n => n.min(mtu),
         };
-        Ok(DgramEndpoint {
+        let source = info.caps.contains(Flags::SOURCE);
+        Ok(Arc::new_cyclic(|me| DgramEndpoint {
+            me: me.clone(),
+            source,
+            source_err: source && info.caps.contains(Flags::SOURCE_ERR),
+            track: Mutex::default(),
+            outstanding: AtomicU32::new(0),
+            dry: AtomicU64::new(0),
             qp: OnceLock::new(),
             caps: OnceLock::new(),
             av: OnceLock::new(),
@@ -83,7 +116,7 @@ impl DgramEndpoint {
             max_msg_size,
             info: info.clone(),
             domain: domain.clone(),
-        })
+        }))
     }
 
     fn check_not_enabled(&self, what: &str) -> Result<()> {
@@ -140,8 +173,18 @@ impl DgramEndpoint {
         if !self.prefix {
             // One more element per receive: the provider's GRH slot.
             want.max_recv_sge = (want.max_recv_sge + 1).min(dev.attr.max_sge);
-            let slot = MemoryRegion::alloc(&self.domain, GRH_LEN, Flags::RECV)?;
-            let _ = self.grh.set(slot);
+            // With FI_SOURCE a slot per receive until its completion is read; else one
+            // slot that every receive overwrites.
+            let slots = if self.source {
+                2 * want.max_recv_wr as usize
+            } else {
+                1
+            };
+            let mr = MemoryRegion::alloc(&self.domain, slots * GRH_LEN, Flags::RECV)?;
+            let _ = self.grh.set(mr);
+            let mut t = lock(&self.track);
+            t.free = (0..slots).rev().collect();
+            t.ring.reserve(slots);
         }
         c.cqs.reserve(want.max_send_wr, want.max_recv_wr)?;
         let (Some(tx), Some(rx)) = (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone()) else {
@@ -163,6 +206,8 @@ impl DgramEndpoint {
         };
         crate::fi_debug!("ep", "UD QP {} created: {:?}", qp.qp_num(), got);
         let _ = self.av.set(av);
+        let owner: Weak<dyn RecvOwner> = self.me.clone();
+        rx.register_owner(qp.qp_num(), owner);
         let _ = self.qp.set(qp);
         let _ = self.caps.set(got);
         Ok(())
@@ -418,39 +463,171 @@ impl DgramEndpoint {
         wr_id::check(context)?;
         let qp = self.qp()?;
         let suppressed = self.signalling.recv_suppressed(flags);
-        if self.prefix && iov.first().is_none_or(|v| v.2 < GRH_LEN) {
+        let first = iov
+            .first()
+            .ok_or_else(|| Error::new(errno::EINVAL, "an empty iov"))?;
+        if self.prefix && first.2 < GRH_LEN {
             return Err(Error::new(
                 errno::EINVAL,
                 format!("in FI_MSG_PREFIX mode a receive buffer starts with {GRH_LEN} bytes for the GRH"),
             ));
         }
-        let mut sges = [Sge::default(); MAX_IOV];
-        let mut n = 0;
-        let kind = match self.grh.get() {
-            Some(slot) => {
-                sges[0] = region_sge(slot, &self.domain, 0, GRH_LEN)?;
-                n = 1;
-                Kind::DgramRecv
-            }
-            None => Kind::Recv,
-        };
-        if iov.len() + n > MAX_IOV {
+        let slots = usize::from(self.grh.get().is_some());
+        if iov.len() + slots > MAX_IOV {
             return Err(Error::new(
                 errno::EINVAL,
                 format!("{} ranges exceed the iov limit", iov.len()),
             ));
         }
-        for (mr, off, len) in iov {
-            sges[n] = region_sge(mr, &self.domain, *off, *len)?;
-            n += 1;
+        let mut sges = [Sge::default(); MAX_IOV];
+        for (g, (mr, off, len)) in sges[slots..].iter_mut().zip(iov) {
+            *g = region_sge(mr, &self.domain, *off, *len)?;
         }
-        qp.post_recv(wr_id::encode(context, kind, suppressed), &sges[..n])
-            .map_err(|e| match e {
-                libc::EINVAL => Error::new(
-                    errno::EINVAL,
-                    format!("{} ranges exceed the iov limit", iov.len()),
-                ),
-                e => post_error(e, "receive"),
-            })
+        let id = wr_id::encode(context, Kind::DgramRecv, suppressed);
+        // With FI_SOURCE each receive's GRH must stay until its completion is read: it gets
+        // its own slot (or its own prefix), remembered in posting order, which is the
+        // order UD receives complete in.
+        let mut track = self.source.then(|| lock(&self.track));
+        let loc = match (self.grh.get(), track.as_deref_mut()) {
+            (Some(mr), Some(t)) => {
+                let slot = t.free.pop().ok_or_else(|| {
+                    Error::new(
+                        errno::EAGAIN,
+                        "receive queue full: read the CQ to free room",
+                    )
+                })?;
+                sges[0] = region_sge(mr, &self.domain, slot * GRH_LEN, GRH_LEN)?;
+                Some(GrhLoc::Slot(slot))
+            }
+            (Some(mr), None) => {
+                sges[0] = region_sge(mr, &self.domain, 0, GRH_LEN)?;
+                None
+            }
+            (None, _) => Some(GrhLoc::App(first.0.clone(), first.1)),
+        };
+        let r = qp.post_recv(id, &sges[..slots + iov.len()]);
+        if let Some(t) = track.as_deref_mut() {
+            match (&r, loc) {
+                (Ok(()), Some(l)) => t.ring.push_back(l),
+                (Err(_), Some(GrhLoc::Slot(slot))) => t.free.push(slot),
+                _ => {}
+            }
+        }
+        r.map_err(|e| match e {
+            libc::EINVAL => Error::new(
+                errno::EINVAL,
+                format!("{} ranges exceed the iov limit", iov.len()),
+            ),
+            e => post_error(e, "receive"),
+        })?;
+        self.outstanding.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// How many times the receive queue ran dry (datagrams arriving then were dropped).
+    pub fn rx_dry_events(&self) -> u64 {
+        self.dry.load(Ordering::Relaxed)
+    }
+
+    /// The 40 bytes of GRH the next completion's datagram brought.
+    fn take_grh(&self) -> Option<[u8; GRH_LEN]> {
+        let mut t = lock(&self.track);
+        let loc = t.ring.pop_front()?;
+        let mut grh = [0u8; GRH_LEN];
+        let read = match &loc {
+            GrhLoc::Slot(slot) => self
+                .grh
+                .get()
+                .map(|mr| mr.read_at(slot * GRH_LEN, &mut grh)),
+            GrhLoc::App(mr, off) => Some(mr.read_at(*off, &mut grh)),
+        };
+        if let GrhLoc::Slot(slot) = loc {
+            t.free.push(slot);
+        }
+        read.and_then(|r| r.ok()).map(|_| grh)
+    }
+}
+
+/// Where a posted receive's GRH lands.
+#[derive(Debug)]
+enum GrhLoc {
+    /// A provider slot of this index.
+    Slot(usize),
+    /// The prefix at this offset of the application's region.
+    App(MemoryRegion, usize),
+}
+
+/// The GRH places of posted receives, in posting order (with `FI_SOURCE`).
+#[derive(Debug, Default)]
+struct GrhTrack {
+    ring: VecDeque<GrhLoc>,
+    free: Vec<usize>,
+}
+
+/// The sender's GID from a GRH. RoCE v2 over IPv4 leaves the first 20 bytes zero and puts
+/// the IPv4 header in the last 20: the GID is the IPv4-mapped source address.
+fn source_gid(grh: &[u8; GRH_LEN]) -> [u8; 16] {
+    let mut gid = [0u8; 16];
+    if grh[..20].iter().all(|&b| b == 0) && grh[20] >> 4 == 4 {
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&grh[32..36]);
+    } else {
+        gid.copy_from_slice(&grh[8..24]);
+    }
+    gid
+}
+
+impl RecvOwner for DgramEndpoint {
+    fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned> {
+        if self.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 && wc.status() == st::IBV_WC_SUCCESS
+        {
+            let n = self.dry.fetch_add(1, Ordering::Relaxed);
+            let msg = format!(
+                "UD QP {}: no receive is posted any more; datagrams arriving now are dropped (post receives sooner, or more of them)",
+                wc.qp_num()
+            );
+            if n == 0 {
+                crate::fi_warn!("ep", "{msg}");
+            } else {
+                crate::fi_info!("ep", "{msg}");
+            }
+        }
+        let grh = if self.source { self.take_grh() } else { None };
+        let id = wc.wr_id();
+        if wc.status() != st::IBV_WC_SUCCESS {
+            return Some(Owned::Errors(vec![to_err_entry(wc)]));
+        }
+        let mut e = to_entry(wc);
+        if !self.prefix {
+            e.len = e.len.saturating_sub(GRH_LEN);
+        }
+        let mut from = FI_ADDR_NOTAVAIL;
+        if let Some(grh) = grh.filter(|_| wc.has_grh()) {
+            let name = UdName {
+                gid: source_gid(&grh),
+                qpn: wc.src_qp(),
+                qkey: DGRAM_QKEY,
+            };
+            match self.av.get().and_then(|av| av.find(&name)) {
+                Some(a) => from = a,
+                None if self.source_err => {
+                    return Some(Owned::Errors(vec![CqErrEntry {
+                        op_context: e.op_context,
+                        flags: e.flags,
+                        len: e.len,
+                        data: e.data,
+                        err: errno::EADDRNOTAVAIL,
+                        err_data: name.to_bytes().to_vec(),
+                        ..Default::default()
+                    }]));
+                }
+                None => {}
+            }
+        }
+        if wr_id::is_suppressed(id) {
+            return None;
+        }
+        Some(Owned::Entry(e, from))
     }
 }

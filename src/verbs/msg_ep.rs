@@ -11,17 +11,18 @@ use rfabric_sys::verbs::{
 };
 
 use crate::core::addr::{fill_name, sockaddr_bytes};
-use crate::core::cq::{CqEntry, CqErrEntry};
+use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
-use crate::verbs::cq::MultiRecvOwner;
+use crate::verbs::cq::{Owned, RecvOwner};
 use crate::verbs::ep_common::{wanted_caps, CqBinding, Signalling};
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
 use crate::verbs::multi_recv::{MultiBuf, MultiRecvQueue, DEFAULT_MIN_MULTI_RECV};
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{os_err, CompletionQueue, Domain, EventQueue, MemoryRegion, SharedRxContext};
+use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 
 /// Most CM data `fi_connect` / `fi_accept` carry (`FI_OPT_CM_DATA_SIZE`).
 pub const CM_DATA_SIZE: usize = CONNECT_PRIVATE_DATA_MAX - 1;
@@ -119,28 +120,28 @@ impl EpShared {
     }
 }
 
-impl MultiRecvOwner for EpShared {
-    fn multi_recv_completion(
-        &self,
-        wc: &WorkCompletion,
-    ) -> Option<std::result::Result<CqEntry, Vec<CqErrEntry>>> {
+impl RecvOwner for EpShared {
+    fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned> {
         let mut m = lock(&self.multi);
         let min = self.min_multi_recv.load(Ordering::Relaxed);
         let r = m.completion(self.id.qp(), self.token(), wc, min);
         self.multi_active.store(!m.is_idle(), Ordering::Release);
-        r
+        r.map(|r| match r {
+            Ok(e) => Owned::Entry(e, FI_ADDR_NOTAVAIL),
+            Err(v) => Owned::Errors(v),
+        })
     }
 }
 
 impl Drop for EpShared {
     fn drop(&mut self) {
-        let token = self.token();
+        let qpn = self.id.qp().map(|q| q.qp_num());
         let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(eq) = c.eq.take() {
             eq.unregister(self.id.ident());
         }
-        if let Some(cq) = &c.cqs.rx_cq {
-            cq.unregister_multi_recv(token);
+        if let (Some(cq), Some(q)) = (&c.cqs.rx_cq, qpn) {
+            cq.unregister_owner(q);
         }
     }
 }
@@ -854,8 +855,8 @@ impl MsgEndpoint {
         self.ring_recvs(qp)?;
         let sh = &self.shared;
         if let Some(rx) = sh.ctl().cqs.rx_cq.clone() {
-            let owner: Arc<dyn MultiRecvOwner> = sh.clone();
-            rx.register_multi_recv(sh.token(), Arc::downgrade(&owner));
+            let owner: Arc<dyn RecvOwner> = sh.clone();
+            rx.register_owner(qp.qp_num(), Arc::downgrade(&owner));
         }
         let buf = MultiBuf {
             mr: mr.clone(),

@@ -26,8 +26,8 @@ pub(crate) enum Kind {
     Marker = 4,
     /// The posted part of an `FI_MULTI_RECV` buffer; the context names its endpoint.
     MultiRecv = 5,
-    /// A datagram receive whose first 40 bytes (the GRH) land in a provider slot: its
-    /// length is reported without them.
+    /// A datagram receive: its endpoint reports the length (without a provider GRH slot)
+    /// and the source.
     DgramRecv = 6,
 }
 
@@ -73,19 +73,11 @@ pub(crate) fn is_marker(wr_id: u64) -> bool {
     (wr_id >> KIND_SHIFT) & 0x7f == Kind::Marker as u64
 }
 
+/// Whether the endpoint, not the CQ, makes the entry of this work request's completion.
 #[inline(always)]
-pub(crate) fn is_multi_recv(wr_id: u64) -> bool {
-    (wr_id >> KIND_SHIFT) & 0x7f == Kind::MultiRecv as u64
-}
-
-/// Bytes of a receive's completion that belong to the provider, not the application.
-#[inline(always)]
-pub(crate) fn provider_prefix(wr_id: u64) -> u32 {
-    if (wr_id >> KIND_SHIFT) & 0x7f == Kind::DgramRecv as u64 {
-        rfabric_sys::verbs::GRH_LEN as u32
-    } else {
-        0
-    }
+pub(crate) fn is_owned(wr_id: u64) -> bool {
+    let k = (wr_id >> KIND_SHIFT) & 0x7f;
+    k == Kind::MultiRecv as u64 || k == Kind::DgramRecv as u64
 }
 
 /// Completion flags of the operation, for its error entry.
