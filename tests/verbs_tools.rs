@@ -174,3 +174,41 @@ fn inline_size_flag_reaches_the_queue_pair() {
     );
     assert!(out.contains("Inline size    : 64"), "{out}");
 }
+
+#[test]
+fn send_lat_over_datagrams_covers_every_size_to_the_mtu() {
+    let Some(ip) = addr() else { return };
+    let mtu = rfabric::verbs::devices().unwrap()[0].port.active_mtu as usize;
+    let out = run_pair(
+        env!("CARGO_BIN_EXE_rfab_send_lat"),
+        18611,
+        &["-c", "UD", "-a", "-n", "100", "--json"],
+        &ip,
+    );
+    let rows = json_rows(&out);
+    let want: Vec<usize> = (1..)
+        .map(|k| 1usize << k)
+        .take_while(|&s| s <= mtu)
+        .collect();
+    assert_eq!(rows.len(), want.len(), "{out}");
+    for (row, size) in rows.iter().zip(&want) {
+        assert!(row.contains(&format!("\"bytes\":{size},")), "{row}");
+    }
+    let table = run_pair(
+        env!("CARGO_BIN_EXE_rfab_send_lat"),
+        18612,
+        &["-c", "UD", "-s", "8", "-n", "100"],
+        &ip,
+    );
+    assert!(
+        table.contains("FI_EP_DGRAM") && table.contains("fi_addr_ib_ud://"),
+        "{table}"
+    );
+    // More than a datagram holds, or UD for bandwidth: refused with the reason.
+    let big = std::process::Command::new(env!("CARGO_BIN_EXE_rfab_send_bw"))
+        .args(["-c", "UD", &ip])
+        .output()
+        .unwrap();
+    assert_eq!(big.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&big.stderr).contains("rfab_send_lat -c UD"));
+}

@@ -33,6 +33,8 @@ pub(crate) struct Opts {
     pub(crate) inline: Option<usize>,
     pub(crate) json: bool,
     pub(crate) timeout: Duration,
+    /// `-c UD`: datagrams (`FI_EP_DGRAM` on UD QPs) instead of RC.
+    pub(crate) ud: bool,
 }
 
 const RX_DEPTH: usize = 512;
@@ -56,6 +58,7 @@ pub(crate) fn usage(test: Test) -> String {
          \x20 -t, --tx-depth N     sends in flight for bandwidth (default 128)\n\
          \x20 -I, --inline_size N  largest send carried inline (default: the device's inject size)\n\
          \x20 -x, --gid-index N    accepted for perftest compatibility (rdma_cm picks the GID)\n\
+         \x20 -c, --connection T   RC (default) or UD (latency only: datagrams up to the MTU)\n\
          \x20 -T, --timeout SEC    give up waiting for the peer after SEC seconds (default 60)\n\
          \x20     --json           one JSON object per size instead of the table\n",
         if test == Test::SendLat { 2 } else { 65536 },
@@ -76,6 +79,7 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
         inline: None,
         json: false,
         timeout: Duration::from_secs(60),
+        ud: false,
     };
     let mut args = args.peekable();
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
@@ -98,6 +102,13 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
             }
             "-T" | "--timeout" => o.timeout = Duration::from_secs(num(&a, args.next())?),
             "--json" => o.json = true,
+            "-c" | "--connection" => {
+                o.ud = match args.next().as_deref() {
+                    Some("RC") => false,
+                    Some("UD") => true,
+                    other => return Err(format!("-c {other:?}: RC or UD")),
+                }
+            }
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s => {
@@ -106,6 +117,12 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
                 }
             }
         }
+    }
+    if o.ud && test == Test::SendBw {
+        return Err(
+            "-c UD: datagrams may be dropped, which a bandwidth count cannot tell from slowness; use rfab_send_lat -c UD"
+                .into(),
+        );
     }
     if o.iters == 0 || o.tx_depth == 0 || o.tx_depth > 4096 {
         return Err("iterations must be > 0 and the tx depth between 1 and 4096".into());
@@ -116,8 +133,9 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
 /// The client's parameters, sent to the server over the TCP control connection.
 fn encode_params(o: &Opts) -> String {
     format!(
-        "rfab1 test={} all={} size={} iters={} depth={} inline={}\n",
+        "rfab1 test={} ud={} all={} size={} iters={} depth={} inline={}\n",
         o.test as u8,
+        o.ud as u8,
         o.all as u8,
         o.size,
         o.iters,
@@ -145,6 +163,7 @@ fn decode_params(o: &mut Opts, line: &str) -> Result<(), String> {
                 )
             }
             "test" => {}
+            "ud" => o.ud = n != 0,
             "all" => o.all = n != 0,
             "size" => o.size = n as usize,
             "iters" => o.iters = n as usize,
@@ -236,14 +255,87 @@ fn read_line(s: &mut BufReader<TcpStream>, what: &str) -> Result<String, String>
     }
 }
 
+/// The endpoint a tool measures: connected (RC) or datagram (UD, with its peer's address).
+pub(crate) enum Ep {
+    Msg(MsgEndpoint),
+    Dgram {
+        ep: Arc<DgramEndpoint>,
+        peer: u64,
+        av: Arc<AddressVector>,
+    },
+}
+
+impl Ep {
+    fn send(&self, mr: &MemoryRegion, off: usize, len: usize, ctx: u64) -> Result<()> {
+        match self {
+            Ep::Msg(e) => e.send(mr, off, len, ctx),
+            Ep::Dgram { ep, peer, .. } => ep.send(mr, off, len, *peer, ctx),
+        }
+    }
+
+    fn recv(&self, mr: &MemoryRegion, off: usize, len: usize, ctx: u64) -> Result<()> {
+        match self {
+            Ep::Msg(e) => e.recv(mr, off, len, ctx),
+            Ep::Dgram { ep, .. } => ep.recv(mr, off, len, ctx),
+        }
+    }
+
+    fn inject_size(&self) -> usize {
+        match self {
+            Ep::Msg(e) => e.inject_size(),
+            Ep::Dgram { ep, .. } => ep.inject_size(),
+        }
+    }
+
+    /// The local and remote names, as the banner prints them.
+    fn names(&self) -> (String, String) {
+        match self {
+            Ep::Msg(e) => (format!("{:?}", e.getname()), format!("{:?}", e.getpeer())),
+            Ep::Dgram { ep, peer, av } => {
+                let mut buf = [0u8; UdName::LEN];
+                let mut len = buf.len();
+                let remote = av
+                    .lookup(*peer, &mut buf, &mut len)
+                    .and_then(|_| AddressVector::straddr(&buf[..len]));
+                let local = ep.getname().map(|n| n.to_str());
+                (
+                    local.unwrap_or_else(|e| e.to_string()),
+                    remote.unwrap_or_else(|e| e.to_string()),
+                )
+            }
+        }
+    }
+
+    fn sendmsg(&self, mr: &MemoryRegion, len: usize, ctx: u64, flags: Flags) -> Result<()> {
+        match self {
+            Ep::Msg(e) => e.sendmsg(mr, 0, len, ctx, 0, flags),
+            Ep::Dgram { ep, peer, .. } => ep.sendmsg(mr, 0, len, *peer, ctx, 0, flags),
+        }
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        match self {
+            Ep::Msg(e) => e.shutdown(),
+            Ep::Dgram { .. } => Ok(()),
+        }
+    }
+
+    fn msg(&self) -> Result<&MsgEndpoint> {
+        match self {
+            Ep::Msg(e) => Ok(e),
+            Ep::Dgram { .. } => Err(Error::new(errno::EINVAL, "not a connected endpoint")),
+        }
+    }
+}
+
 pub(crate) struct Conn {
-    pub(crate) ep: MsgEndpoint,
+    pub(crate) ep: Ep,
     pub(crate) cq: Arc<CompletionQueue>,
     pub(crate) tx: MemoryRegion,
     pub(crate) rx: MemoryRegion,
     pub(crate) info: Info,
     pub(crate) is_server: bool,
-    _eq: Arc<EventQueue>,
+    _eq: Option<Arc<EventQueue>>,
     _pep: Option<PassiveEndpoint>,
     _control: TcpStream,
 }
@@ -321,6 +413,9 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
                 return Err(msg);
             }
             (&control).write_all(b"ok\n").map_err(|e| e.to_string())?;
+            if o.ud {
+                return connect_ud(o, control, r, true);
+            }
             let cinfo = loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -337,7 +432,7 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             let domain = Domain::open(&fabric, &cinfo).map_err(e)?;
             let conn = endpoint(&domain, &cinfo, &eq, Some(pep), max, o, control)?;
             post_rx(&conn, RX_DEPTH, max)?;
-            conn.ep.accept(b"").map_err(e)?;
+            conn.ep.msg().map_err(e)?.accept(b"").map_err(e)?;
             wait_connected(&eq, deadline, "the client's connection")?;
             Ok(conn)
         }
@@ -354,6 +449,9 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             if reply != "ok" {
                 return Err(format!("unexpected answer from the server: {reply:?}"));
             }
+            if o.ud {
+                return connect_ud(o, control, r, false);
+            }
             let info = getinfo(Some(&server), Some(&port), Flags::empty(), Some(&h))
                 .map_err(|e| format!("cannot reach {server}:{port} over RDMA: {e}"))?
                 .remove(0);
@@ -363,7 +461,7 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             let domain = Domain::open(&fabric, &info).map_err(e)?;
             let conn = endpoint(&domain, &info, &eq, None, max, o, control)?;
             post_rx(&conn, RX_DEPTH, max)?;
-            conn.ep.connect(b"").map_err(e)?;
+            conn.ep.msg().map_err(e)?.connect(b"").map_err(e)?;
             wait_connected(&eq, deadline, &format!("the server at {server}:{port}"))?;
             Ok(conn)
         }
@@ -402,21 +500,101 @@ fn endpoint(
     let tx = MemoryRegion::alloc(domain, max.max(1), Flags::SEND).map_err(e)?;
     let rx = MemoryRegion::alloc(domain, max.max(1), Flags::RECV).map_err(e)?;
     Ok(Conn {
-        ep,
+        ep: Ep::Msg(ep),
         cq,
         tx,
         rx,
         info,
         is_server,
-        _eq: eq.clone(),
+        _eq: Some(eq.clone()),
         _pep: pep,
         _control: control,
     })
 }
 
+/// Sets up datagram endpoints: each side posts its receives, then sends its name over
+/// the control connection and inserts the other's into its address vector.
+fn connect_ud(
+    o: &Opts,
+    control: TcpStream,
+    mut r: BufReader<TcpStream>,
+    is_server: bool,
+) -> Result<Conn, String> {
+    let e = |e: Error| e.to_string();
+    let mut h = hints(o);
+    h.ep_attr.ep_type = EpType::Dgram;
+    let mut info = getinfo(None, None, Flags::empty(), Some(&h))
+        .map_err(e)?
+        .remove(0);
+    if let Some(i) = o.inline {
+        info.tx_attr.inject_size = i.min(info.tx_attr.inject_size);
+    }
+    let mtu = info.ep_attr.max_msg_size;
+    if !o.all && o.size > mtu {
+        return Err(format!(
+            "-s {}: a datagram carries at most the path MTU, {mtu} bytes",
+            o.size
+        ));
+    }
+    let max = if o.all { mtu } else { o.size };
+    let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
+    let domain = Domain::open(&fabric, &info).map_err(e)?;
+    let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
+    let ep = DgramEndpoint::open(&domain, &info).map_err(e)?;
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).map_err(e)?;
+    ep.bind_av(&av).map_err(e)?;
+    ep.enable().map_err(e)?;
+    let tx = MemoryRegion::alloc(&domain, max.max(1), Flags::SEND).map_err(e)?;
+    let rx = MemoryRegion::alloc(&domain, max.max(1), Flags::RECV).map_err(e)?;
+    for _ in 0..RX_DEPTH {
+        ep.recv(&rx, 0, rx.len(), 1).map_err(e)?;
+    }
+    let mine = format!("name {}\n", hex(&ep.getname().map_err(e)?.to_bytes()));
+    let theirs = if is_server {
+        (&control)
+            .write_all(mine.as_bytes())
+            .map_err(|e| e.to_string())?;
+        read_line(&mut r, "the client's datagram name")?
+    } else {
+        let t = read_line(&mut r, "the server's datagram name")?;
+        (&control)
+            .write_all(mine.as_bytes())
+            .map_err(|e| e.to_string())?;
+        t
+    };
+    let name = theirs
+        .strip_prefix("name ")
+        .and_then(unhex)
+        .ok_or_else(|| format!("bad datagram name from the peer: {theirs:?}"))?;
+    let peer = av.insert(&name).map_err(e)?;
+    Ok(Conn {
+        ep: Ep::Dgram { ep, peer, av },
+        cq,
+        tx,
+        rx,
+        info,
+        is_server,
+        _eq: None,
+        _pep: None,
+        _control: control,
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect()
+}
+
 /// The sizes to run: one, or every power of two from 2 B up to the largest message.
 pub(crate) fn sizes(o: &Opts, c: &Conn) -> Vec<usize> {
-    let max = c.info.ep_attr.max_msg_size.min(MAX_ALL);
+    let max = c.info.ep_attr.max_msg_size.min(MAX_ALL).min(c.rx.len());
     if o.all {
         (1..)
             .map(|k| 1usize << k)
@@ -591,7 +769,7 @@ pub(crate) fn run_bw(
             // One completion in CQ_MOD (and the last): RC completes sends in order, so a
             // completion for send k means sends 0..=k are done.
             let r = if (posted + 1) % CQ_MOD == 0 || posted + 1 == iters {
-                c.ep.sendmsg(&c.tx, 0, size, posted as u64, 0, Flags::COMPLETION)
+                c.ep.sendmsg(&c.tx, size, posted as u64, Flags::COMPLETION)
             } else {
                 c.ep.send(&c.tx, 0, size, posted as u64)
             };
@@ -655,13 +833,18 @@ pub(crate) fn banner(o: &Opts, c: &Conn) {
         Test::SendBw => "Send BW Test",
     };
     println!("{line}");
-    println!("                    {title} (rfabric rverbs, FI_EP_MSG)");
+    let (ep_type, transport) = match c.ep {
+        Ep::Msg(_) => ("FI_EP_MSG", "RC over rdma_cm, manual progress"),
+        Ep::Dgram { .. } => ("FI_EP_DGRAM", "UD, manual progress"),
+    };
+    let (local, remote) = c.ep.names();
+    println!("                    {title} (rfabric rverbs, {ep_type})");
     println!(" Device         : {}", c.info.domain_attr.name);
-    println!(" Transport type : RC over rdma_cm, manual progress");
+    println!(" Transport type : {transport}");
     println!(" TX depth       : {}", o.tx_depth);
     println!(" Inline size    : {}", c.ep.inject_size());
-    println!(" Local address  : {:?}", c.ep.getname());
-    println!(" Remote address : {:?}", c.ep.getpeer());
+    println!(" Local address  : {local}");
+    println!(" Remote address : {remote}");
     println!("{line}");
     match o.test {
         Test::SendLat => println!(
@@ -745,7 +928,7 @@ pub(crate) fn main(test: Test) -> std::process::ExitCode {
     let mut run = || -> Result<(), String> {
         let c = connect(&mut o)?;
         if c.is_server {
-            eprintln!("client connected from {:?}", c.ep.getpeer());
+            eprintln!("client connected from {}", c.ep.names().1);
         }
         banner(&o, &c);
         for size in sizes(&o, &c) {
