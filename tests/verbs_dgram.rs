@@ -362,3 +362,54 @@ fn a_receive_queue_that_runs_dry_drops_datagrams_and_says_so() {
     p.a.send(&tx, 0, 16, p.to_b, 12).unwrap();
     assert_eq!(wait_one(&p.b_cq).op_context, 2);
 }
+
+#[test]
+fn fi_more_chains_datagrams_until_the_batch_ends() {
+    let Some(info) = dgram_info(false) else {
+        return;
+    };
+    let p = pair(&info, AvType::Table);
+    let rx = MemoryRegion::alloc(&p.domain, 16 * 1024, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 16 * 1024, Flags::SEND).unwrap();
+    for i in 0..40 {
+        p.b.recv(&rx, i * 256, 256, 100 + i as u64).unwrap();
+    }
+    for i in 0..3 {
+        tx.write_at(i * 64, &[i as u8 + 1; 64]).unwrap();
+        p.a.sendmsg(&tx, i * 64, 64, p.to_b, i as u64, 0, Flags::MORE)
+            .unwrap();
+    }
+    // Chained: nothing left the endpoint yet.
+    let mut out = [rfabric::core::cq::CqEntry::default(); 4];
+    let start = std::time::Instant::now();
+    while start.elapsed().as_millis() < 300 {
+        for cq in [&p.a_cq, &p.b_cq] {
+            match cq.read(&mut out) {
+                Err(e) if e.is_again() => {}
+                other => panic!("a chained datagram completed before the batch ended: {other:?}"),
+            }
+        }
+    }
+    tx.write_at(3 * 64, &[4u8; 64]).unwrap();
+    p.a.sendmsg(&tx, 3 * 64, 64, p.to_b, 3, 0, Flags::empty())
+        .unwrap();
+    for i in 0..4 {
+        let e = wait_one(&p.b_cq);
+        assert_eq!((e.op_context, e.len), (100 + i as u64, 64));
+        let mut got = [0u8; 64];
+        rx.read_at(i * 256, &mut got).unwrap();
+        assert_eq!(got, [i as u8 + 1; 64], "datagram {i} in order");
+        assert_eq!(wait_one(&p.a_cq).op_context, i as u64);
+    }
+    // Longer than a chain, ended by an inject: all arrive, in order.
+    for i in 0..35 {
+        p.a.sendmsg(&tx, 0, 8, p.to_b, 1000 + i, 0, Flags::MORE)
+            .unwrap();
+    }
+    p.a.inject(b"last", p.to_b).unwrap();
+    for i in 0..36 {
+        let e = wait_one(&p.b_cq);
+        assert_eq!(e.op_context, 104 + i as u64);
+        assert_eq!(e.len, if i == 35 { 4 } else { 8 });
+    }
+}

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use rfabric_sys::verbs::AddressHandle;
+use rfabric_sys::verbs::{AddressHandle, UdDest};
 
 use crate::core::addr::fill_name;
 use crate::core::av::AvTable;
@@ -62,14 +62,6 @@ impl UdName {
     }
 }
 
-/// A peer as a datagram send needs it.
-#[derive(Debug)]
-pub(crate) struct UdPeer {
-    pub(crate) ah: Arc<AddressHandle>,
-    pub(crate) qpn: u32,
-    pub(crate) qkey: u32,
-}
-
 /// `fi_av_attr`: the type and the expected number of entries.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AvAttr {
@@ -80,7 +72,7 @@ pub struct AvAttr {
 /// An address vector of datagram endpoint names (`fi_av_open`).
 #[derive(Debug)]
 pub struct AddressVector {
-    table: RwLock<AvTable<UdPeer>>,
+    table: RwLock<AvTable<UdDest>>,
     /// One address handle per remote port, made on first use and shared by its entries.
     ahs: Mutex<HashMap<[u8; 16], Arc<AddressHandle>>>,
     attr: AvAttr,
@@ -134,7 +126,7 @@ impl AddressVector {
                 }
             }
         };
-        let peer = UdPeer {
+        let peer = UdDest {
             ah,
             qpn: n.qpn,
             qkey: n.qkey,
@@ -165,7 +157,7 @@ impl AddressVector {
 
     /// Runs `f` on the peer at `addr`, or fails with `-FI_EINVAL` for an unknown address.
     #[inline]
-    pub(crate) fn with_peer<R>(&self, addr: u64, f: impl FnOnce(&UdPeer) -> R) -> Result<R> {
+    pub(crate) fn with_peer<R>(&self, addr: u64, f: impl FnOnce(&UdDest) -> R) -> Result<R> {
         let t = self.read();
         match t.get(addr) {
             Some(p) => Ok(f(p)),
@@ -176,11 +168,11 @@ impl AddressVector {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, AvTable<UdPeer>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, AvTable<UdDest>> {
         self.table.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AvTable<UdPeer>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AvTable<UdDest>> {
         self.table.write().unwrap_or_else(|p| p.into_inner())
     }
 }

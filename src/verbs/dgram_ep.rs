@@ -20,9 +20,9 @@ use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags, Mode};
 use crate::core::info::Info;
-use crate::verbs::av::{UdName, UdPeer, DGRAM_QKEY};
+use crate::verbs::av::{UdName, DGRAM_QKEY};
 use crate::verbs::cq::{to_entry, to_err_entry, Owned, RecvOwner};
-use crate::verbs::ep_common::{wanted_caps, CqBinding, Signalling};
+use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
 use crate::verbs::msg_ep::{
     check_inject, check_recv_flags, check_send_flags, cq_data, iov_slices, lock, post_error,
     region_sge,
@@ -47,6 +47,8 @@ pub struct DgramEndpoint {
     /// Where the GRH of every receive goes when the application has no prefix room.
     grh: OnceLock<MemoryRegion>,
     signalling: Signalling,
+    /// Sends chained under `FI_MORE`.
+    sends: SendBatch,
     ctl: Mutex<Control>,
     /// `FI_MSG_PREFIX`: buffers start with `GRH_LEN` bytes of room for the provider.
     prefix: bool,
@@ -111,6 +113,7 @@ impl DgramEndpoint {
             av: OnceLock::new(),
             grh: OnceLock::new(),
             signalling: Signalling::default(),
+            sends: SendBatch::default(),
             ctl: Mutex::default(),
             prefix: info.mode.contains(Mode::MSG_PREFIX),
             max_msg_size,
@@ -308,7 +311,8 @@ impl DgramEndpoint {
     }
 
     /// `fi_sendmsg` with one range: `FI_COMPLETION`, `FI_INJECT`, `FI_REMOTE_CQ_DATA`,
-    /// `FI_FENCE`, `FI_MORE` (posted at once), the completion levels (a datagram meets
+    /// `FI_FENCE`, `FI_MORE` (chained for one doorbell, as on MSG endpoints; a multi-range
+    /// `sendv` posts the chain first), the completion levels (a datagram meets
     /// transmit complete). `FI_MULTICAST` needs `fi_join`, not implemented yet: `ENOSYS`.
     #[allow(clippy::too_many_arguments)]
     pub fn sendmsg(
@@ -386,6 +390,23 @@ impl DgramEndpoint {
         let (id, vflags) = self
             .signalling
             .send(wr_id::encode(context, kind, false), flags, depth);
+        let cq = || lock(&self.ctl).cqs.tx_cq.clone();
+        if let [(mr, off, len)] = iov {
+            if flags.contains(Flags::MORE) || self.sends.is_open() {
+                // An inject's buffer is free on return: it ends the batch.
+                let more = flags.contains(Flags::MORE) && !flags.contains(Flags::INJECT);
+                return self.to_peer(dest, |to| {
+                    self.sends.add(qp, more, &cq, |ch| {
+                        qp.chain_send(ch, id, mr.sys(), *off, *len, vflags, imm, Some(to))
+                            .map_err(|e| match e {
+                                libc::EINVAL => mr.range_error(*off, *len),
+                                e => post_error(e, "send"),
+                            })
+                    })
+                })?;
+            }
+        }
+        self.sends.ring(qp, &cq)?;
         self.to_peer(dest, |to| qp.post_ud_iov(id, &slices[..n], vflags, imm, to))?
             .map_err(|e| match e {
                 libc::E2BIG => Error::new(
@@ -417,21 +438,16 @@ impl DgramEndpoint {
         let (id, vflags) = self
             .signalling
             .unsignaled(wr_id::encode(0, kind, false), depth);
+        self.sends.ring(qp, &|| lock(&self.ctl).cqs.tx_cq.clone())?;
         self.to_peer(dest, |to| qp.post_ud_inline(id, data, vflags, imm, to))?
             .map_err(|e| post_error(e, "send"))
     }
 
     /// Runs `post` with the destination of `dest`.
     #[inline]
-    fn to_peer<R>(&self, dest: u64, post: impl FnOnce(&UdDest<'_>) -> R) -> Result<R> {
+    fn to_peer<R>(&self, dest: u64, post: impl FnOnce(&UdDest) -> R) -> Result<R> {
         let av = self.av.get().ok_or_else(not_enabled)?;
-        av.with_peer(dest, |p: &UdPeer| {
-            post(&UdDest {
-                ah: &p.ah,
-                qpn: p.qpn,
-                qkey: p.qkey,
-            })
-        })
+        av.with_peer(dest, post)
     }
 
     /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`). In prefix

@@ -1,13 +1,15 @@
 //! What every verbs endpoint has: its CQ bindings, and how its sends are signalled.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use rfabric_sys::verbs::{send_flags, DeviceAttr, QpCaps};
+use rfabric_sys::verbs::{send_flags, Chain, ChainLink, DeviceAttr, QpCaps, QpHandle};
 
+use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::info::Info;
+use crate::verbs::msg_ep::post_error;
 use crate::verbs::{wr_id, CompletionQueue};
 
 /// The completion queues an endpoint is bound to, and the device entries it reserved in
@@ -170,5 +172,125 @@ pub(crate) fn wanted_caps(
         max_send_sge: (info.tx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
         max_recv_sge: (info.rx_attr.iov_limit.max(1) as u32).min(dev.max_sge),
         max_inline_data: info.tx_attr.inject_size as u32,
+    }
+}
+
+/// Work requests chained under `FI_MORE` for one queue, and whether any wait (read without
+/// the lock, so operations without `FI_MORE` pay one load while no chain is open).
+pub(crate) struct Batch<W: ChainLink> {
+    chain: Mutex<Chain<W>>,
+    open: AtomicBool,
+}
+
+/// Sends and receives chained under `FI_MORE`.
+pub(crate) type SendBatch = Batch<rfabric_sys::rdma_sys::ibv_send_wr>;
+pub(crate) type RecvBatch = Batch<rfabric_sys::rdma_sys::ibv_recv_wr>;
+
+impl<W: ChainLink> Default for Batch<W> {
+    fn default() -> Self {
+        Batch {
+            chain: Mutex::default(),
+            open: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<W: ChainLink> std::fmt::Debug for Batch<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("open", &self.is_open())
+            .finish()
+    }
+}
+
+/// The CQ an endpoint writes the failures of a refused chain to.
+pub(crate) type FailureCq<'a> = &'a dyn Fn() -> Option<Arc<CompletionQueue>>;
+
+impl<W: ChainLink> Batch<W> {
+    #[inline]
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Appends one work request with `push` (posting a full chain first), then posts the
+    /// chain unless `more`.
+    pub(crate) fn add(
+        &self,
+        qp: &QpHandle,
+        more: bool,
+        cq: FailureCq<'_>,
+        push: impl FnOnce(&mut Chain<W>) -> Result<()>,
+    ) -> Result<()> {
+        let mut ch = self.chain.lock().unwrap_or_else(|p| p.into_inner());
+        if ch.is_full() {
+            post_chained(qp, &mut ch, false, cq)?;
+        }
+        push(&mut ch)?;
+        let r = if more {
+            Ok(())
+        } else {
+            post_chained(qp, &mut ch, true, cq).inspect_err(|_| ch.pop())
+        };
+        self.open.store(!ch.is_empty(), Ordering::Release);
+        r
+    }
+
+    /// Posts what waits, before an operation that must not pass it.
+    pub(crate) fn ring(&self, qp: &QpHandle, cq: FailureCq<'_>) -> Result<()> {
+        if !self.is_open() {
+            return Ok(());
+        }
+        let mut ch = self.chain.lock().unwrap_or_else(|p| p.into_inner());
+        let r = post_chained(qp, &mut ch, false, cq);
+        self.open.store(!ch.is_empty(), Ordering::Release);
+        r
+    }
+}
+
+/// Posts a chain. When the device takes only some, the rest stay chained for the next post
+/// (after a full queue, `-FI_EAGAIN`); on any other failure they complete in error, so no
+/// accepted operation is lost without a word. `own`: the newest entry is the caller's,
+/// reported by the returned error instead.
+fn post_chained<W: ChainLink>(
+    qp: &QpHandle,
+    ch: &mut Chain<W>,
+    own: bool,
+    cq: FailureCq<'_>,
+) -> Result<()> {
+    let what = if W::RECEIVE { "receive" } else { "send" };
+    match qp.post_chain(ch) {
+        Ok(()) => Ok(()),
+        Err(e) if e == libc::ENOMEM || e == libc::EAGAIN => Err(post_error(e, what)),
+        Err(e) => {
+            abandon(
+                cq().as_deref(),
+                ch.pending().take(ch.len() - usize::from(own)),
+                e,
+            );
+            ch.clear();
+            Err(post_error(e, what))
+        }
+    }
+}
+
+/// Writes an error completion for each chained operation the device refused.
+#[cold]
+fn abandon(cq: Option<&CompletionQueue>, ids: impl Iterator<Item = u64>, e: i32) {
+    for id in ids {
+        let entry = CqErrEntry {
+            op_context: wr_id::context(id),
+            flags: wr_id::flags(id).bits(),
+            err: errno::EIO,
+            prov_errno: e,
+            ..Default::default()
+        };
+        match cq {
+            Some(cq) => {
+                if let Err(err) = cq.writeerr(entry) {
+                    crate::fi_warn!("ep", "chained operation lost: {err}");
+                }
+            }
+            None => crate::fi_warn!("ep", "chained operation {id:#x} failed to post: errno {e}"),
+        }
     }
 }

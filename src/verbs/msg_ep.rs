@@ -5,10 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
-use rfabric_sys::verbs::{
-    send_flags, Chain, ChainLink, MrSlice, QpCaps, QpHandle, RecvChain, SendChain, Sge,
-    WorkCompletion, MAX_IOV,
-};
+use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, Sge, WorkCompletion, MAX_IOV};
 
 use crate::core::addr::{fill_name, sockaddr_bytes};
 use crate::core::cq::CqErrEntry;
@@ -16,7 +13,7 @@ use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
 use crate::verbs::cq::{Owned, RecvOwner};
-use crate::verbs::ep_common::{wanted_caps, CqBinding, Signalling};
+use crate::verbs::ep_common::{wanted_caps, CqBinding, RecvBatch, SendBatch, Signalling};
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
 use crate::verbs::multi_recv::{MultiBuf, MultiRecvQueue, DEFAULT_MIN_MULTI_RECV};
@@ -56,10 +53,8 @@ pub(crate) struct EpShared {
     signalling: Signalling,
     /// Work requests chained under `FI_MORE`, and whether any wait (checked without the
     /// lock, so posts without `FI_MORE` pay nothing while no chain is open).
-    send_chain: Mutex<SendChain>,
-    recv_chain: Mutex<RecvChain>,
-    send_chained: AtomicBool,
-    recv_chained: AtomicBool,
+    sends: SendBatch,
+    recvs: RecvBatch,
     /// `FI_MULTI_RECV` buffers and the receives behind them; `multi_active` says (without
     /// the lock) whether receives must queue there.
     multi: Mutex<MultiRecvQueue>,
@@ -218,10 +213,8 @@ impl MsgEndpoint {
                 caps: OnceLock::new(),
                 srx: OnceLock::new(),
                 signalling: Signalling::default(),
-                send_chain: Mutex::default(),
-                recv_chain: Mutex::default(),
-                send_chained: AtomicBool::new(false),
-                recv_chained: AtomicBool::new(false),
+                sends: SendBatch::default(),
+                recvs: RecvBatch::default(),
                 multi: Mutex::default(),
                 multi_active: AtomicBool::new(false),
                 min_multi_recv: AtomicUsize::new(DEFAULT_MIN_MULTI_RECV),
@@ -799,7 +792,7 @@ impl MsgEndpoint {
         if flags.contains(Flags::FENCE) {
             vflags |= send_flags::FENCE;
         }
-        if flags.contains(Flags::MORE) || self.shared.send_chained.load(Ordering::Acquire) {
+        if flags.contains(Flags::MORE) || self.shared.sends.is_open() {
             // An inject's buffer is free on return: it ends the batch.
             let more = flags.contains(Flags::MORE) && !flags.contains(Flags::INJECT);
             return self.chain_send(qp, id, mr, offset, len, vflags, imm, more);
@@ -886,7 +879,7 @@ impl MsgEndpoint {
         if self.shared.multi_active.load(Ordering::Acquire) {
             return self.queue_behind_multi(qp, id, sge);
         }
-        if flags.contains(Flags::MORE) || self.shared.recv_chained.load(Ordering::Acquire) {
+        if flags.contains(Flags::MORE) || self.shared.recvs.is_open() {
             return self.chain_recv(qp, id, sge, flags.contains(Flags::MORE));
         }
         qp.post_recv(id, &[sge])
@@ -919,131 +912,39 @@ impl MsgEndpoint {
         imm: Option<u32>,
         more: bool,
     ) -> Result<()> {
-        let mut ch = lock(&self.shared.send_chain);
-        if ch.is_full() {
-            self.post_chained(qp, &mut ch, false)?;
-        }
-        qp.chain_send(&mut ch, id, mr.sys(), offset, len, vflags, imm)
-            .map_err(|e| {
-                if e == libc::EINVAL {
-                    mr.range_error(offset, len)
-                } else {
-                    post_error(e, "send")
-                }
-            })?;
-        self.end_batch(qp, &mut ch, more, &self.shared.send_chained)
-    }
-
-    /// After appending to a chain: posts it unless `more`, and records whether it is open.
-    fn end_batch<W: ChainLink>(
-        &self,
-        qp: &QpHandle,
-        ch: &mut Chain<W>,
-        more: bool,
-        open: &AtomicBool,
-    ) -> Result<()> {
-        let r = if more {
-            Ok(())
-        } else {
-            self.post_chained(qp, ch, true).inspect_err(|_| ch.pop())
-        };
-        open.store(!ch.is_empty(), Ordering::Release);
-        r
-    }
-
-    /// Posts a chain. When the device takes only some, the rest stay chained for the next
-    /// post (after a full queue, `-FI_EAGAIN`); on any other failure they complete in
-    /// error, so no accepted operation is lost without a word. `own`: the newest entry is
-    /// the caller's, reported by the returned error instead.
-    fn post_chained<W: ChainLink>(
-        &self,
-        qp: &QpHandle,
-        ch: &mut Chain<W>,
-        own: bool,
-    ) -> Result<()> {
-        let recv = W::RECEIVE;
-        let what = if recv { "receive" } else { "send" };
-        match qp.post_chain(ch) {
-            Ok(()) => Ok(()),
-            Err(e) if e == libc::ENOMEM || e == libc::EAGAIN => Err(post_error(e, what)),
-            Err(e) => {
-                let cq = {
-                    let c = self.shared.ctl();
-                    if recv {
-                        c.cqs.rx_cq.clone()
+        let cq = || self.shared.ctl().cqs.tx_cq.clone();
+        self.shared.sends.add(qp, more, &cq, |ch| {
+            qp.chain_send(ch, id, mr.sys(), offset, len, vflags, imm, None)
+                .map_err(|e| {
+                    if e == libc::EINVAL {
+                        mr.range_error(offset, len)
                     } else {
-                        c.cqs.tx_cq.clone()
+                        post_error(e, "send")
                     }
-                };
-                self.abandon(
-                    cq.as_deref(),
-                    ch.pending().take(ch.len() - usize::from(own)),
-                    e,
-                );
-                ch.clear();
-                Err(post_error(e, what))
-            }
-        }
+                })
+        })
     }
 
-    /// Posts what `chain` holds, before an operation that must not pass it.
-    fn ring<W: ChainLink>(
-        &self,
-        qp: &QpHandle,
-        chain: &Mutex<Chain<W>>,
-        open: &AtomicBool,
-    ) -> Result<()> {
-        if !open.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let mut ch = lock(chain);
-        let r = self.post_chained(qp, &mut ch, false);
-        open.store(!ch.is_empty(), Ordering::Release);
-        r
-    }
-
+    /// Posts any sends still chained, before an operation that must not pass them.
     fn ring_sends(&self, qp: &QpHandle) -> Result<()> {
-        self.ring(qp, &self.shared.send_chain, &self.shared.send_chained)
+        self.shared
+            .sends
+            .ring(qp, &|| self.shared.ctl().cqs.tx_cq.clone())
     }
 
     fn ring_recvs(&self, qp: &QpHandle) -> Result<()> {
-        self.ring(qp, &self.shared.recv_chain, &self.shared.recv_chained)
+        self.shared
+            .recvs
+            .ring(qp, &|| self.shared.ctl().cqs.rx_cq.clone())
     }
 
     /// `FI_MORE` on a receive: chain it; the chain is posted when a receive without
     /// `FI_MORE` ends the batch (or the chain is full).
     fn chain_recv(&self, qp: &QpHandle, id: u64, sge: Sge, more: bool) -> Result<()> {
-        let mut ch = lock(&self.shared.recv_chain);
-        if ch.is_full() {
-            self.post_chained(qp, &mut ch, false)?;
-        }
-        ch.push_recv(id, sge)
-            .map_err(|e| post_error(e, "receive"))?;
-        self.end_batch(qp, &mut ch, more, &self.shared.recv_chained)
-    }
-
-    /// Writes an error completion for each chained operation the device refused.
-    #[cold]
-    fn abandon(&self, cq: Option<&CompletionQueue>, ids: impl Iterator<Item = u64>, e: i32) {
-        for id in ids {
-            let entry = CqErrEntry {
-                op_context: wr_id::context(id),
-                flags: wr_id::flags(id).bits(),
-                err: errno::EIO,
-                prov_errno: e,
-                ..Default::default()
-            };
-            match cq {
-                Some(cq) => {
-                    if let Err(err) = cq.writeerr(entry) {
-                        crate::fi_warn!("ep", "chained operation lost: {err}");
-                    }
-                }
-                None => {
-                    crate::fi_warn!("ep", "chained operation {id:#x} failed to post: errno {e}")
-                }
-            }
-        }
+        let cq = || self.shared.ctl().cqs.rx_cq.clone();
+        self.shared.recvs.add(qp, more, &cq, |ch| {
+            ch.push_recv(id, sge).map_err(|e| post_error(e, "receive"))
+        })
     }
 }
 

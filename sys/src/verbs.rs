@@ -871,6 +871,16 @@ impl SendWr {
         self.0.wr_id
     }
 
+    /// Addresses a UD queue pair's send to `d`; the caller keeps `d`'s handle alive until
+    /// the work request is posted.
+    fn set_dest(&mut self, d: &UdDest) {
+        self.0.wr.ud = r::ud_t {
+            ah: d.ah.as_ptr(),
+            remote_qpn: d.qpn,
+            remote_qkey: d.qkey,
+        };
+    }
+
     pub fn opcode(&self) -> u32 {
         self.0.opcode
     }
@@ -957,11 +967,7 @@ impl QpHandle {
     ) -> Result<(), i32> {
         let mut wr = SendWr::new(wr_id, sges, n, flags, imm);
         if let Some(d) = to {
-            wr.0.wr.ud = r::ud_t {
-                ah: d.ah.as_ptr(),
-                remote_qpn: d.qpn,
-                remote_qkey: d.qkey,
-            };
+            wr.set_dest(d);
         }
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is valid while its owner lives (QpHandle is borrowed from it); the
@@ -1083,8 +1089,14 @@ macro_rules! chain_link {
     };
 }
 
-// A send's region is held: inline entries are read by the CPU at post time.
-chain_link!(r::ibv_send_wr, Arc<MemoryRegion>, false, r::ibv_post_send);
+// A send holds its region (inline entries are read by the CPU at post time) and, for a
+// datagram, its address handle.
+chain_link!(
+    r::ibv_send_wr,
+    (Arc<MemoryRegion>, Option<UdDest>),
+    false,
+    r::ibv_post_send
+);
 chain_link!(r::ibv_recv_wr, (), true, r::ibv_post_recv);
 
 /// Work requests chained under `FI_MORE` and posted by one call (one doorbell) when the
@@ -1186,6 +1198,7 @@ impl QpHandle {
         len: usize,
         flags: u32,
         imm: Option<u32>,
+        to: Option<&UdDest>,
     ) -> Result<(), i32> {
         let sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
         let flags = if len <= self.max_inline as usize {
@@ -1193,8 +1206,11 @@ impl QpHandle {
         } else {
             flags & !send_flags::INLINE
         };
-        let wr = SendWr::new(wr_id, ptr::null_mut(), usize::from(len != 0), flags, imm).0;
-        chain.push(wr, sge, Some(mr.clone()))
+        let mut wr = SendWr::new(wr_id, ptr::null_mut(), usize::from(len != 0), flags, imm);
+        if let Some(d) = to {
+            wr.set_dest(d);
+        }
+        chain.push(wr.0, sge, Some((mr.clone(), to.cloned())))
     }
 
     /// Posts every work request of `chain` with one call (one doorbell). On failure the

@@ -64,10 +64,10 @@ impl Drop for AddressHandle {
     }
 }
 
-/// Where a datagram goes: a port (address handle), a queue pair number and its Q_Key.
-#[derive(Clone, Copy, Debug)]
-pub struct UdDest<'a> {
-    pub ah: &'a AddressHandle,
+/// Where a datagram goes: a port (address handle, held), a queue pair number and its Q_Key.
+#[derive(Clone, Debug)]
+pub struct UdDest {
+    pub ah: Arc<AddressHandle>,
     pub qpn: u32,
     pub qkey: u32,
 }
@@ -183,7 +183,7 @@ impl QpHandle {
         data: &[u8],
         flags: u32,
         imm: Option<u32>,
-        to: &UdDest<'_>,
+        to: &UdDest,
     ) -> Result<(), i32> {
         if data.len() > self.max_inline as usize {
             return Err(libc::EINVAL);
@@ -211,7 +211,7 @@ impl QpHandle {
         iov: &[MrSlice<'_>],
         flags: u32,
         imm: Option<u32>,
-        to: &UdDest<'_>,
+        to: &UdDest,
     ) -> Result<(), i32> {
         let mut sges = [Sge::default(); MAX_IOV];
         let (n, total) = fill_sges(&mut sges, iov, self.max_send_sge)?;
