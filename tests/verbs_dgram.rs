@@ -413,3 +413,93 @@ fn fi_more_chains_datagrams_until_the_batch_ends() {
         assert_eq!(e.len, if i == 35 { 4 } else { 8 });
     }
 }
+
+/// Waits for `FI_JOIN_COMPLETE` with `fid` on `eq`.
+fn wait_join(eq: &EventQueue, fid: u64) {
+    match next_event(eq) {
+        rfabric::core::eq::EqEvent::JoinComplete { fid: f } => assert_eq!(f, fid),
+        other => panic!("expected FI_JOIN_COMPLETE, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_multicast_group_reaches_every_receiver_until_it_leaves() {
+    let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::MULTICAST;
+    let Some(info) = dgram_info_caps(false, caps) else {
+        return;
+    };
+    let p = pair(&info, AvType::Table);
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+    // A third endpoint, a second receiver.
+    let c = DgramEndpoint::open(&p.domain, &info).unwrap();
+    let c_cq = CompletionQueue::open(&p.domain, &CqAttr::default()).unwrap();
+    c.bind_cq(&c_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    c.bind_av(&p.av).unwrap();
+    for ep in [&p.a, &p.b, &c] {
+        ep.bind_eq(&eq).unwrap();
+    }
+    c.enable().unwrap();
+    let group: std::net::SocketAddr = "239.7.7.7:0".parse().unwrap();
+    assert_eq!(
+        p.a.join(&"192.0.2.9:0".parse().unwrap(), Flags::empty(), 1)
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL,
+        "not a multicast address"
+    );
+    let mb = p.b.join(&group, Flags::RECV, 2).unwrap();
+    wait_join(&eq, 2);
+    let mc = c.join(&group, Flags::empty(), 3).unwrap();
+    wait_join(&eq, 3);
+    let ma = p.a.join(&group, Flags::SEND, 4).unwrap();
+    wait_join(&eq, 4);
+    let to_group = ma.mc_addr().unwrap();
+    assert!(mb.mc_addr().is_ok() && mc.mc_addr().is_ok());
+    let rx = MemoryRegion::alloc(&p.domain, 8192, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 4096, Flags::SEND).unwrap();
+    p.b.recv(&rx, 0, 2048, 10).unwrap();
+    c.recv(&rx, 2048, 2048, 20).unwrap();
+    p.a.recv(&rx, 4096, 2048, 30).unwrap();
+    let msg = pattern(700, 9);
+    tx.write_at(0, &msg).unwrap();
+    p.a.sendmsg(&tx, 0, msg.len(), to_group, 1, 0, Flags::MULTICAST)
+        .unwrap();
+    assert_eq!(wait_one(&p.a_cq).op_context, 1);
+    for (cq, ctx, off) in [(&p.b_cq, 10, 0), (&c_cq, 20, 2048)] {
+        let e = wait_one(cq);
+        assert_eq!((e.op_context, e.len), (ctx, msg.len()));
+        assert!(
+            Flags::from_bits_retain(e.flags).contains(Flags::MULTICAST),
+            "received from a group: FI_MULTICAST"
+        );
+        let mut got = vec![0u8; msg.len()];
+        rx.read_at(off, &mut got).unwrap();
+        assert!(got == msg, "bytes at receiver {ctx}");
+    }
+    // A unicast datagram is not flagged FI_MULTICAST.
+    p.b.recv(&rx, 0, 2048, 11).unwrap();
+    p.a.inject(b"direct", p.to_b).unwrap();
+    let e = wait_one(&p.b_cq);
+    assert_eq!(e.op_context, 11);
+    assert!(!Flags::from_bits_retain(e.flags).contains(Flags::MULTICAST));
+    // b leaves: only c receives; a, a send-only member, never did.
+    drop(mb);
+    p.b.recv(&rx, 0, 2048, 12).unwrap();
+    c.recv(&rx, 2048, 2048, 21).unwrap();
+    p.a.sendmsg(&tx, 0, 100, to_group, 2, 0, Flags::MULTICAST)
+        .unwrap();
+    assert_eq!(wait_one(&p.a_cq).op_context, 2);
+    assert_eq!(wait_one(&c_cq).op_context, 21);
+    let mut out = [rfabric::core::cq::CqEntry::default(); 1];
+    let start = std::time::Instant::now();
+    while start.elapsed().as_millis() < 300 {
+        for cq in [&p.b_cq, &p.a_cq] {
+            match cq.read(&mut out) {
+                Err(e) if e.is_again() => {}
+                other => panic!("a non-member received the group's datagram: {other:?}"),
+            }
+        }
+    }
+    drop((ma, mc));
+}

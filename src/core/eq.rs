@@ -21,6 +21,8 @@ pub enum EqEvent {
     Connected { fid: u64, data: Vec<u8> },
     /// `FI_SHUTDOWN`: the peer disconnected or went away.
     Shutdown { fid: u64 },
+    /// `FI_JOIN_COMPLETE`: a multicast join (`fi_join`) finished; `fid` is its context.
+    JoinComplete { fid: u64 },
 }
 
 impl EqEvent {
@@ -28,7 +30,8 @@ impl EqEvent {
         match self {
             EqEvent::ConnReq { fid, .. }
             | EqEvent::Connected { fid, .. }
-            | EqEvent::Shutdown { fid } => *fid,
+            | EqEvent::Shutdown { fid }
+            | EqEvent::JoinComplete { fid } => *fid,
         }
     }
 
@@ -39,6 +42,7 @@ impl EqEvent {
             EqEvent::ConnReq { .. } => fi::FI_CONNREQ,
             EqEvent::Connected { .. } => fi::FI_CONNECTED,
             EqEvent::Shutdown { .. } => fi::FI_SHUTDOWN,
+            EqEvent::JoinComplete { .. } => fi::FI_JOIN_COMPLETE,
         }
     }
 }

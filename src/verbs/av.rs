@@ -134,6 +134,11 @@ impl AddressVector {
         Ok(self.write().insert(&n.to_bytes(), peer))
     }
 
+    /// Inserts a destination made elsewhere (a multicast group's), under `name`.
+    pub(crate) fn insert_dest(&self, name: &UdName, dest: UdDest) -> u64 {
+        self.write().insert(&name.to_bytes(), dest)
+    }
+
     /// Removes an address (`fi_av_remove`); later sends to it fail with `-FI_EINVAL`.
     pub fn remove(&self, addr: u64) -> Result<()> {
         self.write().remove(addr).map(|_| ())

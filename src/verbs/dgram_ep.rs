@@ -7,12 +7,15 @@
 //! acknowledgement: a datagram that finds no receive posted is dropped by the device.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use rfabric_sys::cm::{CmId, McastGroup};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use rfabric_sys::verbs::{
-    wc_status as st, QpCaps, QpHandle, Sge, UdDest, UdQp, WorkCompletion, GRH_LEN, MAX_IOV,
+    wc_status as st, AddressHandle, QpCaps, QpHandle, Sge, UdDest, UdQp, WorkCompletion, GRH_LEN,
+    MAX_IOV,
 };
 
 use crate::core::addr::fill_name;
@@ -23,17 +26,20 @@ use crate::core::info::Info;
 use crate::verbs::av::{UdName, DGRAM_QKEY};
 use crate::verbs::cq::{to_entry, to_err_entry, Owned, RecvOwner};
 use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
+use crate::verbs::eq::Owner;
 use crate::verbs::msg_ep::{
     check_inject, check_recv_flags, check_send_flags, cq_data, iov_slices, lock, post_error,
     region_sge,
 };
 use crate::verbs::wr_id::{self, Kind};
-use crate::verbs::{AddressVector, CompletionQueue, Domain, Iov, MemoryRegion};
+use crate::verbs::{os_err, AddressVector, CompletionQueue, Domain, EventQueue, Iov, MemoryRegion};
 
 #[derive(Debug, Default)]
 struct Control {
     cqs: CqBinding,
     av: Option<Arc<AddressVector>>,
+    /// Where multicast joins complete (`FI_JOIN_COMPLETE`).
+    eq: Option<Arc<EventQueue>>,
 }
 
 /// A datagram endpoint (`fi_endpoint` with `FI_EP_DGRAM`).
@@ -56,6 +62,9 @@ pub struct DgramEndpoint {
     /// `FI_SOURCE` / `FI_SOURCE_ERR` in the endpoint's caps.
     source: bool,
     source_err: bool,
+    /// Each receive's GRH kept until its completion: for `FI_SOURCE`, and for `FI_MULTICAST`
+    /// (a multicast datagram is known by the destination in its GRH).
+    track_grh: bool,
     /// With `FI_SOURCE`: where each posted receive's GRH lands, in posting order.
     track: Mutex<GrhTrack>,
     /// Receives posted and not yet completed; reaching 0 means datagrams get dropped.
@@ -105,6 +114,7 @@ impl DgramEndpoint {
             me: me.clone(),
             source,
             source_err: source && info.caps.contains(Flags::SOURCE_ERR),
+            track_grh: source || info.caps.contains(Flags::MULTICAST),
             track: Mutex::default(),
             outstanding: AtomicU32::new(0),
             dry: AtomicU64::new(0),
@@ -159,6 +169,89 @@ impl DgramEndpoint {
         Ok(())
     }
 
+    /// Binds the event queue that multicast joins complete on (`fi_ep_bind` of an EQ).
+    pub fn bind_eq(&self, eq: &Arc<EventQueue>) -> Result<()> {
+        let mut c = lock(&self.ctl);
+        if c.eq.is_some() {
+            return Err(Error::new(
+                errno::EINVAL,
+                "endpoint already bound to an event queue",
+            ));
+        }
+        c.eq = Some(eq.clone());
+        Ok(())
+    }
+
+    /// Joins the multicast group `group` (`fi_join`): `FI_JOIN_COMPLETE` with `context`
+    /// arrives on the bound EQ, after which [`Multicast::mc_addr`] is the address to send to
+    /// with `FI_MULTICAST`. `flags`: `FI_SEND` and/or `FI_RECV` restrict the join (none: both;
+    /// a send-only member does not receive the group's datagrams). Dropping the returned
+    /// object leaves the group.
+    pub fn join(
+        self: &Arc<Self>,
+        group: &SocketAddr,
+        flags: Flags,
+        context: u64,
+    ) -> Result<Multicast> {
+        if !self.info.caps.contains(Flags::MULTICAST) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "multicast needs FI_MULTICAST in the endpoint's caps: ask fi_getinfo for it",
+            ));
+        }
+        if !(flags - (Flags::SEND | Flags::RECV)).is_empty() {
+            return Err(Error::new(
+                errno::EBADFLAGS,
+                format!(
+                    "join flags {:?}: FI_SEND and/or FI_RECV",
+                    flags - (Flags::SEND | Flags::RECV)
+                ),
+            ));
+        }
+        if !group.ip().is_multicast() {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("{} is not a multicast address", group.ip()),
+            ));
+        }
+        self.qp()?;
+        let eq = lock(&self.ctl).eq.clone().ok_or_else(|| {
+            Error::new(
+                errno::ENOEQ,
+                "bind an event queue first: FI_JOIN_COMPLETE is reported there",
+            )
+        })?;
+        let ip = self.domain.device().ipv4.ok_or_else(|| {
+            Error::new(
+                errno::EADDRNOTAVAIL,
+                "the device has no IPv4 address to join a group from",
+            )
+        })?;
+        let id = CmId::new_udp(Some(eq.channel())).map_err(os_err("rdma_create_id"))?;
+        id.bind_addr(&SocketAddr::new(ip.into(), 0))
+            .map_err(os_err("rdma_bind_addr"))?;
+        let sh = Arc::new(McShared {
+            id,
+            group: *group,
+            recv: flags.contains(Flags::RECV) || !flags.contains(Flags::SEND),
+            ep: self.clone(),
+            eq: eq.clone(),
+            joined: OnceLock::new(),
+        });
+        eq.register(
+            sh.id.ident(),
+            Owner::Multicast {
+                fid: context,
+                mc: Arc::downgrade(&sh),
+            },
+        );
+        if let Err(e) = sh.id.join_multicast(group) {
+            eq.unregister(sh.id.ident());
+            return Err(Error::os(e, format!("rdma_join_multicast {group}")));
+        }
+        Ok(Multicast { sh })
+    }
+
     /// Creates the UD queue pair (`fi_enable`).
     pub fn enable(&self) -> Result<()> {
         let mut c = lock(&self.ctl);
@@ -178,7 +271,7 @@ impl DgramEndpoint {
             want.max_recv_sge = (want.max_recv_sge + 1).min(dev.attr.max_sge);
             // With FI_SOURCE a slot per receive until its completion is read; else one
             // slot that every receive overwrites.
-            let slots = if self.source {
+            let slots = if self.track_grh {
                 2 * want.max_recv_wr as usize
             } else {
                 1
@@ -325,13 +418,8 @@ impl DgramEndpoint {
         data: u64,
         flags: Flags,
     ) -> Result<()> {
-        if flags.contains(Flags::MULTICAST) {
-            return Err(Error::new(
-                errno::ENOSYS,
-                "FI_MULTICAST: multicast groups (fi_join) are not implemented yet",
-            ));
-        }
-        check_send_flags(flags)?;
+        // FI_MULTICAST names a group's address (fi_mc_addr), which sends like any other.
+        check_send_flags(flags - Flags::MULTICAST)?;
         let (off, n) = self.payload(offset, len)?;
         if flags.contains(Flags::INJECT) {
             check_inject(n, self.inject_size())?;
@@ -503,7 +591,7 @@ impl DgramEndpoint {
         // With FI_SOURCE each receive's GRH must stay until its completion is read: it gets
         // its own slot (or its own prefix), remembered in posting order, which is the
         // order UD receives complete in.
-        let mut track = self.source.then(|| lock(&self.track));
+        let mut track = self.track_grh.then(|| lock(&self.track));
         let loc = match (self.grh.get(), track.as_deref_mut()) {
             (Some(mr), Some(t)) => {
                 let slot = t.free.pop().ok_or_else(|| {
@@ -594,6 +682,16 @@ fn source_gid(grh: &[u8; GRH_LEN]) -> [u8; 16] {
     gid
 }
 
+/// Whether a GRH's destination is a multicast group: IPv4 224.0.0.0/4 in the IPv4 header
+/// RoCE v2 leaves in the last 20 bytes, else an `ff00::/8` destination GID.
+fn to_a_group(grh: &[u8; GRH_LEN]) -> bool {
+    if grh[..20].iter().all(|&b| b == 0) && grh[20] >> 4 == 4 {
+        (224..=239).contains(&grh[36])
+    } else {
+        grh[24] == 0xff
+    }
+}
+
 impl RecvOwner for DgramEndpoint {
     fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned> {
         if self.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 && wc.status() == st::IBV_WC_SUCCESS
@@ -609,7 +707,11 @@ impl RecvOwner for DgramEndpoint {
                 crate::fi_info!("ep", "{msg}");
             }
         }
-        let grh = if self.source { self.take_grh() } else { None };
+        let grh = if self.track_grh {
+            self.take_grh()
+        } else {
+            None
+        };
         let id = wc.wr_id();
         if wc.status() != st::IBV_WC_SUCCESS {
             return Some(Owned::Errors(vec![to_err_entry(wc)]));
@@ -619,7 +721,11 @@ impl RecvOwner for DgramEndpoint {
             e.len = e.len.saturating_sub(GRH_LEN);
         }
         let mut from = FI_ADDR_NOTAVAIL;
-        if let Some(grh) = grh.filter(|_| wc.has_grh()) {
+        let grh = grh.filter(|_| wc.has_grh());
+        if grh.as_ref().is_some_and(to_a_group) {
+            e.flags |= Flags::MULTICAST.bits();
+        }
+        if let Some(grh) = grh.filter(|_| self.source) {
             let name = UdName {
                 gid: source_gid(&grh),
                 qpn: wc.src_qp(),
@@ -645,5 +751,87 @@ impl RecvOwner for DgramEndpoint {
             return None;
         }
         Some(Owned::Entry(e, from))
+    }
+}
+
+/// A multicast group a datagram endpoint joined (`fi_join`). Dropping it leaves the group.
+#[derive(Debug)]
+pub struct Multicast {
+    sh: Arc<McShared>,
+}
+
+impl Multicast {
+    /// The address to send to with `FI_MULTICAST` (`fi_mc_addr`), once `FI_JOIN_COMPLETE`
+    /// was seen.
+    pub fn mc_addr(&self) -> Result<u64> {
+        self.sh.joined.get().map(|(_, a)| *a).ok_or_else(|| {
+            Error::new(
+                errno::EOPBADSTATE,
+                "the join has not completed: wait for FI_JOIN_COMPLETE on the EQ",
+            )
+        })
+    }
+}
+
+/// A join's state, shared with the EQ that completes it.
+#[derive(Debug)]
+pub(crate) struct McShared {
+    id: CmId,
+    group: SocketAddr,
+    /// Attach the endpoint's QP: it receives the group's datagrams.
+    recv: bool,
+    ep: Arc<DgramEndpoint>,
+    eq: Arc<EventQueue>,
+    /// The group's route and its address in the endpoint's AV, once joined.
+    joined: OnceLock<(McastGroup, u64)>,
+}
+
+impl McShared {
+    /// `RDMA_CM_EVENT_MULTICAST_JOIN`: an address handle to the group in the AV, and the QP
+    /// attached when the join receives.
+    pub(crate) fn joined(&self, g: &McastGroup) -> Result<()> {
+        let ep = &self.ep;
+        let qp = ep.qp.get().ok_or_else(not_enabled)?;
+        let av = ep.av.get().ok_or_else(not_enabled)?;
+        let ah = AddressHandle::for_group(ep.domain.pd(), g).map_err(os_err("ibv_create_ah"))?;
+        if self.recv {
+            qp.attach_mcast(g).map_err(os_err("ibv_attach_mcast"))?;
+        }
+        // Datagrams to a group go to every attached QP: QP number 0xFFFFFF.
+        let dest = UdDest {
+            ah,
+            qpn: 0xff_ffff,
+            qkey: DGRAM_QKEY,
+        };
+        let name = UdName {
+            gid: g.gid(),
+            qpn: dest.qpn,
+            qkey: dest.qkey,
+        };
+        let addr = av.insert_dest(&name, dest);
+        crate::fi_info!("ep", "joined {} as fi_addr {addr:#x}", self.group);
+        let _ = self.joined.set((*g, addr));
+        Ok(())
+    }
+}
+
+impl Drop for McShared {
+    fn drop(&mut self) {
+        self.eq.unregister(self.id.ident());
+        if let Some((g, addr)) = self.joined.get() {
+            if self.recv {
+                if let Some(qp) = self.ep.qp.get() {
+                    if let Err(e) = qp.detach_mcast(g) {
+                        crate::fi_debug!("ep", "ibv_detach_mcast: errno {e}");
+                    }
+                }
+            }
+            if let Some(av) = self.ep.av.get() {
+                let _ = av.remove(*addr);
+            }
+        }
+        if let Err(e) = self.id.leave_multicast(&self.group) {
+            crate::fi_debug!("ep", "rdma_leave_multicast {}: errno {e}", self.group);
+        }
     }
 }

@@ -14,6 +14,7 @@ use crate::core::eq::{EqErrEntry, EqEvent, EventQueueState};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::WaitObj;
 use crate::core::info::Info;
+use crate::verbs::dgram_ep::McShared;
 use crate::verbs::msg_ep::EpShared;
 use crate::verbs::{os_err, Fabric};
 
@@ -51,8 +52,19 @@ impl ConnRequest {
 /// Who an rdma_cm identifier belongs to.
 #[derive(Debug)]
 pub(crate) enum Owner {
-    Passive { fid: u64, info: Box<Info> },
-    Active { fid: u64, ep: Weak<EpShared> },
+    Passive {
+        fid: u64,
+        info: Box<Info>,
+    },
+    Active {
+        fid: u64,
+        ep: Weak<EpShared>,
+    },
+    /// A multicast join of a datagram endpoint.
+    Multicast {
+        fid: u64,
+        mc: Weak<McShared>,
+    },
 }
 
 #[derive(Debug)]
@@ -302,6 +314,34 @@ impl EventQueue {
                 }
                 None => return,
             },
+            ev::RDMA_CM_EVENT_MULTICAST_JOIN | ev::RDMA_CM_EVENT_MULTICAST_ERROR => {
+                let Some(Owner::Multicast { fid, mc }) = g.owners.get(&e.id) else {
+                    return;
+                };
+                let fid = *fid;
+                let joined = match (e.mcast, mc.upgrade()) {
+                    (Some(group), Some(mc)) => mc.joined(&group),
+                    (_, None) => return,
+                    (None, _) => Err(Error::new(
+                        errno::EHOSTUNREACH,
+                        format!("multicast join failed (rdma_cm status {})", e.status),
+                    )),
+                };
+                match joined {
+                    Ok(()) => g.q.push_event(EqEvent::JoinComplete { fid }),
+                    Err(err) => {
+                        crate::fi_info!("eq", "multicast join of {fid:#x}: {err}");
+                        g.q.push_error(EqErrEntry {
+                            fid,
+                            context: fid,
+                            data: 0,
+                            err: err.errno(),
+                            prov_errno: e.status,
+                            err_data: Vec::new(),
+                        })
+                    }
+                }
+            }
             _ => return,
         };
         if let Err(err) = pushed {

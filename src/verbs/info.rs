@@ -189,7 +189,12 @@ pub(crate) fn dgram_info(dev: &Device) -> Result<Info> {
     let mut i = msg_info(dev)?;
     let mtu = dev.port.active_mtu as usize;
     // FI_SOURCE / FI_SOURCE_ERR cost a GRH slot and a lookup per receive: only on request.
-    i.caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::SOURCE | Flags::SOURCE_ERR;
+    i.caps = Flags::MSG
+        | Flags::SEND
+        | Flags::RECV
+        | Flags::MULTICAST
+        | Flags::SOURCE
+        | Flags::SOURCE_ERR;
     i.addr_format = AddrFormat::IbUd;
     i.tx_attr.caps = Flags::MSG | Flags::SEND;
     i.rx_attr.caps = Flags::MSG | Flags::RECV;
@@ -363,7 +368,7 @@ pub fn getinfo(
             n.domain_attr.data_progress = Progress::Manual;
         }
         if dgram && hints.caps.is_empty() {
-            n.caps -= Flags::SOURCE | Flags::SOURCE_ERR;
+            n.caps -= Flags::MULTICAST | Flags::SOURCE | Flags::SOURCE_ERR;
         }
         // Prefix mode is the application's choice: with it, the GRH lands in its buffers.
         if dgram && hints.mode.contains(Mode::MSG_PREFIX) {

@@ -20,7 +20,7 @@ pub(crate) mod wr_id;
 
 pub use av::{AddressVector, AvAttr, UdName};
 pub use cq::{CompletionQueue, CqAttr};
-pub use dgram_ep::DgramEndpoint;
+pub use dgram_ep::{DgramEndpoint, Multicast};
 pub use domain::Domain;
 pub use eq::{ConnRequest, EqAttr, EventQueue};
 pub use fabric::Fabric;

@@ -117,6 +117,35 @@ pub struct CmEvent {
     pub private_data: Vec<u8>,
     /// The new identifier of a connect request, now owned by the receiver of the event.
     pub new_id: Option<CmId>,
+    /// A multicast join's group: the route to it (address handle attributes).
+    pub mcast: Option<McastGroup>,
+}
+
+/// A joined multicast group, from `RDMA_CM_EVENT_MULTICAST_JOIN`.
+#[derive(Clone, Copy)]
+pub struct McastGroup {
+    pub(crate) ah_attr: r::ibv_ah_attr,
+}
+
+impl std::fmt::Debug for McastGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McastGroup")
+            .field("gid", &self.gid())
+            .field("lid", &self.lid())
+            .finish()
+    }
+}
+
+impl McastGroup {
+    /// The group's GID (for RoCE, the IPv4-mapped or IPv6 multicast address).
+    pub fn gid(&self) -> [u8; 16] {
+        // SAFETY: the raw view of the union is always valid bytes.
+        unsafe { self.ah_attr.grh.dgid.raw }
+    }
+
+    pub fn lid(&self) -> u16 {
+        self.ah_attr.dlid
+    }
 }
 
 impl EventChannel {
@@ -173,6 +202,14 @@ impl EventChannel {
         } else {
             Vec::new()
         };
+        let mcast = if e.event == event::RDMA_CM_EVENT_MULTICAST_JOIN {
+            Some(McastGroup {
+                // SAFETY: ud is the active union member for multicast events.
+                ah_attr: unsafe { e.param.ud.ah_attr },
+            })
+        } else {
+            None
+        };
         let new_id = if e.event == event::RDMA_CM_EVENT_CONNECT_REQUEST {
             NonNull::new(e.id).map(|id| CmId {
                 id,
@@ -190,6 +227,7 @@ impl EventChannel {
             listen_id: e.listen_id as usize,
             private_data,
             new_id,
+            mcast,
         };
         // SAFETY: ev came from rdma_get_cm_event and is acked once; nothing refers to it after.
         unsafe { r::rdma_ack_cm_event(ev) };
@@ -245,17 +283,22 @@ impl CmId {
     /// A new RC (`RDMA_PS_TCP`) identifier. Without a channel, calls on it are synchronous:
     /// address and route resolution block until done.
     pub fn new(channel: Option<&Arc<EventChannel>>) -> Result<Self, i32> {
+        Self::with_port_space(channel, r::rdma_port_space::RDMA_PS_TCP)
+    }
+
+    /// An identifier in the UDP port space, as multicast joins need.
+    pub fn new_udp(channel: Option<&Arc<EventChannel>>) -> Result<Self, i32> {
+        Self::with_port_space(channel, r::rdma_port_space::RDMA_PS_UDP)
+    }
+
+    fn with_port_space(
+        channel: Option<&Arc<EventChannel>>,
+        ps: r::rdma_port_space::Type,
+    ) -> Result<Self, i32> {
         let ch = channel.map_or(ptr::null_mut(), |c| c.ch.as_ptr());
         let mut id = ptr::null_mut();
         // SAFETY: ch is NULL or a valid channel; id receives the new identifier.
-        check(unsafe {
-            r::rdma_create_id(
-                ch,
-                &mut id,
-                ptr::null_mut(),
-                r::rdma_port_space::RDMA_PS_TCP,
-            )
-        })?;
+        check(unsafe { r::rdma_create_id(ch, &mut id, ptr::null_mut(), ps) })?;
         NonNull::new(id)
             .map(|id| CmId {
                 id,
@@ -302,6 +345,26 @@ impl CmId {
     pub fn resolve_route(&self, timeout_ms: i32) -> Result<(), i32> {
         // SAFETY: valid id.
         check(unsafe { r::rdma_resolve_route(self.id.as_ptr(), timeout_ms) })
+    }
+
+    /// Joins the multicast group `group`; `RDMA_CM_EVENT_MULTICAST_JOIN` says when.
+    pub fn join_multicast(&self, group: &SocketAddr) -> Result<(), i32> {
+        let (mut ss, _) = to_sockaddr(group);
+        // SAFETY: valid id; ss holds a sockaddr of the right family.
+        check(unsafe {
+            r::rdma_join_multicast(
+                self.id.as_ptr(),
+                ptr::addr_of_mut!(ss).cast(),
+                ptr::null_mut(),
+            )
+        })
+    }
+
+    /// Leaves a group joined with [`Self::join_multicast`].
+    pub fn leave_multicast(&self, group: &SocketAddr) -> Result<(), i32> {
+        let (mut ss, _) = to_sockaddr(group);
+        // SAFETY: valid id; ss holds a sockaddr of the right family.
+        check(unsafe { r::rdma_leave_multicast(self.id.as_ptr(), ptr::addr_of_mut!(ss).cast()) })
     }
 
     pub fn listen(&self, backlog: i32) -> Result<(), i32> {

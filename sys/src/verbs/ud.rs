@@ -50,6 +50,21 @@ impl AddressHandle {
         }))
     }
 
+    /// A handle to a joined multicast group, from its join event.
+    pub fn for_group(
+        pd: &Arc<ProtectionDomain>,
+        group: &crate::cm::McastGroup,
+    ) -> Result<Arc<Self>, i32> {
+        let mut attr = group.ah_attr;
+        // SAFETY: valid PD; attr as rdma_cm filled it for this device.
+        let ah = unsafe { r::ibv_create_ah(pd.as_ptr(), &mut attr) };
+        let ah = NonNull::new(ah).ok_or_else(last_errno)?;
+        Ok(Arc::new(AddressHandle {
+            ah,
+            _pd: pd.clone(),
+        }))
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut r::ibv_ah {
         self.ah.as_ptr()
     }
@@ -163,6 +178,30 @@ impl UdQp {
 
     pub fn qp_num(&self) -> u32 {
         self.handle.qp_num()
+    }
+
+    /// Receives the datagrams of a multicast group (`ibv_attach_mcast`).
+    pub fn attach_mcast(&self, group: &crate::cm::McastGroup) -> Result<(), i32> {
+        let gid = r::ibv_gid { raw: group.gid() };
+        // SAFETY: valid QP; gid is read during the call.
+        let rc = unsafe { r::ibv_attach_mcast(self.qp.as_ptr(), &gid, group.lid()) };
+        if rc != 0 {
+            Err(rc.abs())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Stops receiving a group's datagrams.
+    pub fn detach_mcast(&self, group: &crate::cm::McastGroup) -> Result<(), i32> {
+        let gid = r::ibv_gid { raw: group.gid() };
+        // SAFETY: valid QP; gid is read during the call.
+        let rc = unsafe { r::ibv_detach_mcast(self.qp.as_ptr(), &gid, group.lid()) };
+        if rc != 0 {
+            Err(rc.abs())
+        } else {
+            Ok(())
+        }
     }
 }
 
