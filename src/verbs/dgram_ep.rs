@@ -85,6 +85,18 @@ impl Drop for DgramEndpoint {
     }
 }
 
+/// Binds `v` into `slot`, once (`-FI_EINVAL` the second time).
+fn bind_once<T>(slot: &mut Option<Arc<T>>, v: &Arc<T>, what: &str) -> Result<()> {
+    if slot.is_some() {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("endpoint already bound to {what}"),
+        ));
+    }
+    *slot = Some(v.clone());
+    Ok(())
+}
+
 fn not_enabled() -> Error {
     Error::new(
         errno::EOPBADSTATE,
@@ -158,28 +170,12 @@ impl DgramEndpoint {
                 "the address vector belongs to another domain",
             ));
         }
-        let mut c = lock(&self.ctl);
-        if c.av.is_some() {
-            return Err(Error::new(
-                errno::EINVAL,
-                "endpoint already bound to an address vector",
-            ));
-        }
-        c.av = Some(av.clone());
-        Ok(())
+        bind_once(&mut lock(&self.ctl).av, av, "an address vector")
     }
 
     /// Binds the event queue that multicast joins complete on (`fi_ep_bind` of an EQ).
     pub fn bind_eq(&self, eq: &Arc<EventQueue>) -> Result<()> {
-        let mut c = lock(&self.ctl);
-        if c.eq.is_some() {
-            return Err(Error::new(
-                errno::EINVAL,
-                "endpoint already bound to an event queue",
-            ));
-        }
-        c.eq = Some(eq.clone());
-        Ok(())
+        bind_once(&mut lock(&self.ctl).eq, eq, "an event queue")
     }
 
     /// Joins the multicast group `group` (`fi_join`): `FI_JOIN_COMPLETE` with `context`

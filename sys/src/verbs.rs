@@ -721,12 +721,7 @@ impl Cq {
             return Err(libc::EINVAL);
         }
         // SAFETY: valid CQ with a channel.
-        let rc = unsafe { r::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
-        if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
-        }
+        rc_result(unsafe { r::ibv_req_notify_cq(self.cq.as_ptr(), 0) })
     }
 
     pub fn channel(&self) -> Option<&Arc<CompChannel>> {
@@ -974,12 +969,7 @@ impl QpHandle {
         // SGEs either name registered memory (device-checked) or, with INLINE, point at a
         // live slice that the provider copies before returning; a UD destination's address
         // handle is borrowed, so alive for the call.
-        let rc = unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr.0, &mut bad) };
-        if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
-        }
+        rc_result(unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr.0, &mut bad) })
     }
 
     /// Posts one send of `len` bytes at `offset` in `mr`: inline when it fits, so the
@@ -1362,11 +1352,6 @@ impl QpHandle {
         attr.min_rnr_timer = code & 0x1f;
         let mask = r::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32;
         // SAFETY: valid QP; attr initialised for the masked field.
-        let rc = unsafe { r::ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask) };
-        if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
-        }
+        rc_result(unsafe { r::ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask) })
     }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use rdma_sys as r;
 
 use super::{
-    destroyed, fill_sges, send_flags, Cq, MrSlice, ProtectionDomain, QpCaps, QpHandle, Sge, MAX_IOV,
+    destroyed, fill_sges, rc_result, send_flags, Cq, MrSlice, ProtectionDomain, QpCaps, QpHandle,
+    Sge, MAX_IOV,
 };
 use crate::last_errno;
 
@@ -163,12 +164,7 @@ impl UdQp {
 
     fn modify(&self, a: &mut r::ibv_qp_attr, mask: r::ibv_qp_attr_mask) -> Result<(), i32> {
         // SAFETY: valid QP; `a` initialised for the masked fields.
-        let rc = unsafe { r::ibv_modify_qp(self.qp.as_ptr(), a, mask.0 as i32) };
-        if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
-        }
+        rc_result(unsafe { r::ibv_modify_qp(self.qp.as_ptr(), a, mask.0 as i32) })
     }
 
     /// The posting side (receives are posted as on any QP).
@@ -184,24 +180,14 @@ impl UdQp {
     pub fn attach_mcast(&self, group: &crate::cm::McastGroup) -> Result<(), i32> {
         let gid = r::ibv_gid { raw: group.gid() };
         // SAFETY: valid QP; gid is read during the call.
-        let rc = unsafe { r::ibv_attach_mcast(self.qp.as_ptr(), &gid, group.lid()) };
-        if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
-        }
+        rc_result(unsafe { r::ibv_attach_mcast(self.qp.as_ptr(), &gid, group.lid()) })
     }
 
     /// Stops receiving a group's datagrams.
     pub fn detach_mcast(&self, group: &crate::cm::McastGroup) -> Result<(), i32> {
         let gid = r::ibv_gid { raw: group.gid() };
         // SAFETY: valid QP; gid is read during the call.
-        let rc = unsafe { r::ibv_detach_mcast(self.qp.as_ptr(), &gid, group.lid()) };
-        if rc != 0 {
-            Err(rc.abs())
-        } else {
-            Ok(())
-        }
+        rc_result(unsafe { r::ibv_detach_mcast(self.qp.as_ptr(), &gid, group.lid()) })
     }
 }
 
