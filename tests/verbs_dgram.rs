@@ -503,3 +503,48 @@ fn a_multicast_group_reaches_every_receiver_until_it_leaves() {
     }
     drop((ma, mc));
 }
+
+#[test]
+fn selective_completion_reports_only_the_datagrams_that_ask() {
+    let Some(info) = dgram_info(false) else {
+        return;
+    };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let mk = || {
+        let ep = DgramEndpoint::open(&domain, &info).unwrap();
+        ep.bind_cq(
+            &cq,
+            Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION,
+        )
+        .unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.enable().unwrap();
+        ep
+    };
+    let (a, b) = (mk(), mk());
+    let to_b = av.insert(&b.getname().unwrap().to_bytes()).unwrap();
+    let rx = MemoryRegion::alloc(&domain, 4096, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&domain, 4096, Flags::SEND).unwrap();
+    b.recvmsg(&rx, 0, 1024, 1, Flags::empty()).unwrap();
+    b.recvmsg(&rx, 1024, 1024, 2, Flags::COMPLETION).unwrap();
+    a.send(&tx, 0, 16, to_b, 10).unwrap();
+    a.sendmsg(&tx, 0, 32, to_b, 11, 0, Flags::COMPLETION)
+        .unwrap();
+    // Only the send and the receive that asked complete, in order.
+    let got: Vec<(u64, usize)> = (0..2)
+        .map(|_| wait_one(&cq))
+        .map(|e| (e.op_context, e.len))
+        .collect();
+    assert!(got.contains(&(11, 0)) && got.contains(&(2, 32)), "{got:?}");
+    let mut out = [rfabric::core::cq::CqEntry::default(); 4];
+    let start = std::time::Instant::now();
+    while start.elapsed().as_millis() < 200 {
+        match cq.read(&mut out) {
+            Err(e) if e.is_again() => {}
+            other => panic!("a completion nobody asked for: {other:?}"),
+        }
+    }
+}
