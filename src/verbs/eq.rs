@@ -71,6 +71,9 @@ pub(crate) enum Owner {
 struct Inner {
     q: EventQueueState,
     owners: HashMap<usize, Owner>,
+    /// Owners upgraded while translating events, dropped only once the lock is released:
+    /// an owner's last drop unregisters it, which takes this lock.
+    released: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// An event queue (`fi_eq`).
@@ -127,6 +130,7 @@ impl EventQueue {
             inner: Mutex::new(Inner {
                 q: EventQueueState::new(size),
                 owners: HashMap::new(),
+                released: Vec::new(),
             }),
             _fabric: fabric.clone(),
         }))
@@ -155,16 +159,24 @@ impl EventQueue {
 
     /// The next event (`fi_eq_read`): `EAGAIN` when none, `EAVAIL` when an error is next.
     pub fn read(&self) -> Result<EqEvent> {
-        let mut g = self.lock();
-        self.progress(&mut g)?;
-        g.q.read()
+        self.progressed(|g| g.q.read())
     }
 
     /// The head error entry (`fi_eq_readerr`).
     pub fn readerr(&self) -> Result<EqErrEntry> {
-        let mut g = self.lock();
-        self.progress(&mut g)?;
-        g.q.readerr()
+        self.progressed(|g| g.q.readerr())
+    }
+
+    /// Translates pending rdma_cm events, then runs `f`, under the lock; owners the
+    /// translation held are let go after it.
+    fn progressed<T>(&self, f: impl FnOnce(&mut Inner) -> Result<T>) -> Result<T> {
+        let (r, released) = {
+            let mut g = self.lock();
+            let r = self.progress(&mut g).and_then(|()| f(&mut g));
+            (r, std::mem::take(&mut g.released))
+        };
+        drop(released);
+        r
     }
 
     /// Waits up to `timeout_ms` (negative: forever) for an event (`fi_eq_sread`).
@@ -218,9 +230,15 @@ impl EventQueue {
             e.status,
             e.id
         );
-        let owner_fid = |g: &Inner, id: usize| match g.owners.get(&id) {
-            Some(Owner::Active { fid, ep }) => Some((*fid, ep.upgrade())),
-            _ => None,
+        let owner_fid = |g: &mut Inner, id: usize| {
+            let (fid, ep) = match g.owners.get(&id) {
+                Some(Owner::Active { fid, ep }) => (*fid, ep.upgrade()),
+                _ => return None,
+            };
+            if let Some(ep) = &ep {
+                g.released.push(ep.clone());
+            }
+            Some((fid, ep))
         };
         let pushed = match e.kind {
             ev::RDMA_CM_EVENT_CONNECT_REQUEST => {
@@ -315,11 +333,14 @@ impl EventQueue {
                 None => return,
             },
             ev::RDMA_CM_EVENT_MULTICAST_JOIN | ev::RDMA_CM_EVENT_MULTICAST_ERROR => {
-                let Some(Owner::Multicast { fid, mc }) = g.owners.get(&e.id) else {
-                    return;
+                let (fid, mc) = match g.owners.get(&e.id) {
+                    Some(Owner::Multicast { fid, mc }) => (*fid, mc.upgrade()),
+                    _ => return,
                 };
-                let fid = *fid;
-                let joined = match (e.mcast, mc.upgrade()) {
+                if let Some(mc) = &mc {
+                    g.released.push(mc.clone());
+                }
+                let joined = match (e.mcast, mc) {
                     (Some(group), Some(mc)) => mc.joined(&group),
                     (_, None) => return,
                     (None, _) => Err(Error::new(
