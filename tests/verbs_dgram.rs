@@ -548,3 +548,44 @@ fn selective_completion_reports_only_the_datagrams_that_ask() {
         }
     }
 }
+
+fn a_datagram_longer_than_its_receive_is_truncated_with_olen(prefix: bool) {
+    let Some(info) = dgram_info(prefix) else {
+        return;
+    };
+    let p = pair(&info, AvType::Table);
+    let pre = p.a.prefix_size();
+    let rx = MemoryRegion::alloc(&p.domain, 8192, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 8192, Flags::SEND).unwrap();
+    rx.fill(0, 8192, 0xcc).unwrap();
+    let msg = pattern(700, 5);
+    tx.write_at(pre, &msg).unwrap();
+    p.b.recv(&rx, 0, pre + 100, 1).unwrap();
+    p.a.send(&tx, 0, pre + msg.len(), p.to_b, 2).unwrap();
+    assert_eq!(wait_one(&p.a_cq).op_context, 2);
+    let e = wait_err(&p.b_cq);
+    assert_eq!(
+        (e.op_context, e.err, e.len, e.olen),
+        (1, errno::ETRUNC, pre + 100, 600),
+        "the first 100 bytes arrive, 600 are reported lost"
+    );
+    let mut got = vec![0u8; 101];
+    rx.read_at(pre, &mut got).unwrap();
+    assert!(got[..100] == msg[..100], "the part that fit");
+    assert_eq!(got[100], 0xcc, "nothing past the receive");
+    // The endpoint goes on: a datagram that fits arrives whole.
+    p.b.recv(&rx, 4096, pre + 1024, 3).unwrap();
+    p.a.send(&tx, 0, pre + msg.len(), p.to_b, 4).unwrap();
+    let e = wait_one(&p.b_cq);
+    assert_eq!((e.op_context, e.len), (3, pre + 700));
+}
+
+#[test]
+fn a_datagram_longer_than_its_receive_is_truncated_with_olen_without_a_prefix() {
+    a_datagram_longer_than_its_receive_is_truncated_with_olen(false);
+}
+
+#[test]
+fn a_datagram_longer_than_its_receive_is_truncated_with_olen_with_the_prefix() {
+    a_datagram_longer_than_its_receive_is_truncated_with_olen(true);
+}

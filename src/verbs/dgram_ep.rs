@@ -52,6 +52,8 @@ pub struct DgramEndpoint {
     av: OnceLock<Arc<AddressVector>>,
     /// Where the GRH of every receive goes when the application has no prefix room.
     grh: OnceLock<MemoryRegion>,
+    /// One MTU that absorbs the rest of a datagram longer than its receive (never read).
+    sink: OnceLock<MemoryRegion>,
     signalling: Signalling,
     /// Sends chained under `FI_MORE`.
     sends: SendBatch,
@@ -134,6 +136,7 @@ impl DgramEndpoint {
             caps: OnceLock::new(),
             av: OnceLock::new(),
             grh: OnceLock::new(),
+            sink: OnceLock::new(),
             signalling: Signalling::default(),
             sends: SendBatch::default(),
             ctl: Mutex::default(),
@@ -262,6 +265,10 @@ impl DgramEndpoint {
         };
         let dev = self.domain.device();
         let mut want = wanted_caps(&self.info, &dev.attr, None, None);
+        // One more element per receive for the overflow sink.
+        want.max_recv_sge = (want.max_recv_sge + 1).min(dev.attr.max_sge);
+        let sink = MemoryRegion::alloc(&self.domain, self.max_msg_size.max(1), Flags::RECV)?;
+        let _ = self.sink.set(sink);
         if !self.prefix {
             // One more element per receive: the provider's GRH slot.
             want.max_recv_sge = (want.max_recv_sge + 1).min(dev.attr.max_sge);
@@ -573,7 +580,9 @@ impl DgramEndpoint {
             ));
         }
         let slots = usize::from(self.grh.get().is_some());
-        if iov.len() + slots > MAX_IOV {
+        let capacity = iov.iter().map(|v| v.2).sum::<usize>() - self.prefix_size();
+        let short = capacity < self.max_msg_size;
+        if iov.len() + slots + usize::from(short) > MAX_IOV {
             return Err(Error::new(
                 errno::EINVAL,
                 format!("{} ranges exceed the iov limit", iov.len()),
@@ -583,13 +592,21 @@ impl DgramEndpoint {
         for (g, (mr, off, len)) in sges[slots..].iter_mut().zip(iov) {
             *g = region_sge(mr, &self.domain, *off, *len)?;
         }
-        let id = wr_id::encode(context, Kind::DgramRecv, suppressed);
+        let n = slots + iov.len();
+        let kind = if short {
+            let sink = self.sink.get().ok_or_else(not_enabled)?;
+            sges[n] = region_sge(sink, &self.domain, 0, self.max_msg_size - capacity)?;
+            Kind::DgramShort
+        } else {
+            Kind::DgramRecv
+        };
+        let id = wr_id::encode(context, kind, suppressed);
         // With FI_SOURCE each receive's GRH must stay until its completion is read: it gets
         // its own slot (or its own prefix), remembered in posting order, which is the
         // order UD receives complete in.
-        let mut track = self.track_grh.then(|| lock(&self.track));
+        let mut track = (self.track_grh || short).then(|| lock(&self.track));
         let loc = match (self.grh.get(), track.as_deref_mut()) {
-            (Some(mr), Some(t)) => {
+            (Some(mr), Some(t)) if self.track_grh => {
                 let slot = t.free.pop().ok_or_else(|| {
                     Error::new(
                         errno::EAGAIN,
@@ -599,18 +616,22 @@ impl DgramEndpoint {
                 sges[0] = region_sge(mr, &self.domain, slot * GRH_LEN, GRH_LEN)?;
                 Some(GrhLoc::Slot(slot))
             }
-            (Some(mr), None) => {
+            (Some(mr), _) => {
                 sges[0] = region_sge(mr, &self.domain, 0, GRH_LEN)?;
                 None
             }
-            (None, _) => Some(GrhLoc::App(first.0.clone(), first.1)),
+            (None, _) if self.track_grh => Some(GrhLoc::App(first.0.clone(), first.1)),
+            (None, _) => None,
         };
-        let r = qp.post_recv(id, &sges[..slots + iov.len()]);
+        let r = qp.post_recv(id, &sges[..n + usize::from(short)]);
         if let Some(t) = track.as_deref_mut() {
             match (&r, loc) {
                 (Ok(()), Some(l)) => t.ring.push_back(l),
                 (Err(_), Some(GrhLoc::Slot(slot))) => t.free.push(slot),
                 _ => {}
+            }
+            if r.is_ok() && short {
+                t.short.push_back(capacity);
             }
         }
         r.map_err(|e| match e {
@@ -662,6 +683,8 @@ enum GrhLoc {
 struct GrhTrack {
     ring: VecDeque<GrhLoc>,
     free: Vec<usize>,
+    /// Payload capacities of the receives posted short of the MTU, in posting order.
+    short: VecDeque<usize>,
 }
 
 /// The sender's GID from a GRH. RoCE v2 over IPv4 leaves the first 20 bytes zero and puts
@@ -709,12 +732,30 @@ impl RecvOwner for DgramEndpoint {
             None
         };
         let id = wc.wr_id();
+        let capacity = if wr_id::is_kind(id, Kind::DgramShort) {
+            lock(&self.track).short.pop_front()
+        } else {
+            None
+        };
         if wc.status() != st::IBV_WC_SUCCESS {
             return Some(Owned::Errors(vec![to_err_entry(wc)]));
         }
         let mut e = to_entry(wc);
         if !self.prefix {
             e.len = e.len.saturating_sub(GRH_LEN);
+        }
+        let payload = (wc.byte_len() as usize).saturating_sub(GRH_LEN);
+        if let Some(cap) = capacity.filter(|&c| payload > c) {
+            // The rest went to the sink: the receive holds the first `cap` bytes.
+            return Some(Owned::Errors(vec![CqErrEntry {
+                op_context: e.op_context,
+                flags: e.flags,
+                len: cap + self.prefix_size(),
+                data: e.data,
+                olen: payload - cap,
+                err: errno::ETRUNC,
+                ..Default::default()
+            }]));
         }
         let mut from = FI_ADDR_NOTAVAIL;
         let grh = grh.filter(|_| wc.has_grh());

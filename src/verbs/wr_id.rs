@@ -29,6 +29,9 @@ pub(crate) enum Kind {
     /// A datagram receive: its endpoint reports the length (without a provider GRH slot)
     /// and the source.
     DgramRecv = 6,
+    /// A datagram receive smaller than the MTU, with a provider overflow element behind it
+    /// so that a longer datagram is reported truncated (with `olen`) instead of lost.
+    DgramShort = 7,
 }
 
 /// The kind of a send: with remote CQ data (immediate data) or without.
@@ -77,7 +80,12 @@ pub(crate) fn is_marker(wr_id: u64) -> bool {
 #[inline(always)]
 pub(crate) fn is_owned(wr_id: u64) -> bool {
     let k = (wr_id >> KIND_SHIFT) & 0x7f;
-    k == Kind::MultiRecv as u64 || k == Kind::DgramRecv as u64
+    k == Kind::MultiRecv as u64 || k == Kind::DgramRecv as u64 || k == Kind::DgramShort as u64
+}
+
+#[inline(always)]
+pub(crate) fn is_kind(wr_id: u64, kind: Kind) -> bool {
+    (wr_id >> KIND_SHIFT) & 0x7f == kind as u64
 }
 
 /// Completion flags of the operation, for its error entry.
@@ -87,7 +95,9 @@ pub(crate) fn flags(wr_id: u64) -> Flags {
         k if k == Kind::SendData as u64 => Flags::MSG | Flags::SEND | Flags::REMOTE_CQ_DATA,
         k if k == Kind::Recv as u64 => Flags::MSG | Flags::RECV,
         k if k == Kind::MultiRecv as u64 => Flags::MSG | Flags::RECV | Flags::MULTI_RECV,
-        k if k == Kind::DgramRecv as u64 => Flags::MSG | Flags::RECV,
+        k if k == Kind::DgramRecv as u64 || k == Kind::DgramShort as u64 => {
+            Flags::MSG | Flags::RECV
+        }
         _ => Flags::empty(),
     }
 }
