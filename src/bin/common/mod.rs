@@ -546,7 +546,8 @@ fn connect_ud(
     ep.bind_av(&av).map_err(e)?;
     ep.enable().map_err(e)?;
     let tx = MemoryRegion::alloc(&domain, max.max(1), Flags::SEND).map_err(e)?;
-    let rx = MemoryRegion::alloc(&domain, max.max(1), Flags::RECV).map_err(e)?;
+    // Whole-MTU receives: a datagram cannot be longer, so no overflow element is needed.
+    let rx = MemoryRegion::alloc(&domain, mtu, Flags::RECV).map_err(e)?;
     for _ in 0..RX_DEPTH {
         ep.recv(&rx, 0, rx.len(), 1).map_err(e)?;
     }
