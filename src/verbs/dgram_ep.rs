@@ -409,7 +409,7 @@ impl DgramEndpoint {
     /// `fi_sendmsg` with one range: `FI_COMPLETION`, `FI_INJECT`, `FI_REMOTE_CQ_DATA`,
     /// `FI_FENCE`, `FI_MORE` (chained for one doorbell, as on MSG endpoints; a multi-range
     /// `sendv` posts the chain first), the completion levels (a datagram meets
-    /// transmit complete). `FI_MULTICAST` needs `fi_join`, not implemented yet: `ENOSYS`.
+    /// transmit complete). `FI_MULTICAST` with a group's address from [`Multicast::mc_addr`].
     #[allow(clippy::too_many_arguments)]
     pub fn sendmsg(
         &self,
