@@ -3,6 +3,7 @@
 //! - [`core`]: transport-agnostic state (flags, errors, info matching, EQ/CQ queues).
 //! - [`verbs`]: the `rverbs` main provider: devices, domains, CQs, EQs, RC endpoints.
 
+pub mod capi;
 pub mod core;
 pub mod verbs;
 
