@@ -2,3 +2,4 @@
 //! Unsafe code here is the FFI layer's: each block says why it is sound.
 
 pub mod info;
+pub mod provider;
