@@ -119,7 +119,7 @@ impl RecvOwner for EpShared {
     fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned> {
         let mut m = lock(&self.multi);
         let min = self.min_multi_recv.load(Ordering::Relaxed);
-        let r = m.completion(self.id.qp(), self.token(), wc, min);
+        let r = m.completion(self.id.qp(), wc, min);
         self.multi_active.store(!m.is_idle(), Ordering::Release);
         r.map(|r| match r {
             Ok(e) => Owned::Entry(e, FI_ADDR_NOTAVAIL),
@@ -859,7 +859,7 @@ impl MsgEndpoint {
             suppress: sh.signalling.recv_suppressed(flags),
         };
         let mut m = lock(&sh.multi);
-        let r = m.post_multi(qp, sh.token(), buf, sh.rx_depth());
+        let r = m.post_multi(qp, buf, sh.rx_depth());
         sh.multi_active.store(!m.is_idle(), Ordering::Release);
         r
     }

@@ -56,15 +56,9 @@ impl MultiRecvQueue {
     }
 
     /// Posts `buf` now if nothing is ahead of it, else queues it (`cap` entries at most).
-    pub(crate) fn post_multi(
-        &mut self,
-        qp: &QpHandle,
-        token: u64,
-        buf: MultiBuf,
-        cap: usize,
-    ) -> Result<()> {
+    pub(crate) fn post_multi(&mut self, qp: &QpHandle, buf: MultiBuf, cap: usize) -> Result<()> {
         if self.is_idle() {
-            post_rest(qp, token, &buf).map_err(post_err)?;
+            post_rest(qp, &buf).map_err(post_err)?;
             self.active = Some(buf);
             return Ok(());
         }
@@ -98,7 +92,6 @@ impl MultiRecvQueue {
     pub(crate) fn completion(
         &mut self,
         qp: Option<&QpHandle>,
-        token: u64,
         wc: &WorkCompletion,
         min: usize,
     ) -> Option<std::result::Result<CqEntry, Vec<CqErrEntry>>> {
@@ -141,7 +134,7 @@ impl MultiRecvQueue {
         let left = buf.end - buf.next;
         let mut release = left == 0 || left < min;
         if !release {
-            match qp.map(|q| post_rest(q, token, buf)) {
+            match qp.map(|q| post_rest(q, buf)) {
                 Some(Ok(())) => {}
                 other => {
                     crate::fi_warn!(
@@ -156,7 +149,7 @@ impl MultiRecvQueue {
         if release {
             flags |= Flags::MULTI_RECV;
             self.active = None;
-            self.advance(qp, token);
+            self.advance(qp);
         } else if suppress {
             return None;
         }
@@ -171,14 +164,14 @@ impl MultiRecvQueue {
     }
 
     /// Posts what waits behind a released buffer, up to and including the next buffer.
-    fn advance(&mut self, qp: Option<&QpHandle>, token: u64) {
+    fn advance(&mut self, qp: Option<&QpHandle>) {
         let Some(qp) = qp.filter(|_| !self.flushed) else {
             return;
         };
         while let Some(p) = self.backlog.pop_front() {
             let r = match &p {
                 Pending::Recv { id, sge } => qp.post_recv(*id, &[*sge]),
-                Pending::Multi(b) => post_rest(qp, token, b),
+                Pending::Multi(b) => post_rest(qp, b),
             };
             if let Err(e) = r {
                 crate::fi_warn!(
@@ -208,13 +201,14 @@ impl MultiRecvQueue {
 }
 
 /// Posts the free part of `buf` as one receive.
-fn post_rest(qp: &QpHandle, token: u64, buf: &MultiBuf) -> std::result::Result<(), i32> {
+fn post_rest(qp: &QpHandle, buf: &MultiBuf) -> std::result::Result<(), i32> {
     let sge = buf
         .mr
         .sys()
         .sge(buf.next, buf.end - buf.next)
         .ok_or(libc::EINVAL)?;
-    qp.post_recv(wr_id::encode(token, Kind::MultiRecv, false), &[sge])
+    // The CQ routes it to the endpoint by QP number; the context is the buffer's.
+    qp.post_recv(wr_id::encode(buf.context, Kind::MultiRecv, false), &[sge])
 }
 
 fn post_err(e: i32) -> Error {
