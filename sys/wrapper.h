@@ -8,5 +8,6 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <rdma/fi_atomic.h>
+#include <rdma/fi_collective.h>
 #include <rdma/fi_ext.h>
 #include <rdma/providers/fi_prov.h>

@@ -201,6 +201,21 @@ unsafe fn addr(p: *const libc::c_void, len: usize) -> Result<Option<std::net::So
     parse_sockaddr(b).map(Some)
 }
 
+/// Checks that an `FI_ADDR_IB_UD` address (NULL: none) is a datagram endpoint name.
+///
+/// # Safety
+/// `p` is NULL or points at `len` readable bytes.
+unsafe fn ud_name(p: *const libc::c_void, len: usize, what: &str) -> Result<()> {
+    if p.is_null() || len == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract.
+    let b = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    crate::verbs::UdName::parse(b)
+        .map(|_| ())
+        .map_err(|e| Error::new(errno::EINVAL, format!("{what}: {e}")))
+}
+
 fn enum_of<T>(v: u32, from: fn(u32) -> Option<T>, what: &str) -> Result<T> {
     from(v).ok_or_else(|| Error::new(errno::EINVAL, format!("{what} {v} is not a known value")))
 }
@@ -214,12 +229,25 @@ pub unsafe fn from_c(p: *const fi::fi_info) -> Result<Info> {
     // SAFETY: the caller's contract; each attribute pointer is checked for NULL.
     unsafe {
         let o = &*p;
+        let addr_format = enum_of(o.addr_format, AddrFormat::from_raw, "addr_format")?;
+        // Datagram names (FI_ADDR_IB_UD) go into address vectors, not into fi_info: a hint
+        // carrying one (fi_pingpong's client copies the server's) is checked and set aside.
+        let (src_addr, dest_addr) = if addr_format == AddrFormat::IbUd {
+            ud_name(o.src_addr, o.src_addrlen, "src_addr")?;
+            ud_name(o.dest_addr, o.dest_addrlen, "dest_addr")?;
+            (None, None)
+        } else {
+            (
+                addr(o.src_addr, o.src_addrlen)?,
+                addr(o.dest_addr, o.dest_addrlen)?,
+            )
+        };
         let mut i = Info {
             caps: Flags::from_bits_retain(o.caps),
             mode: Mode::from_bits_retain(o.mode),
-            addr_format: enum_of(o.addr_format, AddrFormat::from_raw, "addr_format")?,
-            src_addr: addr(o.src_addr, o.src_addrlen)?,
-            dest_addr: addr(o.dest_addr, o.dest_addrlen)?,
+            addr_format,
+            src_addr,
+            dest_addr,
             ..Default::default()
         };
         if let Some(t) = o.tx_attr.as_ref() {
@@ -236,16 +264,7 @@ pub unsafe fn from_c(p: *const fi::fi_info) -> Result<Info> {
             };
         }
         if let Some(r) = o.rx_attr.as_ref() {
-            i.rx_attr = RxAttr {
-                caps: Flags::from_bits_retain(r.caps),
-                mode: Mode::from_bits_retain(r.mode),
-                op_flags: Flags::from_bits_retain(r.op_flags),
-                msg_order: r.msg_order,
-                comp_order: r.comp_order,
-                total_buffered_recv: r.total_buffered_recv,
-                size: r.size,
-                iov_limit: r.iov_limit,
-            };
+            i.rx_attr = rx_attr(r);
         }
         if let Some(e) = o.ep_attr.as_ref() {
             i.ep_attr = EpAttr {
@@ -293,14 +312,39 @@ pub unsafe fn from_c(p: *const fi::fi_info) -> Result<Info> {
             };
         }
         if let Some(f) = o.fabric_attr.as_ref() {
-            i.fabric_attr = FabricAttr {
-                name: string(f.name)?,
-                prov_name: string(f.prov_name)?,
-                prov_version: f.prov_version,
-                api_version: f.api_version,
-            };
+            i.fabric_attr = fabric_attr(f)?;
         }
         Ok(i)
+    }
+}
+
+/// `struct fi_rx_attr` as Rust data.
+pub fn rx_attr(r: &fi::fi_rx_attr) -> RxAttr {
+    RxAttr {
+        caps: Flags::from_bits_retain(r.caps),
+        mode: Mode::from_bits_retain(r.mode),
+        op_flags: Flags::from_bits_retain(r.op_flags),
+        msg_order: r.msg_order,
+        comp_order: r.comp_order,
+        total_buffered_recv: r.total_buffered_recv,
+        size: r.size,
+        iov_limit: r.iov_limit,
+    }
+}
+
+/// `struct fi_fabric_attr` as Rust data.
+///
+/// # Safety
+/// Its string pointers are NULL or NUL-terminated.
+pub unsafe fn fabric_attr(f: &fi::fi_fabric_attr) -> Result<FabricAttr> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        Ok(FabricAttr {
+            name: string(f.name)?,
+            prov_name: string(f.prov_name)?,
+            prov_version: f.prov_version,
+            api_version: f.api_version,
+        })
     }
 }
 

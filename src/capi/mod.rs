@@ -1,5 +1,13 @@
-//! The C ABI: libfabric 1.17's provider interface over the Rust API (issue 7, under way).
-//! Unsafe code here is the FFI layer's: each block says why it is sound.
+//! The C ABI: libfabric 1.17's provider interface over the Rust API. Each C object is a
+//! libfabric header followed by the Rust object it stands for (`fid::Obj`); the ops tables
+//! translate C calls into Rust calls. Unsafe code here is the FFI layer's: each block says
+//! why it is sound.
 
+pub(crate) mod cq;
+pub(crate) mod domain;
+pub(crate) mod ep;
+pub(crate) mod eq;
+pub(crate) mod fid;
 pub mod info;
+pub(crate) mod nosys;
 pub mod provider;

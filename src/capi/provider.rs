@@ -2,16 +2,22 @@
 //! Every entry catches panics and answers with a libfabric errno; nothing unwinds into C.
 
 use std::cell::UnsafeCell;
-use std::ffi::{c_char, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::c_char;
 use std::ptr;
 
 use rfabric_sys::fabric as fi;
 
+use crate::capi::domain::fabric_open;
+use crate::capi::fid::{c_str as arg, guarded};
 use crate::capi::info::{from_c, list_to_c};
-use crate::core::error::{errno, Error, Result};
+use crate::core::error::{errno, Error};
 use crate::core::flags::Flags;
 use crate::verbs::{getinfo as rverbs_getinfo, PROVIDER_NAME, PROVIDER_VERSION};
+
+/// The flag libfabric's utility providers (`ofi_rxm`, `ofi_rxd`) add when they ask core
+/// providers for endpoints to layer over (`OFI_CORE_PROV_ONLY` in `ofi.h`; not in the
+/// public headers).
+const OFI_CORE_PROV_ONLY: u64 = 1 << 59;
 
 /// The provider struct, in writable memory: the core writes its `context`.
 struct ProviderCell(UnsafeCell<fi::fi_provider>);
@@ -27,7 +33,7 @@ static PROVIDER: ProviderCell = ProviderCell(UnsafeCell::new(fi::fi_provider {
     },
     name: c"rverbs".as_ptr(),
     getinfo: Some(getinfo),
-    fabric: Some(fabric),
+    fabric: Some(fabric_open),
     cleanup: Some(cleanup),
 }));
 
@@ -36,39 +42,6 @@ static PROVIDER: ProviderCell = ProviderCell(UnsafeCell::new(fi::fi_provider {
 pub extern "C" fn fi_prov_ini() -> *mut fi::fi_provider {
     debug_assert_eq!(PROVIDER_NAME, "rverbs");
     PROVIDER.0.get()
-}
-
-/// Runs `f`, turning an error into `-errno` and a panic into `-FI_EOTHER`.
-fn guarded(what: &str, f: impl FnOnce() -> Result<()>) -> i32 {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) => {
-            crate::fi_info!("core", "{what}: {e}");
-            -e.errno()
-        }
-        Err(_) => {
-            crate::fi_warn!(
-                "core",
-                "{what}: internal error (panic caught at the C boundary)"
-            );
-            -errno::EOTHER
-        }
-    }
-}
-
-/// A C string argument (NULL: none).
-///
-/// # Safety
-/// `s` is NULL or a NUL-terminated string.
-unsafe fn arg<'a>(s: *const c_char, what: &str) -> Result<Option<&'a str>> {
-    if s.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: the caller's contract.
-    unsafe { CStr::from_ptr(s) }
-        .to_str()
-        .map(Some)
-        .map_err(|_| Error::new(errno::EINVAL, format!("{what} is not UTF-8")))
 }
 
 unsafe extern "C" fn getinfo(
@@ -82,6 +55,14 @@ unsafe extern "C" fn getinfo(
     guarded("getinfo", || {
         if info.is_null() {
             return Err(Error::new(errno::EINVAL, "info is NULL"));
+        }
+        if flags & OFI_CORE_PROV_ONLY != 0 {
+            // ofi_rxm (RDM over MSG) needs FI_RMA for its rendezvous and ofi_rxd has not been
+            // tried over rverbs: keep "rverbs;ofi_rxm" / "rverbs;ofi_rxd" out of the listing.
+            return Err(Error::new(
+                errno::ENODATA,
+                "rverbs is not offered to libfabric's utility providers (ofi_rxm needs FI_RMA, which rverbs does not have yet); use rverbs MSG or DGRAM endpoints directly",
+            ));
         }
         // SAFETY: libfabric passes NULL or valid strings and hints, per fi_getinfo(3).
         let (node, service, hints) = unsafe {
@@ -105,19 +86,6 @@ unsafe extern "C" fn getinfo(
         // SAFETY: info is non-NULL and writable, per fi_getinfo(3).
         unsafe { *info = list };
         Ok(())
-    })
-}
-
-unsafe extern "C" fn fabric(
-    _attr: *mut fi::fi_fabric_attr,
-    _fabric: *mut *mut fi::fid_fabric,
-    _context: *mut c_void,
-) -> i32 {
-    guarded("fabric", || {
-        Err(Error::new(
-            errno::ENOSYS,
-            "fi_fabric through the C ABI is not implemented yet (issue 7)",
-        ))
     })
 }
 

@@ -131,6 +131,46 @@ impl EventQueueState {
         }
     }
 
+    /// Hands the head event to `f` and removes it only if `f` succeeds and `consume` is
+    /// set (`FI_PEEK` leaves it), so an event the caller cannot take is not lost. Errors
+    /// as [`Self::read`].
+    pub fn read_with<T>(
+        &mut self,
+        consume: bool,
+        f: impl FnOnce(&EqEvent) -> Result<T>,
+    ) -> Result<T> {
+        match self.entries.front() {
+            Some(Entry::Event(ev)) => {
+                let t = f(ev)?;
+                if consume {
+                    self.entries.pop_front();
+                }
+                Ok(t)
+            }
+            _ => self
+                .read()
+                .map(|_| unreachable!("the head is not an event")),
+        }
+    }
+
+    /// As [`Self::read_with`], for the head error entry (`fi_eq_readerr`).
+    pub fn readerr_with<T>(
+        &mut self,
+        consume: bool,
+        f: impl FnOnce(&EqErrEntry) -> Result<T>,
+    ) -> Result<T> {
+        match self.entries.front() {
+            Some(Entry::Error(e)) => {
+                let t = f(e)?;
+                if consume {
+                    self.entries.pop_front();
+                }
+                Ok(t)
+            }
+            _ => Err(Error::new(errno::EAGAIN, "no error entry at the head")),
+        }
+    }
+
     /// Removes and returns the head error entry; `EAGAIN` when the head is not an error.
     pub fn readerr(&mut self) -> Result<EqErrEntry> {
         if matches!(self.entries.front(), Some(Entry::Error(_))) {
@@ -181,6 +221,36 @@ mod tests {
             EqEvent::Connected { fid, data } => assert_eq!((fid, data), (3, vec![7])),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn read_with_keeps_the_event_on_peek_and_on_failure() {
+        let mut q = EventQueueState::new(4);
+        q.push_event(EqEvent::Shutdown { fid: 1 }).unwrap();
+        q.push_error(err(2)).unwrap();
+        let code = q.read_with(false, |ev| Ok(ev.code())).unwrap();
+        assert_eq!(code, rfabric_sys::fabric::FI_SHUTDOWN);
+        let e = q
+            .read_with(true, |_| -> Result<()> {
+                Err(Error::new(errno::ETOOSMALL, "buffer too small"))
+            })
+            .unwrap_err();
+        assert_eq!(e.errno(), errno::ETOOSMALL);
+        assert!(q.read_with(true, |_| Ok(())).is_ok());
+        assert_eq!(
+            q.read_with(true, |_| Ok(())).unwrap_err().errno(),
+            errno::EAVAIL
+        );
+        assert_eq!(q.readerr_with(false, |e| Ok(e.fid)).unwrap(), 2);
+        assert_eq!(q.readerr_with(true, |e| Ok(e.fid)).unwrap(), 2);
+        assert_eq!(
+            q.readerr_with(true, |e| Ok(e.fid)).unwrap_err().errno(),
+            errno::EAGAIN
+        );
+        assert_eq!(
+            q.read_with(true, |_| Ok(())).unwrap_err().errno(),
+            errno::EAGAIN
+        );
     }
 
     #[test]

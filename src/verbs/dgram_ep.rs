@@ -433,6 +433,19 @@ impl DgramEndpoint {
     /// `fi_sendv`: one datagram gathered from `iov` (in prefix mode the first range starts
     /// with the prefix).
     pub fn sendv(&self, iov: &[Iov<'_>], dest: u64, context: u64) -> Result<()> {
+        self.sendmsgv(iov, dest, context, 0, self.info.tx_attr.op_flags)
+    }
+
+    /// `fi_sendmsg` with several ranges; `flags` and `data` as in [`Self::sendmsg`].
+    pub fn sendmsgv(
+        &self,
+        iov: &[Iov<'_>],
+        dest: u64,
+        context: u64,
+        data: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        check_send_flags(flags - Flags::MULTICAST)?;
         let Some(&(mr, offset, len)) = iov.first() else {
             return Err(Error::new(errno::EINVAL, "an empty iov"));
         };
@@ -446,8 +459,10 @@ impl DgramEndpoint {
         v[..iov.len()].copy_from_slice(iov);
         let (off, n) = self.payload(offset, len)?;
         v[0] = (mr, off, n);
-        let flags = self.info.tx_attr.op_flags;
-        self.sendv_flags(&v[..iov.len()], dest, context, 0, flags)
+        if flags.contains(Flags::INJECT) {
+            check_inject(v[..iov.len()].iter().map(|r| r.2).sum(), self.inject_size())?;
+        }
+        self.sendv_flags(&v[..iov.len()], dest, context, data, flags)
     }
 
     fn sendv_flags(
@@ -564,6 +579,12 @@ impl DgramEndpoint {
     /// `fi_recvv`: one datagram scattered over `iov`.
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
         self.recvv_flags(iov, context, self.info.rx_attr.op_flags)
+    }
+
+    /// `fi_recvmsg` with several ranges: `FI_COMPLETION` and `FI_MORE`.
+    pub fn recvmsgv(&self, iov: &[Iov<'_>], context: u64, flags: Flags) -> Result<()> {
+        check_recv_flags(flags, Flags::empty())?;
+        self.recvv_flags(iov, context, flags)
     }
 
     fn recvv_flags(&self, iov: &[Iov<'_>], context: u64, flags: Flags) -> Result<()> {

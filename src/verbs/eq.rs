@@ -167,6 +167,21 @@ impl EventQueue {
         self.progressed(|g| g.q.readerr())
     }
 
+    /// `fi_eq_read` for the C ABI: the head event goes to `f`, and is removed only if `f`
+    /// takes it and `consume` is set (no `FI_PEEK`).
+    pub fn read_with<T>(&self, consume: bool, f: impl FnOnce(&EqEvent) -> Result<T>) -> Result<T> {
+        self.progressed(|g| g.q.read_with(consume, f))
+    }
+
+    /// `fi_eq_readerr` for the C ABI, as [`Self::read_with`].
+    pub fn readerr_with<T>(
+        &self,
+        consume: bool,
+        f: impl FnOnce(&EqErrEntry) -> Result<T>,
+    ) -> Result<T> {
+        self.progressed(|g| g.q.readerr_with(consume, f))
+    }
+
     /// Translates pending rdma_cm events, then runs `f`, under the lock; owners the
     /// translation held are let go after it.
     fn progressed<T>(&self, f: impl FnOnce(&mut Inner) -> Result<T>) -> Result<T> {
@@ -181,10 +196,19 @@ impl EventQueue {
 
     /// Waits up to `timeout_ms` (negative: forever) for an event (`fi_eq_sread`).
     pub fn sread(&self, timeout_ms: i32) -> Result<EqEvent> {
+        self.sread_with(timeout_ms, |q| q.read())
+    }
+
+    /// Waits as [`Self::sread`], trying `attempt` (a read) until it finds something.
+    pub fn sread_with<T>(
+        &self,
+        timeout_ms: i32,
+        mut attempt: impl FnMut(&Self) -> Result<T>,
+    ) -> Result<T> {
         let deadline =
             (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
         loop {
-            match self.read() {
+            match attempt(self) {
                 Err(e) if e.is_again() => {}
                 other => return other,
             }

@@ -340,8 +340,15 @@ pub fn getinfo(
         } else {
             msg_info(dev)?
         };
-        info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
-        info.dest_addr = dst;
+        if dgram {
+            // Datagram names are FI_ADDR_IB_UD (fi_getname, fi_av_insert): an IP address
+            // here would be read as one.
+            info.src_addr = None;
+            info.dest_addr = None;
+        } else {
+            info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
+            info.dest_addr = dst;
+        }
         if let Some(a) = info
             .dest_addr
             .as_ref()
@@ -373,6 +380,9 @@ pub fn getinfo(
         // Prefix mode is the application's choice: with it, the GRH lands in its buffers.
         if dgram && hints.mode.contains(Mode::MSG_PREFIX) {
             n.mode |= Mode::MSG_PREFIX;
+            // Applications (fi_pingpong among them) look for it in the tx/rx modes too.
+            n.tx_attr.mode |= Mode::MSG_PREFIX;
+            n.rx_attr.mode |= Mode::MSG_PREFIX;
             n.ep_attr.msg_prefix_size = DGRAM_PREFIX;
         }
         out.push(n);

@@ -28,27 +28,33 @@ fn verbs_access(acc: Flags) -> u32 {
     a
 }
 
+/// The verbs access rights for `fi_mr_reg` access flags, refusing flags that are not
+/// memory access flags.
+pub fn verbs_access_checked(access: Flags) -> Result<u32> {
+    let allowed = Flags::SEND
+        | Flags::RECV
+        | Flags::READ
+        | Flags::WRITE
+        | Flags::REMOTE_READ
+        | Flags::REMOTE_WRITE;
+    if !(access - allowed).is_empty() {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!(
+                "access flags {:?} are not memory access flags",
+                access - allowed
+            ),
+        ));
+    }
+    Ok(verbs_access(access))
+}
+
 impl MemoryRegion {
     /// Allocates `len` bytes owned by the region and registers them for `access`
     /// (`FI_SEND`, `FI_RECV`, `FI_READ`, `FI_WRITE`, `FI_REMOTE_READ`, `FI_REMOTE_WRITE`).
     pub fn alloc(domain: &Arc<Domain>, len: usize, access: Flags) -> Result<Self> {
-        let allowed = Flags::SEND
-            | Flags::RECV
-            | Flags::READ
-            | Flags::WRITE
-            | Flags::REMOTE_READ
-            | Flags::REMOTE_WRITE;
-        if !(access - allowed).is_empty() {
-            return Err(Error::new(
-                errno::EINVAL,
-                format!(
-                    "access flags {:?} are not memory access flags",
-                    access - allowed
-                ),
-            ));
-        }
-        let mr = sv::MemoryRegion::alloc(domain.pd(), len, verbs_access(access))
-            .map_err(os_err("ibv_reg_mr"))?;
+        let access = verbs_access_checked(access)?;
+        let mr = sv::MemoryRegion::alloc(domain.pd(), len, access).map_err(os_err("ibv_reg_mr"))?;
         Ok(MemoryRegion {
             mr: Arc::new(mr),
             domain: domain.clone(),

@@ -511,6 +511,14 @@ impl MsgEndpoint {
     }
 
     /// The peer's address (`fi_getpeer`).
+    /// The peer an active endpoint connects to (`fi_info.dest_addr`); none when accepting.
+    pub fn dest_addr(&self) -> Option<SocketAddr> {
+        self.shared
+            .info
+            .dest_addr
+            .filter(|_| self.shared.info.handle.is_none())
+    }
+
     pub fn getpeer(&self) -> Option<SocketAddr> {
         self.shared.id.peer_addr()
     }
@@ -648,24 +656,43 @@ impl MsgEndpoint {
 
     /// `fi_sendv`: one message gathered from `iov` (at most `tx_attr.iov_limit` ranges).
     pub fn sendv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
+        self.sendmsgv(iov, context, 0, self.shared.info.tx_attr.op_flags)
+    }
+
+    /// `fi_sendmsg` with several ranges: `flags` and `data` as in [`Self::sendmsg`]. The
+    /// message is posted at once, behind any `FI_MORE` chain.
+    pub fn sendmsgv(&self, iov: &[Iov<'_>], context: u64, data: u64, flags: Flags) -> Result<()> {
+        check_send_flags(flags)?;
         let slices = iov_slices(&self.shared.domain, iov)?;
         let total: usize = iov.iter().map(|v| v.2).sum();
         self.check_len(total)?;
+        if flags.contains(Flags::INJECT) {
+            check_inject(total, self.inject_size())?;
+        }
+        let imm = if flags.contains(Flags::REMOTE_CQ_DATA) {
+            Some(cq_data(data)?)
+        } else {
+            None
+        };
         wr_id::check(context)?;
-        let (id, vflags) = self.signalling(
-            wr_id::encode(context, Kind::Send, false),
-            self.shared.info.tx_attr.op_flags,
-        );
+        let (id, vflags) =
+            self.signalling(wr_id::encode(context, wr_id::send_kind(imm), false), flags);
         let qp = self.qp()?;
         self.ring_sends(qp)?;
-        qp.post_send_iov(id, &slices.0[..slices.1], vflags, None)
+        qp.post_send_iov(id, &slices.0[..slices.1], vflags, imm)
             .map_err(|e| iov_error(e, "send", iov.len()))
     }
 
-    /// `fi_recvv`: one receive scattered over `iov` (at most `rx_attr.iov_limit` ranges).
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
+        self.recvmsgv(iov, context, self.shared.info.rx_attr.op_flags)
+    }
+
+    /// `fi_recvmsg` with several ranges: `FI_COMPLETION` under selective completion and
+    /// `FI_MORE` (posted at once); an `FI_MULTI_RECV` buffer is one range (`EINVAL`).
+    pub fn recvmsgv(&self, iov: &[Iov<'_>], context: u64, flags: Flags) -> Result<()> {
+        check_recv_flags(flags, Flags::empty())?;
         let slices = iov_slices(&self.shared.domain, iov)?;
-        let id = self.recv_id(context, self.shared.info.rx_attr.op_flags)?;
+        let id = self.recv_id(context, flags)?;
         let qp = self.qp()?;
         if self.shared.multi_active.load(Ordering::Acquire) {
             return Err(Error::new(
