@@ -1,13 +1,20 @@
-//! Device tests of the C ABI: libfabric 1.17's core loads the provider library and
-//! `fi_info` lists what rverbs offers.
+//! Device tests of the C ABI: libfabric 1.17's core loads the provider library; `fi_info`
+//! lists what rverbs offers; a C program (tests/capi/rverbs_capi.c, compiled here with the
+//! system compiler against the installed headers) opens every object and runs traffic; and
+//! `fi_pingpong -p rverbs` runs between two processes, checking its data.
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 /// A directory holding the provider library under the name the core looks for.
 fn provider_dir() -> PathBuf {
+    provider_dir_for("info")
+}
+
+fn provider_dir_for(tag: &str) -> PathBuf {
     let deps = std::env::current_exe()
         .unwrap()
         .parent()
@@ -19,7 +26,7 @@ fn provider_dir() -> PathBuf {
         "{} was not built (cargo test builds the cdylib)",
         lib.display()
     );
-    let dir = std::env::temp_dir().join(format!("rverbs-prov-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rverbs-prov-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(&lib, dir.join("librverbs-fi.so")).unwrap();
     dir
@@ -68,4 +75,197 @@ fn libfabric_loads_rverbs_and_fi_info_lists_its_endpoints() {
         "{verbose}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn utility_providers_are_kept_off_rverbs_without_crashing() {
+    if common::device_info().is_none() {
+        return;
+    }
+    let dir = provider_dir_for("rxm");
+    // The unfiltered listing asks every utility provider; none layers over rverbs.
+    let all = fi_info(&dir, &[]);
+    assert!(all.contains("provider: rverbs"), "{all}");
+    assert!(!all.contains("rverbs;ofi_"), "{all}");
+    // Asking for the layering by name is answered with "no data", not a crash.
+    let out = Command::new("fi_info")
+        .env("FI_PROVIDER_PATH", &dir)
+        .args(["-p", "rverbs;ofi_rxm"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(61), "{out:?}");
+    // FI_PROVIDER selects rverbs the way users do.
+    let sel = Command::new("fi_info")
+        .env("FI_PROVIDER_PATH", &dir)
+        .env("FI_PROVIDER", "rverbs")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&sel.stdout);
+    assert!(
+        sel.status.success() && text.contains("provider: rverbs"),
+        "{text}"
+    );
+    assert!(!text.contains("provider: verbs"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Compiles tests/capi/rverbs_capi.c against the installed libfabric headers.
+fn capi_program(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/capi/rverbs_capi.c");
+    let bin = dir.join("rverbs_capi");
+    let out = Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&bin)
+        .arg(&src)
+        .arg("-lfabric")
+        .output()
+        .expect("a C compiler (cc) is installed by scripts/setup");
+    assert!(
+        out.status.success(),
+        "compiling {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// Runs one section of the C program through libfabric; it prints "ok <section>".
+fn run_capi_section(section: &str) {
+    if common::device_info().is_none() {
+        return;
+    }
+    let dir = provider_dir_for(section);
+    let bin = capi_program(&dir);
+    let out = run_with_timeout(
+        Command::new(&bin)
+            .arg(section)
+            .env("FI_PROVIDER_PATH", &dir)
+            .env("FI_PROVIDER", "rverbs"),
+        Duration::from_secs(120),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("ok {section}")),
+        "{section}: {:?}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn c_program_connects_and_moves_data_through_libfabric() {
+    run_capi_section("msg");
+}
+
+#[test]
+fn c_program_sends_datagrams_through_libfabric() {
+    run_capi_section("dgram");
+}
+
+#[test]
+fn c_program_bad_calls_get_their_error_codes() {
+    run_capi_section("bad");
+}
+
+fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `fi_pingpong -p rverbs` between a server and a client process, with data checks (`-c`);
+/// both must succeed and report every size with all iterations acknowledged.
+fn pingpong(ep: &str, port: u16, sizes: &[&str]) {
+    let Some(info) = common::device_info() else {
+        return;
+    };
+    let addr = info.src_addr.expect("the device has an IPv4 address").ip();
+    let dir = provider_dir_for(&format!("pp-{ep}"));
+    let iters = "50";
+    let server = Command::new("fi_pingpong")
+        .env("FI_PROVIDER_PATH", &dir)
+        .args([
+            "-p",
+            "rverbs",
+            "-e",
+            ep,
+            "-I",
+            iters,
+            "-c",
+            "-B",
+            &port.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fi_pingpong (libfabric-bin) is installed by scripts/setup");
+    std::thread::sleep(Duration::from_millis(1500));
+    let client = run_with_timeout(
+        Command::new("fi_pingpong")
+            .env("FI_PROVIDER_PATH", &dir)
+            .args([
+                "-p",
+                "rverbs",
+                "-e",
+                ep,
+                "-I",
+                iters,
+                "-c",
+                "-P",
+                &port.to_string(),
+            ])
+            .arg(addr.to_string()),
+        Duration::from_secs(120),
+    );
+    let server = server.wait_with_output().unwrap();
+    for (who, out) in [("client", &client), ("server", &server)] {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{ep} {who}: {:?}\n{text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
+        for size in sizes {
+            let row = text
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(size))
+                .unwrap_or_else(|| panic!("{ep} {who}: no row for {size}:\n{text}"));
+            let f: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!((f[1], f[2]), (iters, &*format!("={iters}")), "{row}");
+            let usec: f64 = f[6].parse().unwrap();
+            assert!(usec > 0.0, "{row}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fi_pingpong_runs_over_rverbs_msg_endpoints() {
+    pingpong("msg", 47611, &["64", "256", "1k", "4k", "64k", "1m"]);
+}
+
+#[test]
+fn fi_pingpong_runs_over_rverbs_dgram_endpoints() {
+    pingpong("dgram", 47612, &["64", "256", "1k"]);
 }

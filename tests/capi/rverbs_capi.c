@@ -1,0 +1,577 @@
+/* The C ABI test: an application written against libfabric 1.17's headers opens every rverbs
+ * object through libfabric's core and runs traffic over SoftRoCE in one process.
+ *
+ *   msg    connection management with data, send/recv, senddata, inject, multi-recv, a
+ *          shared receive context, CQ error entries, EQ reads (FI_PEEK, too-small buffers)
+ *   dgram  address vectors, names, send/recv, senddata, inject
+ *   bad    the error codes of bad calls; nothing crashes
+ *
+ * Built by tests/verbs_capi.rs with the system compiler; run with FI_PROVIDER_PATH naming
+ * the directory holding librverbs-fi.so. Prints "ok <section>" per section; exits 1 with
+ * the failing line otherwise. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+
+#define FAIL(...)                                                                           \
+	do {                                                                                \
+		fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                             \
+		fprintf(stderr, __VA_ARGS__);                                               \
+		fprintf(stderr, "\n");                                                      \
+		exit(1);                                                                    \
+	} while (0)
+
+/* A call that must succeed (return >= 0). */
+#define OK(x)                                                                               \
+	do {                                                                                \
+		long _r = (long)(x);                                                        \
+		if (_r < 0)                                                                 \
+			FAIL("%s = %ld (%s)", #x, _r, fi_strerror((int)-_r));               \
+	} while (0)
+
+/* A call that must return exactly `want`. */
+#define EXPECT(x, want)                                                                     \
+	do {                                                                                \
+		long _r = (long)(x), _w = (long)(want);                                     \
+		if (_r != _w)                                                               \
+			FAIL("%s = %ld (%s), expected %ld (%s)", #x, _r,                    \
+			     _r < 0 ? fi_strerror((int)-_r) : "", _w,                       \
+			     _w < 0 ? fi_strerror((int)-_w) : "");                          \
+	} while (0)
+
+#define TRUE(c)                                                                             \
+	do {                                                                                \
+		if (!(c))                                                                   \
+			FAIL("%s is false", #c);                                            \
+	} while (0)
+
+#define BUF 65536
+
+static struct fi_info *hints_for(enum fi_ep_type type)
+{
+	struct fi_info *h = fi_allocinfo();
+	TRUE(h);
+	h->ep_attr->type = type;
+	h->caps = FI_MSG;
+	h->mode = 0;
+	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	return h;
+}
+
+/* Reads one completion within 10 s; returns 1, or -FI_EAVAIL when an error is next. */
+static long cq_wait_at(int line, struct fid_cq *cq, struct fi_cq_data_entry *e)
+{
+	time_t end = time(NULL) + 10;
+	for (;;) {
+		long r = fi_cq_read(cq, e, 1);
+		if (r != -FI_EAGAIN)
+			return r;
+		if (time(NULL) > end)
+			FAIL("line %d: no completion within 10 s", line);
+	}
+}
+
+#define cq_wait(...) cq_wait_at(__LINE__, __VA_ARGS__)
+#define cq_expect(...) cq_expect_at(__LINE__, __VA_ARGS__)
+
+static void cq_expect_at(int line, struct fid_cq *cq, void *ctx, uint64_t flag, size_t len,
+			 struct fi_cq_data_entry *out)
+{
+	struct fi_cq_data_entry e;
+	EXPECT(cq_wait_at(line, cq, &e), 1);
+	if (e.op_context != ctx || !(e.flags & flag) || ((flag & FI_RECV) && e.len != len))
+		FAIL("line %d: completion ctx %p flags %#lx len %zu; expected ctx %p flag %#lx len %zu",
+		     line, e.op_context, (unsigned long)e.flags, e.len, ctx, (unsigned long)flag, len);
+	if (out)
+		*out = e;
+}
+
+static void fill(uint8_t *p, size_t n, uint8_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(seed + i * 7);
+}
+
+static void check(const uint8_t *p, size_t n, uint8_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (uint8_t)(seed + i * 7))
+			FAIL("byte %zu is %u, expected %u", i, p[i], (uint8_t)(seed + i * 7));
+}
+
+/* An EQ event of `want` within 10 s, with the entry. */
+static void eq_expect(struct fid_eq *eq, uint32_t want, struct fi_eq_cm_entry *cm, size_t len)
+{
+	uint32_t ev = 0;
+	long r = fi_eq_sread(eq, &ev, cm, len, 10000, 0);
+	if (r == -FI_EAVAIL) {
+		struct fi_eq_err_entry err = {0};
+		fi_eq_readerr(eq, &err, 0);
+		FAIL("EQ error %d (%s), prov_errno %d: %s", err.err, fi_strerror(err.err),
+		     err.prov_errno, fi_eq_strerror(eq, err.prov_errno, err.err_data, NULL, 0));
+	}
+	OK(r);
+	EXPECT(ev, want);
+}
+
+struct side {
+	struct fid_ep *ep;
+	struct fid_cq *cq;
+	struct fid_eq *eq;
+};
+
+struct msg_env {
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_pep *pep;
+	struct fid_eq *peq;
+	struct fid_mr *mr;
+	uint8_t *buf;
+	void *desc;
+	struct sockaddr_in addr;
+};
+
+static void open_cq(struct fid_domain *d, struct fid_cq **cq)
+{
+	struct fi_cq_attr a = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
+	OK(fi_cq_open(d, &a, cq, NULL));
+}
+
+/* Connects a client endpoint to the passive endpoint; the server side accepts, taking its
+ * receives from `srx` when given. Connection data goes both ways. */
+static void connect_pair(struct msg_env *m, struct side *s, struct side *c, struct fid_ep *srx)
+{
+	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
+	struct fi_info *h = hints_for(FI_EP_MSG), *ci;
+	uint8_t cmbuf[sizeof(struct fi_eq_cm_entry) + 64];
+	struct fi_eq_cm_entry *cm = (void *)cmbuf;
+
+	h->addr_format = FI_SOCKADDR_IN;
+	h->dest_addr = malloc(sizeof m->addr);
+	memcpy(h->dest_addr, &m->addr, sizeof m->addr);
+	h->dest_addrlen = sizeof m->addr;
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &ci));
+	OK(fi_eq_open(m->fabric, &ea, &c->eq, NULL));
+	open_cq(m->domain, &c->cq);
+	OK(fi_endpoint(m->domain, ci, &c->ep, c));
+	OK(fi_ep_bind(c->ep, &c->eq->fid, 0));
+	OK(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV));
+	OK(fi_enable(c->ep));
+	OK(fi_connect(c->ep, &m->addr, "hello", 5));
+
+	eq_expect(m->peq, FI_CONNREQ, cm, sizeof cmbuf);
+	TRUE(cm->fid == &m->pep->fid);
+	TRUE(cm->info && cm->info->handle);
+	TRUE(memcmp(cm->data, "hello", 5) == 0);
+	s->eq = m->peq;
+	open_cq(m->domain, &s->cq);
+	OK(fi_endpoint(m->domain, cm->info, &s->ep, s));
+	OK(fi_ep_bind(s->ep, &m->peq->fid, 0));
+	OK(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV));
+	if (srx)
+		OK(fi_ep_bind(s->ep, &srx->fid, 0));
+	OK(fi_enable(s->ep));
+	OK(fi_accept(s->ep, "world", 5));
+	fi_freeinfo(cm->info);
+
+	/* The active side first: rdma_cm completes the handshake when it reads its event. */
+	eq_expect(c->eq, FI_CONNECTED, cm, sizeof cmbuf);
+	TRUE(cm->fid == &c->ep->fid);
+	TRUE(memcmp(cm->data, "world", 5) == 0);
+	eq_expect(m->peq, FI_CONNECTED, cm, sizeof cmbuf);
+	TRUE(cm->fid == &s->ep->fid);
+	fi_freeinfo(ci);
+	fi_freeinfo(h);
+}
+
+static void close_side(struct side *x, int own_eq)
+{
+	EXPECT(fi_close(&x->ep->fid), 0);
+	EXPECT(fi_close(&x->cq->fid), 0);
+	if (own_eq)
+		EXPECT(fi_close(&x->eq->fid), 0);
+}
+
+static void msg_section(void)
+{
+	struct msg_env m = {0};
+	struct side s = {0}, c = {0}, s2 = {0}, c2 = {0};
+	struct fi_info *h = hints_for(FI_EP_MSG);
+	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
+	struct fi_cq_data_entry e;
+	int ctx[16];
+	size_t len;
+
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &m.info));
+	TRUE(strcmp(m.info->fabric_attr->prov_name, "rverbs") == 0);
+	OK(fi_fabric(m.info->fabric_attr, &m.fabric, NULL));
+	OK(fi_domain(m.fabric, m.info, &m.domain, NULL));
+	OK(fi_eq_open(m.fabric, &ea, &m.peq, NULL));
+	m.buf = aligned_alloc(4096, BUF);
+	OK(fi_mr_reg(m.domain, m.buf, BUF, FI_SEND | FI_RECV, 0, 0, 0, &m.mr, NULL));
+	m.desc = fi_mr_desc(m.mr);
+
+	OK(fi_passive_ep(m.fabric, m.info, &m.pep, NULL));
+	OK(fi_pep_bind(m.pep, &m.peq->fid, 0));
+	OK(fi_listen(m.pep));
+	/* fi_getname with no room says how much it needs (fi_pingpong relies on it). */
+	len = 0;
+	EXPECT(fi_getname(&m.pep->fid, NULL, &len), -FI_ETOOSMALL);
+	EXPECT(len, sizeof(struct sockaddr_in));
+	OK(fi_getname(&m.pep->fid, &m.addr, &len));
+	TRUE(m.addr.sin_family == AF_INET && m.addr.sin_port != 0);
+	size_t cm_size = 0, optlen = sizeof cm_size;
+	OK(fi_getopt(&m.pep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &cm_size, &optlen));
+	TRUE(cm_size >= 5);
+
+	connect_pair(&m, &s, &c, NULL);
+	struct sockaddr_in peer;
+	len = sizeof peer;
+	OK(fi_getpeer(c.ep, &peer, &len));
+	TRUE(peer.sin_port == m.addr.sin_port);
+
+	/* send / recv, every byte checked */
+	uint8_t *rx = m.buf, *tx = m.buf + 32768;
+	fill(tx, 4096, 1);
+	OK(fi_recv(s.ep, rx, 8192, m.desc, 0, &ctx[0]));
+	OK(fi_send(c.ep, tx, 4096, m.desc, 0, &ctx[1]));
+	cq_expect(c.cq, &ctx[1], FI_SEND, 0, NULL);
+	cq_expect(s.cq, &ctx[0], FI_RECV, 4096, NULL);
+	check(rx, 4096, 1);
+
+	/* senddata: remote CQ data arrives with FI_REMOTE_CQ_DATA */
+	fill(tx, 100, 2);
+	OK(fi_recv(s.ep, rx, 8192, m.desc, 0, &ctx[2]));
+	OK(fi_senddata(c.ep, tx, 100, m.desc, 0xabcd, 0, &ctx[3]));
+	cq_expect(c.cq, &ctx[3], FI_SEND, 0, NULL);
+	cq_expect(s.cq, &ctx[2], FI_RECV, 100, &e);
+	TRUE((e.flags & FI_REMOTE_CQ_DATA) && e.data == 0xabcd);
+	check(rx, 100, 2);
+
+	/* inject: the buffer is reusable at once and no completion is written */
+	uint8_t small[16];
+	fill(small, sizeof small, 3);
+	OK(fi_recv(s.ep, rx, 8192, m.desc, 0, &ctx[4]));
+	OK(fi_inject(c.ep, small, sizeof small, 0));
+	memset(small, 0, sizeof small);
+	cq_expect(s.cq, &ctx[4], FI_RECV, 16, NULL);
+	check(rx, 16, 3);
+	EXPECT(fi_cq_read(c.cq, &e, 1), -FI_EAGAIN);
+	/* injectdata */
+	OK(fi_recv(s.ep, rx, 8192, m.desc, 0, &ctx[5]));
+	OK(fi_injectdata(c.ep, tx, 8, 77, 0));
+	cq_expect(s.cq, &ctx[5], FI_RECV, 8, &e);
+	TRUE(e.data == 77);
+
+	/* sendv / recvv over two ranges each */
+	{
+		struct iovec siov[2] = {{tx, 10}, {tx + 100, 20}}, riov[2] = {{rx, 15}, {rx + 64, 15}};
+		void *d2[2] = {m.desc, m.desc};
+		fill(tx, 200, 4);
+		OK(fi_recvv(s.ep, riov, d2, 2, 0, &ctx[6]));
+		OK(fi_sendv(c.ep, siov, d2, 2, 0, &ctx[7]));
+		cq_expect(c.cq, &ctx[7], FI_SEND, 0, NULL);
+		cq_expect(s.cq, &ctx[6], FI_RECV, 30, NULL);
+		TRUE(memcmp(rx, tx, 10) == 0 && memcmp(rx + 10, tx + 100, 5) == 0 &&
+		     memcmp(rx + 64, tx + 105, 15) == 0);
+	}
+
+	/* multi-recv: three messages packed into one buffer, which is released with
+	 * FI_MULTI_RECV once less than the minimum is left */
+	{
+		size_t min = 300;
+		OK(fi_setopt(&s.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min));
+		struct iovec iov = {rx, 1024};
+		void *d = m.desc;
+		struct fi_msg msg = {.msg_iov = &iov, .desc = &d, .iov_count = 1, .context = &ctx[8]};
+		OK(fi_recvmsg(s.ep, &msg, FI_MULTI_RECV));
+		/* Each receive completion, read by polling the CQ, reposts the rest of the buffer;
+		 * until then the next message waits in the sender's RNR retries. */
+		int got = 0, released = 0;
+		for (int i = 0; i < 3; i++) {
+			fill(tx + i * 300, 300, (uint8_t)(10 + i));
+			OK(fi_send(c.ep, tx + i * 300, 300, m.desc, 0, &ctx[9]));
+			while (got == i || (i == 2 && !released)) {
+				EXPECT(cq_wait(s.cq, &e), 1);
+				TRUE(e.op_context == &ctx[8]);
+				if (e.len) {
+					TRUE(e.len == 300 && e.buf == rx + got * 300);
+					check(e.buf, 300, (uint8_t)(10 + got));
+					got++;
+				}
+				released = !!(e.flags & FI_MULTI_RECV);
+				TRUE(!released || got == 3);
+			}
+			cq_expect(c.cq, &ctx[9], FI_SEND, 0, NULL);
+		}
+		EXPECT(got, 3);
+	}
+
+	/* a shared receive context behind a second connection */
+	{
+		struct fi_rx_attr ra = {.size = 16, .iov_limit = 1};
+		struct fid_ep *srx;
+		OK(fi_srx_context(m.domain, &ra, &srx, NULL));
+		connect_pair(&m, &s2, &c2, srx);
+		fill(tx, 500, 5);
+		OK(fi_recv(srx, rx, 8192, m.desc, 0, &ctx[10]));
+		EXPECT(fi_recv(s2.ep, rx, 8192, m.desc, 0, &ctx[10]), -FI_EOPBADSTATE);
+		OK(fi_send(c2.ep, tx, 500, m.desc, 0, &ctx[11]));
+		cq_expect(c2.cq, &ctx[11], FI_SEND, 0, NULL);
+		cq_expect(s2.cq, &ctx[10], FI_RECV, 500, NULL);
+		check(rx, 500, 5);
+		EXPECT(fi_close(&srx->fid), -FI_EBUSY);
+		OK(fi_shutdown(c2.ep, 0));
+		close_side(&c2, 1);
+		close_side(&s2, 0);
+		EXPECT(fi_close(&srx->fid), 0);
+	}
+
+	/* a receive flushed by shutdown is an error entry with its context */
+	{
+		OK(fi_recv(c.ep, rx, 64, m.desc, 0, &ctx[12]));
+		OK(fi_shutdown(c.ep, 0));
+		EXPECT(cq_wait(c.cq, &e), -FI_EAVAIL);
+		struct fi_cq_err_entry err = {0};
+		EXPECT(fi_cq_readerr(c.cq, &err, 0), 1);
+		TRUE(err.op_context == &ctx[12] && (err.flags & FI_RECV));
+		EXPECT(err.err, FI_ECANCELED);
+		TRUE(fi_cq_strerror(c.cq, err.prov_errno, err.err_data, NULL, 0) != NULL);
+		char text[64];
+		TRUE(fi_cq_strerror(c.cq, err.prov_errno, err.err_data, text, sizeof text) == text);
+		EXPECT(fi_cq_readerr(c.cq, &err, 0), -FI_EAGAIN);
+
+		/* The server sees FI_SHUTDOWN; a buffer too small for it leaves it queued. */
+		uint32_t ev;
+		struct fi_eq_cm_entry cm;
+		EXPECT(fi_eq_sread(m.peq, &ev, &cm, sizeof cm, 10000, FI_PEEK), sizeof cm);
+		EXPECT(ev, FI_SHUTDOWN);
+		EXPECT(fi_eq_read(m.peq, &ev, &cm, 4, 0), -FI_ETOOSMALL);
+		EXPECT(fi_eq_read(m.peq, &ev, &cm, sizeof cm, 0), sizeof cm);
+		EXPECT(ev, FI_SHUTDOWN);
+		TRUE(cm.fid == &s.ep->fid);
+		EXPECT(fi_eq_read(m.peq, &ev, &cm, sizeof cm, 0), -FI_EAGAIN);
+	}
+
+	/* closing in use is refused; then everything closes in order */
+	EXPECT(fi_close(&m.domain->fid), -FI_EBUSY);
+	EXPECT(fi_close(&s.cq->fid), -FI_EBUSY);
+	EXPECT(fi_close(&m.fabric->fid), -FI_EBUSY);
+	close_side(&c, 1);
+	close_side(&s, 0);
+	EXPECT(fi_close(&m.pep->fid), 0);
+	EXPECT(fi_close(&m.mr->fid), 0);
+	EXPECT(fi_close(&m.peq->fid), 0);
+	EXPECT(fi_close(&m.domain->fid), 0);
+	EXPECT(fi_close(&m.fabric->fid), 0);
+	fi_freeinfo(m.info);
+	fi_freeinfo(h);
+	free(m.buf);
+	printf("ok msg\n");
+}
+
+static void dgram_section(void)
+{
+	struct fi_info *h = hints_for(FI_EP_DGRAM), *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_av *av;
+	struct fid_cq *cqa, *cqb;
+	struct fid_ep *a, *b;
+	struct fid_mr *mr;
+	struct fi_cq_data_entry e;
+	int ctx[8];
+
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	TRUE(info->ep_attr->type == FI_EP_DGRAM && info->addr_format == FI_ADDR_IB_UD);
+	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, info, &domain, NULL));
+	struct fi_av_attr aa = {.type = FI_AV_TABLE};
+	OK(fi_av_open(domain, &aa, &av, NULL));
+	open_cq(domain, &cqa);
+	open_cq(domain, &cqb);
+	EXPECT(fi_endpoint(domain, info, &a, NULL), 0);
+	OK(fi_endpoint(domain, info, &b, NULL));
+	/* No AV yet: enable is refused with -FI_ENOAV. */
+	OK(fi_ep_bind(a, &cqa->fid, FI_TRANSMIT | FI_RECV));
+	EXPECT(fi_enable(a), -FI_ENOAV);
+	OK(fi_ep_bind(a, &av->fid, 0));
+	OK(fi_ep_bind(b, &av->fid, 0));
+	OK(fi_ep_bind(b, &cqb->fid, FI_TRANSMIT | FI_RECV));
+	OK(fi_enable(a));
+	OK(fi_enable(b));
+
+	uint8_t names[2][64];
+	size_t len = 0;
+	EXPECT(fi_getname(&a->fid, NULL, &len), -FI_ETOOSMALL);
+	TRUE(len > 0 && len <= 64);
+	size_t name_len = len;
+	OK(fi_getname(&a->fid, names[0], &len));
+	len = sizeof names[1];
+	OK(fi_getname(&b->fid, names[1], &len));
+	EXPECT(len, name_len);
+	fi_addr_t addrs[2];
+	uint8_t packed[128];
+	memcpy(packed, names[0], name_len);
+	memcpy(packed + name_len, names[1], name_len);
+	EXPECT(fi_av_insert(av, packed, 2, addrs, 0, NULL), 2);
+	uint8_t back[64];
+	len = sizeof back;
+	OK(fi_av_lookup(av, addrs[1], back, &len));
+	TRUE(len == name_len && memcmp(back, names[1], len) == 0);
+	char str[128];
+	len = sizeof str;
+	TRUE(fi_av_straddr(av, names[1], str, &len) == str);
+	TRUE(strncmp(str, "fi_addr_ib_ud://", 16) == 0);
+
+	uint8_t *buf = aligned_alloc(4096, BUF), *rx = buf, *tx = buf + 32768;
+	OK(fi_mr_reg(domain, buf, BUF, FI_SEND | FI_RECV, 0, 0, 0, &mr, NULL));
+	void *desc = fi_mr_desc(mr);
+	fill(tx, 512, 6);
+	OK(fi_recv(b, rx, info->ep_attr->max_msg_size, desc, 0, &ctx[0]));
+	OK(fi_send(a, tx, 512, desc, addrs[1], &ctx[1]));
+	cq_expect(cqa, &ctx[1], FI_SEND, 0, NULL);
+	cq_expect(cqb, &ctx[0], FI_RECV, 512, NULL);
+	check(rx, 512, 6);
+
+	OK(fi_recv(b, rx, info->ep_attr->max_msg_size, desc, 0, &ctx[2]));
+	OK(fi_senddata(a, tx, 64, desc, 4242, addrs[1], &ctx[3]));
+	cq_expect(cqa, &ctx[3], FI_SEND, 0, NULL);
+	cq_expect(cqb, &ctx[2], FI_RECV, 64, &e);
+	TRUE((e.flags & FI_REMOTE_CQ_DATA) && e.data == 4242);
+
+	uint8_t small[8];
+	fill(small, sizeof small, 7);
+	OK(fi_recv(b, rx, info->ep_attr->max_msg_size, desc, 0, &ctx[4]));
+	OK(fi_inject(a, small, sizeof small, addrs[1]));
+	cq_expect(cqb, &ctx[4], FI_RECV, 8, NULL);
+	check(rx, 8, 7);
+
+	/* bad calls on a datagram endpoint */
+	EXPECT(fi_send(a, tx, 8, desc, 99, &ctx[5]), -FI_EINVAL);
+	EXPECT(fi_send(a, tx, info->ep_attr->max_msg_size + 1, desc, addrs[1], &ctx[5]),
+	       -FI_EMSGSIZE);
+	EXPECT(fi_connect(a, names[1], NULL, 0), -FI_EINVAL);
+	EXPECT(fi_av_remove(av, &addrs[0], 1, 0), 0);
+	EXPECT(fi_send(b, tx, 8, desc, addrs[0], &ctx[5]), -FI_EINVAL);
+
+	EXPECT(fi_close(&av->fid), -FI_EBUSY);
+	EXPECT(fi_close(&a->fid), 0);
+	EXPECT(fi_close(&b->fid), 0);
+	EXPECT(fi_close(&mr->fid), 0);
+	EXPECT(fi_close(&av->fid), 0);
+	EXPECT(fi_close(&cqa->fid), 0);
+	EXPECT(fi_close(&cqb->fid), 0);
+	EXPECT(fi_close(&domain->fid), 0);
+	EXPECT(fi_close(&fabric->fid), 0);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	free(buf);
+	printf("ok dgram\n");
+}
+
+/* Calls that must fail with the error the man pages give, and not crash. */
+static void bad_section(void)
+{
+	struct fi_info *h = hints_for(FI_EP_MSG), *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_cq *cq;
+	struct fid_mr *mr;
+	struct fid_ep *ep;
+	struct fid_eq *eq;
+	struct fid_cntr *cntr;
+	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
+	uint8_t buf[256];
+
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, info, &domain, NULL));
+	OK(fi_eq_open(fabric, &ea, &eq, NULL));
+	open_cq(domain, &cq);
+	OK(fi_mr_reg(domain, buf, sizeof buf, FI_SEND | FI_RECV, 0, 0, 0, &mr, NULL));
+
+	/* NULL and malformed arguments */
+	EXPECT(fi_cq_open(domain, NULL, &cq, NULL), -FI_EINVAL);
+	EXPECT(fi_mr_reg(domain, buf, sizeof buf, FI_SEND, 0, 0, 0, NULL, NULL), -FI_EINVAL);
+	EXPECT(fi_mr_reg(domain, buf, sizeof buf, 1ULL << 40, 0, 0, 0, &mr, NULL), -FI_EINVAL);
+	EXPECT(fi_cq_read(cq, NULL, 1), -FI_EINVAL);
+	long r0 = fi_cq_read(cq, buf, 0); /* drives progress only */
+	TRUE(r0 == 0 || r0 == -FI_EAGAIN);
+	EXPECT(fi_cq_readerr(cq, NULL, 0), -FI_EINVAL);
+	struct fi_cq_err_entry err = {0};
+	EXPECT(fi_cq_readerr(cq, &err, 0), -FI_EAGAIN);
+	EXPECT(fi_cq_sread(cq, buf, 1, NULL, 0), -FI_EINVAL); /* FI_WAIT_NONE: no blocking */
+	EXPECT(fi_domain(fabric, NULL, &domain, NULL), -FI_EINVAL);
+	EXPECT(fi_cntr_open(domain, NULL, &cntr, NULL), -FI_ENOSYS);
+	EXPECT(fi_open_ops(&domain->fid, "nothing", 0, NULL, NULL), -FI_ENOSYS);
+
+	/* an endpoint that is not enabled, and bad data calls */
+	struct sockaddr_in self = *(struct sockaddr_in *)info->src_addr;
+	self.sin_port = htons(9); /* nothing listens: the connect fails later, not here */
+	info->dest_addr = malloc(sizeof self);
+	memcpy(info->dest_addr, &self, sizeof self);
+	info->dest_addrlen = sizeof self;
+	OK(fi_endpoint(domain, info, &ep, NULL));
+	EXPECT(fi_send(ep, buf, 8, fi_mr_desc(mr), 0, NULL), -FI_EOPBADSTATE);
+	OK(fi_ep_bind(ep, &eq->fid, 0));
+	OK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+	EXPECT(fi_ep_bind(ep, &mr->fid, 0), -FI_EINVAL);
+	OK(fi_enable(ep));
+	EXPECT(fi_send(ep, buf, 8, NULL, 0, NULL), -FI_EINVAL);            /* no desc */
+	EXPECT(fi_send(ep, buf, 8, (void *)cq, 0, NULL), -FI_EINVAL);      /* not a desc */
+	EXPECT(fi_recv(ep, buf, 4096, fi_mr_desc(mr), 0, NULL), -FI_EINVAL); /* outside */
+	EXPECT(fi_recv(ep, buf - 64, 8, fi_mr_desc(mr), 0, NULL), -FI_EINVAL);
+	EXPECT(fi_inject(ep, buf, info->tx_attr->inject_size + 1, 0), -FI_EINVAL);
+	EXPECT(fi_write(ep, buf, 8, fi_mr_desc(mr), 0, 0, 0, NULL), -FI_ENOSYS);
+	EXPECT(fi_tsend(ep, buf, 8, fi_mr_desc(mr), 0, 1, NULL), -FI_ENOSYS);
+	size_t v = 0, vl = sizeof v;
+	EXPECT(fi_getopt(&ep->fid, 99, FI_OPT_CM_DATA_SIZE, &v, &vl), -FI_ENOPROTOOPT);
+	vl = 1;
+	EXPECT(fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &v, &vl), -FI_ETOOSMALL);
+	EXPECT(vl, sizeof(size_t));
+	EXPECT(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, 1), -FI_EINVAL);
+	EXPECT(fi_accept(ep, NULL, 0) < 0, 1);
+	EXPECT(fi_listen((struct fid_pep *)ep), -FI_EINVAL);
+
+	EXPECT(fi_close(&eq->fid), -FI_EBUSY);
+	EXPECT(fi_close(&ep->fid), 0);
+	EXPECT(fi_close(&mr->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_close(&eq->fid), 0);
+	EXPECT(fi_close(&domain->fid), 0);
+	EXPECT(fi_close(&fabric->fid), 0);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	printf("ok bad\n");
+}
+
+int main(int argc, char **argv)
+{
+	const char *only = argc > 1 ? argv[1] : NULL;
+	setvbuf(stdout, NULL, _IONBF, 0);
+	if (!only || !strcmp(only, "msg"))
+		msg_section();
+	if (!only || !strcmp(only, "dgram"))
+		dgram_section();
+	if (!only || !strcmp(only, "bad"))
+		bad_section();
+	return 0;
+}
