@@ -641,3 +641,118 @@ pub(crate) unsafe fn copy_cstr(
     }
     Ok(buf)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capi::provider::fi_prov_ini;
+    use std::ptr::{null, null_mut};
+
+    /// Opens a fabric through the provider entry the core calls; no device needed.
+    fn open_fabric() -> *mut fi::fid_fabric {
+        let prov = fi_prov_ini();
+        // SAFETY: a plain C struct of pointers and integers: all-zero is valid.
+        let mut attr: fi::fi_fabric_attr = unsafe { std::mem::zeroed() };
+        attr.prov_name = c"rverbs".as_ptr().cast_mut();
+        attr.api_version = fi::RFABRIC_FI_VERSION;
+        let mut f = null_mut();
+        // SAFETY: the provider's own fabric entry with a valid attr and out-pointer.
+        let rc = unsafe { ((*prov).fabric.unwrap())(&mut attr, &mut f, null_mut()) };
+        assert_eq!(rc, 0);
+        f
+    }
+
+    #[test]
+    fn fabric_opens_and_closes_through_its_ops_and_refuses_bad_arguments() {
+        let f = open_fabric();
+        // SAFETY: f is the fabric just opened; every call below goes through its tables
+        // as libfabric's inline wrappers do.
+        unsafe {
+            assert_eq!((*f).fid.fclass, fi::FI_CLASS_FABRIC as usize);
+            let o = &*(*f).ops;
+            assert_eq!(o.size, std::mem::size_of::<fi::fi_ops_fabric>());
+            let mut eq = null_mut();
+            assert_eq!(
+                (o.eq_open.unwrap())(f, null_mut(), &mut eq, null_mut()),
+                -errno::EINVAL
+            );
+            let mut d = null_mut();
+            assert_eq!(
+                (o.domain.unwrap())(f, null_mut(), &mut d, null_mut()),
+                -errno::EINVAL
+            );
+            assert_eq!(
+                (o.wait_open.unwrap())(f, null_mut(), null_mut()),
+                -errno::ENOSYS
+            );
+            assert_eq!((o.trywait.unwrap())(f, null_mut(), 0), 0);
+            assert_eq!((o.trywait.unwrap())(f, null_mut(), 1), -errno::EINVAL);
+            // A fid of another class is refused, not freed.
+            let mut other = fid(fi::FI_CLASS_CQ, null_mut(), &FABRIC_FI_OPS);
+            let close = (*(*f).fid.ops).close.unwrap();
+            assert_eq!(close(&mut other), -errno::EINVAL);
+            assert_eq!(close(null_mut()), -errno::EINVAL);
+            assert_eq!(close(&mut (*f).fid), 0);
+        }
+    }
+
+    #[test]
+    fn a_busy_fabric_is_not_closed() {
+        let f = open_fabric();
+        // SAFETY: f is open; the extra reference stands for a child object.
+        unsafe {
+            let keep = CFabric::from_c(f, "fabric").unwrap().inner.clone();
+            let close = (*(*f).fid.ops).close.unwrap();
+            assert_eq!(close(&mut (*f).fid), -errno::EBUSY);
+            drop(keep);
+            assert_eq!(close(&mut (*f).fid), 0);
+        }
+    }
+
+    #[test]
+    fn unimplemented_slots_answer_enosys_and_descriptors_are_checked() {
+        use crate::capi::nosys;
+        // SAFETY: the no-op functions ignore their arguments.
+        unsafe {
+            let w = nosys::RMA.write.unwrap();
+            assert_eq!(
+                w(null_mut(), null(), 0, null_mut(), 0, 0, 0, null_mut()),
+                -(errno::ENOSYS as isize)
+            );
+            let t = nosys::TAGGED.send.unwrap();
+            assert_eq!(
+                t(null_mut(), null(), 0, null_mut(), 0, 0, null_mut()),
+                -(errno::ENOSYS as isize)
+            );
+            let v = nosys::ATOMIC.writevalid.unwrap();
+            assert_eq!(v(null_mut(), 0, 0, null_mut()), -errno::ENOSYS);
+            let b = nosys::COLLECTIVE.barrier.unwrap();
+            assert_eq!(b(null_mut(), 0, null_mut()), -(errno::ENOSYS as isize));
+            assert_eq!(mr_of(null_mut()).unwrap_err().errno(), errno::EINVAL);
+            let mut not_mr = fid(fi::FI_CLASS_CQ, null_mut(), &MR_FI_OPS);
+            assert_eq!(
+                mr_of((&raw mut not_mr).cast()).unwrap_err().errno(),
+                errno::EINVAL
+            );
+        }
+        assert_eq!(nosys::RMA.size, std::mem::size_of::<fi::fi_ops_rma>());
+        assert_eq!(
+            nosys::COLLECTIVE.size,
+            std::mem::size_of::<fi::fi_ops_collective>()
+        );
+    }
+
+    #[test]
+    fn straddr_copies_truncate_and_report_the_full_size() {
+        let mut buf = [0x7f as c_char; 8];
+        let mut len = buf.len();
+        // SAFETY: buf has len bytes.
+        let p = unsafe { copy_cstr("fi_addr_ib_ud://x", buf.as_mut_ptr(), &mut len) }.unwrap();
+        assert_eq!(p, buf.as_ptr());
+        assert_eq!(len, 18);
+        assert_eq!(buf[7], 0);
+        // SAFETY: NUL-terminated above.
+        let s = unsafe { std::ffi::CStr::from_ptr(p) };
+        assert_eq!(s.to_str().unwrap(), "fi_addr");
+    }
+}

@@ -349,3 +349,54 @@ pub(crate) fn live_context(p: u64) -> *mut c_void {
     // SAFETY: with_live hands over an open object, which starts with `struct fid`.
     with_live(p, |f| unsafe { (*f).context }).unwrap_or(std::ptr::null_mut())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_become_negative_errnos_and_panics_eother() {
+        assert_eq!(guarded("t", || Ok(())), 0);
+        assert_eq!(
+            guarded("t", || Err(Error::new(errno::EINVAL, "bad"))),
+            -errno::EINVAL
+        );
+        assert_eq!(guarded("t", || panic!("boom")), -errno::EOTHER);
+        assert_eq!(guarded_len("t", || Ok(7)), 7);
+        assert_eq!(
+            guarded_len("t", || panic!("boom")),
+            -(errno::EOTHER as isize)
+        );
+        assert!(guarded_ptr::<u8>("t", || panic!("boom")).is_null());
+    }
+
+    #[test]
+    fn strerror_text_is_truncated_into_a_buffer_or_kept_per_thread() {
+        let mut buf = [1 as c_char; 5];
+        // SAFETY: buf has 5 bytes.
+        let p = unsafe { strerror_out("flushed", buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(p, buf.as_ptr());
+        // SAFETY: NUL-terminated by strerror_out.
+        assert_eq!(unsafe { CStr::from_ptr(p) }.to_str().unwrap(), "flus");
+        // SAFETY: no buffer: the thread-local copy.
+        let q = unsafe { strerror_out("local", std::ptr::null_mut(), 0) };
+        // SAFETY: valid until this thread's next call.
+        assert_eq!(unsafe { CStr::from_ptr(q) }.to_str().unwrap(), "local");
+    }
+
+    #[test]
+    fn closed_objects_are_not_followed() {
+        let mut f = fi::fid {
+            fclass: fi::FI_CLASS_EP as usize,
+            context: 0x1234 as *mut c_void,
+            ops: std::ptr::null_mut(),
+        };
+        let p = (&raw mut f).cast::<c_void>();
+        assert!(live_context(p as u64).is_null());
+        live_insert(p);
+        assert_eq!(live_context(p as u64), 0x1234 as *mut c_void);
+        live_remove(p);
+        assert!(live_context(p as u64).is_null());
+        assert!(live_context(0).is_null());
+    }
+}
