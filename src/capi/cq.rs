@@ -311,11 +311,14 @@ unsafe extern "C" fn cq_strerror(
     buf: *mut c_char,
     len: usize,
 ) -> *const c_char {
-    // SAFETY: the application's CQ fid (NULL tolerated: the text does not depend on it).
-    let text = match unsafe { CCq::from_c(cq, "cq") } {
-        Ok(q) => q.inner.strerror(prov_errno),
-        Err(_) => rfabric_sys::verbs::wc_status_str(prov_errno.max(0) as u32),
-    };
-    // SAFETY: NULL or the caller's buffer of len bytes.
-    unsafe { strerror_out(text, buf, len) }
+    crate::capi::fid::guarded_ptr("fi_cq_strerror", || {
+        // SAFETY: the application's CQ fid (a bad one is tolerated: the text does not
+        // depend on it).
+        let text = match unsafe { CCq::from_c(cq, "cq") } {
+            Ok(q) => q.inner.strerror(prov_errno),
+            Err(_) => rfabric_sys::verbs::wc_status_str(prov_errno.max(0) as u32),
+        };
+        // SAFETY: NULL or the caller's buffer of len bytes.
+        Ok(unsafe { strerror_out(text, buf, len) })
+    })
 }

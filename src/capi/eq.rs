@@ -379,8 +379,10 @@ unsafe extern "C" fn eq_strerror(
     buf: *mut c_char,
     len: usize,
 ) -> *const c_char {
-    // SAFETY: NULL or the caller's buffer of len bytes.
-    unsafe { strerror_out(&cm_strerror(prov_errno), buf, len) }
+    crate::capi::fid::guarded_ptr("fi_eq_strerror", || {
+        // SAFETY: NULL or the caller's buffer of len bytes.
+        Ok(unsafe { strerror_out(&cm_strerror(prov_errno), buf, len) })
+    })
 }
 
 unsafe extern "C" fn connreq_close(f: *mut fi::fid) -> i32 {
