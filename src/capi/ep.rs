@@ -922,6 +922,82 @@ unsafe fn with_iov<R>(
     }
 }
 
+/// One data call on an endpoint `O` with a buffer and its descriptor: `f` gets the object,
+/// the region and the offset; the C result is 0 or `-errno`.
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `desc` is NULL or from `fi_mr_desc`.
+#[inline]
+unsafe fn on_buf<T>(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    desc: *mut c_void,
+    f: impl FnOnce(&Obj<fi::fid_ep, T>, &MemoryRegion, usize) -> Result<()>,
+) -> isize
+where
+    Obj<fi::fid_ep, T>: Class<Header = fi::fid_ep>,
+{
+    guarded_len(what, || {
+        // SAFETY: the caller's contract; the class is checked.
+        let (o, (mr, off)) =
+            unsafe { (Obj::<fi::fid_ep, T>::from_c(ep, "ep")?, region(buf, desc)?) };
+        f(o, mr, off).map(|()| 0)
+    })
+}
+
+/// As [`on_buf`], for an iov with its descriptors.
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `iov` and `desc` hold `count` elements.
+#[inline]
+unsafe fn on_iov<T>(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    iov: *const libc::iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    f: impl FnOnce(&Obj<fi::fid_ep, T>, &[Iov<'_>]) -> Result<()>,
+) -> isize
+where
+    Obj<fi::fid_ep, T>: Class<Header = fi::fid_ep>,
+{
+    guarded_len(what, || {
+        // SAFETY: the caller's contract; the class is checked.
+        let o = unsafe { Obj::<fi::fid_ep, T>::from_c(ep, "ep") }?;
+        // SAFETY: the caller's contract.
+        unsafe { with_iov(iov, desc, count, |v| f(o, v)) }.map(|()| 0)
+    })
+}
+
+/// As [`on_iov`], for an `fi_msg` (its context, data and address go to `f`).
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `msg` is NULL or a valid `fi_msg`.
+#[inline]
+unsafe fn on_msg<T>(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    msg: *const fi::fi_msg,
+    f: impl FnOnce(&Obj<fi::fid_ep, T>, &[Iov<'_>], &fi::fi_msg) -> Result<()>,
+) -> isize
+where
+    Obj<fi::fid_ep, T>: Class<Header = fi::fid_ep>,
+{
+    guarded_len(what, || {
+        // SAFETY: the caller's contract; the class is checked.
+        let (o, m) = unsafe {
+            (
+                Obj::<fi::fid_ep, T>::from_c(ep, "ep")?,
+                msg.as_ref()
+                    .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?,
+            )
+        };
+        // SAFETY: msg_iov and desc hold iov_count elements, per fi_msg(3).
+        unsafe { with_iov(m.msg_iov, m.desc, m.iov_count, |v| f(o, v, m)) }.map(|()| 0)
+    })
+}
+
 unsafe extern "C" fn ep_send(
     ep: *mut fi::fid_ep,
     buf: *const c_void,
@@ -930,16 +1006,14 @@ unsafe extern "C" fn ep_send(
     dest: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_send", || {
-        // SAFETY: the application's fid, buffer and descriptor.
-        let (e, (mr, off)) = unsafe { (CEp::from_c(ep, "ep")?, region(buf, desc)?) };
-        let ctx = context as u64;
-        match e.ep() {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, buffer and descriptor (fi_msg(3)).
+    unsafe {
+        on_buf("fi_send", ep, buf, desc, |e: &CEp, mr, off| match e.ep() {
             Ep::Msg(m) => m.send(mr, off, len, ctx),
             Ep::Dgram(g) => g.send(mr, off, len, dest, ctx),
-        }
-        .map(|()| 0)
-    })
+        })
+    }
 }
 
 unsafe extern "C" fn ep_senddata(
@@ -951,16 +1025,16 @@ unsafe extern "C" fn ep_senddata(
     dest: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_senddata", || {
-        // SAFETY: the application's fid, buffer and descriptor.
-        let (e, (mr, off)) = unsafe { (CEp::from_c(ep, "ep")?, region(buf, desc)?) };
-        let ctx = context as u64;
-        match e.ep() {
-            Ep::Msg(m) => m.senddata(mr, off, len, data, ctx),
-            Ep::Dgram(g) => g.senddata(mr, off, len, data, dest, ctx),
-        }
-        .map(|()| 0)
-    })
+    let ctx = context as u64;
+    // SAFETY: the application's handle, buffer and descriptor (fi_msg(3)).
+    unsafe {
+        on_buf("fi_senddata", ep, buf, desc, |e: &CEp, mr, off| {
+            match e.ep() {
+                Ep::Msg(m) => m.senddata(mr, off, len, data, ctx),
+                Ep::Dgram(g) => g.senddata(mr, off, len, data, dest, ctx),
+            }
+        })
+    }
 }
 
 unsafe extern "C" fn ep_sendv(
@@ -971,44 +1045,51 @@ unsafe extern "C" fn ep_sendv(
     dest: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_sendv", || {
-        // SAFETY: the application's fid and iov.
-        let e = unsafe { CEp::from_c(ep, "ep") }?;
-        let ctx = context as u64;
-        // SAFETY: count ranges and descriptors, per fi_msg(3).
-        unsafe {
-            with_iov(iov, desc, count, |v| match e.ep() {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, iov and descriptors (fi_msg(3)).
+    unsafe {
+        on_iov("fi_sendv", ep, iov, desc, count, |e: &CEp, v| {
+            match e.ep() {
                 Ep::Msg(m) => m.sendv(v, ctx),
                 Ep::Dgram(g) => g.sendv(v, dest, ctx),
-            })
-        }
-        .map(|()| 0)
-    })
+            }
+        })
+    }
 }
 
 unsafe extern "C" fn ep_sendmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
-    guarded_len("fi_sendmsg", || {
-        // SAFETY: the application's fid and message.
-        let (e, m) = unsafe {
-            (
-                CEp::from_c(ep, "ep")?,
-                msg.as_ref()
-                    .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?,
-            )
-        };
-        let (ctx, fl) = (m.context as u64, Flags::from_bits_retain(flags));
-        // SAFETY: msg_iov and desc hold iov_count elements, per fi_msg(3).
-        unsafe {
-            with_iov(m.msg_iov, m.desc, m.iov_count, |v| match (e.ep(), v) {
+    let fl = Flags::from_bits_retain(flags);
+    // SAFETY: the application's handle and message (fi_msg(3)).
+    unsafe {
+        on_msg("fi_sendmsg", ep, msg, |e: &CEp, v, m| {
+            let ctx = m.context as u64;
+            match (e.ep(), v) {
                 (Ep::Msg(x), &[(mr, off, len)]) => x.sendmsg(mr, off, len, ctx, m.data, fl),
                 (Ep::Msg(x), v) => x.sendmsgv(v, ctx, m.data, fl),
                 (Ep::Dgram(g), &[(mr, off, len)]) => {
                     g.sendmsg(mr, off, len, m.addr, ctx, m.data, fl)
                 }
                 (Ep::Dgram(g), v) => g.sendmsgv(v, m.addr, ctx, m.data, fl),
-            })
-        }
-        .map(|()| 0)
+            }
+        })
+    }
+}
+
+/// `fi_inject` / `fi_injectdata`: `len` bytes at `buf`, copied before the call returns.
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `buf` has `len` readable bytes.
+unsafe fn inject(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    f: impl FnOnce(&Ep, &[u8]) -> Result<()>,
+) -> isize {
+    guarded_len(what, || {
+        // SAFETY: the caller's contract.
+        let (e, data) = unsafe { (CEp::from_c(ep, "ep")?, bytes(buf, len, "buf")?) };
+        f(e.ep(), data).map(|()| 0)
     })
 }
 
@@ -1018,15 +1099,13 @@ unsafe extern "C" fn ep_inject(
     len: usize,
     dest: fi::fi_addr_t,
 ) -> isize {
-    guarded_len("fi_inject", || {
-        // SAFETY: the application's fid and len bytes at buf, copied before return.
-        let (e, data) = unsafe { (CEp::from_c(ep, "ep")?, bytes(buf, len, "buf")?) };
-        match e.ep() {
+    // SAFETY: the application's handle and buffer (fi_msg(3)).
+    unsafe {
+        inject("fi_inject", ep, buf, len, |e, data| match e {
             Ep::Msg(m) => m.inject(data),
             Ep::Dgram(g) => g.inject(data, dest),
-        }
-        .map(|()| 0)
-    })
+        })
+    }
 }
 
 unsafe extern "C" fn ep_injectdata(
@@ -1036,15 +1115,13 @@ unsafe extern "C" fn ep_injectdata(
     cq_data: u64,
     dest: fi::fi_addr_t,
 ) -> isize {
-    guarded_len("fi_injectdata", || {
-        // SAFETY: the application's fid and len bytes at buf, copied before return.
-        let (e, data) = unsafe { (CEp::from_c(ep, "ep")?, bytes(buf, len, "buf")?) };
-        match e.ep() {
+    // SAFETY: the application's handle and buffer (fi_msg(3)).
+    unsafe {
+        inject("fi_injectdata", ep, buf, len, |e, data| match e {
             Ep::Msg(m) => m.injectdata(data, cq_data),
             Ep::Dgram(g) => g.injectdata(data, cq_data, dest),
-        }
-        .map(|()| 0)
-    })
+        })
+    }
 }
 
 unsafe extern "C" fn ep_recv(
@@ -1055,16 +1132,14 @@ unsafe extern "C" fn ep_recv(
     _src: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_recv", || {
-        // SAFETY: the application's fid, buffer and descriptor.
-        let (e, (mr, off)) = unsafe { (CEp::from_c(ep, "ep")?, region(buf, desc)?) };
-        let ctx = context as u64;
-        match e.ep() {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, buffer and descriptor (fi_msg(3)).
+    unsafe {
+        on_buf("fi_recv", ep, buf, desc, |e: &CEp, mr, off| match e.ep() {
             Ep::Msg(m) => m.recv(mr, off, len, ctx),
             Ep::Dgram(g) => g.recv(mr, off, len, ctx),
-        }
-        .map(|()| 0)
-    })
+        })
+    }
 }
 
 unsafe extern "C" fn ep_recvv(
@@ -1075,43 +1150,32 @@ unsafe extern "C" fn ep_recvv(
     _src: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_recvv", || {
-        // SAFETY: the application's fid.
-        let e = unsafe { CEp::from_c(ep, "ep") }?;
-        let ctx = context as u64;
-        // SAFETY: count ranges and descriptors, per fi_msg(3).
-        unsafe {
-            with_iov(iov, desc, count, |v| match e.ep() {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, iov and descriptors (fi_msg(3)).
+    unsafe {
+        on_iov("fi_recvv", ep, iov, desc, count, |e: &CEp, v| {
+            match e.ep() {
                 Ep::Msg(m) => m.recvv(v, ctx),
                 Ep::Dgram(g) => g.recvv(v, ctx),
-            })
-        }
-        .map(|()| 0)
-    })
+            }
+        })
+    }
 }
 
 unsafe extern "C" fn ep_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
-    guarded_len("fi_recvmsg", || {
-        // SAFETY: the application's fid and message.
-        let (e, m) = unsafe {
-            (
-                CEp::from_c(ep, "ep")?,
-                msg.as_ref()
-                    .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?,
-            )
-        };
-        let (ctx, fl) = (m.context as u64, Flags::from_bits_retain(flags));
-        // SAFETY: msg_iov and desc hold iov_count elements, per fi_msg(3).
-        unsafe {
-            with_iov(m.msg_iov, m.desc, m.iov_count, |v| match (e.ep(), v) {
+    let fl = Flags::from_bits_retain(flags);
+    // SAFETY: the application's handle and message (fi_msg(3)).
+    unsafe {
+        on_msg("fi_recvmsg", ep, msg, |e: &CEp, v, m| {
+            let ctx = m.context as u64;
+            match (e.ep(), v) {
                 (Ep::Msg(x), &[(mr, off, len)]) => x.recvmsg(mr, off, len, ctx, fl),
                 (Ep::Msg(x), v) => x.recvmsgv(v, ctx, fl),
                 (Ep::Dgram(g), &[(mr, off, len)]) => g.recvmsg(mr, off, len, ctx, fl),
                 (Ep::Dgram(g), v) => g.recvmsgv(v, ctx, fl),
-            })
-        }
-        .map(|()| 0)
-    })
+            }
+        })
+    }
 }
 
 unsafe extern "C" fn srx_recv(
@@ -1122,11 +1186,12 @@ unsafe extern "C" fn srx_recv(
     _src: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_recv(srx)", || {
-        // SAFETY: the application's fid, buffer and descriptor.
-        let (s, (mr, off)) = unsafe { (CSrx::from_c(ep, "srx")?, region(buf, desc)?) };
-        s.inner.recv(mr, off, len, context as u64).map(|()| 0)
-    })
+    // SAFETY: the application's handle, buffer and descriptor (fi_msg(3)).
+    unsafe {
+        on_buf("fi_recv(srx)", ep, buf, desc, |s: &CSrx, mr, off| {
+            s.inner.recv(mr, off, len, context as u64)
+        })
+    }
 }
 
 unsafe extern "C" fn srx_recvv(
@@ -1137,35 +1202,24 @@ unsafe extern "C" fn srx_recvv(
     _src: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_recvv(srx)", || {
-        // SAFETY: the application's fid, iov and descriptors.
-        let s = unsafe { CSrx::from_c(ep, "srx") }?;
-        // SAFETY: count ranges and descriptors, per fi_msg(3).
-        unsafe { with_iov(iov, desc, count, |v| s.inner.recvv(v, context as u64)) }.map(|()| 0)
-    })
+    // SAFETY: the application's handle, iov and descriptors (fi_msg(3)).
+    unsafe {
+        on_iov("fi_recvv(srx)", ep, iov, desc, count, |s: &CSrx, v| {
+            s.inner.recvv(v, context as u64)
+        })
+    }
 }
 
 unsafe extern "C" fn srx_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
-    guarded_len("fi_recvmsg(srx)", || {
-        // SAFETY: the application's fid and message.
-        let (s, m) = unsafe {
-            (
-                CSrx::from_c(ep, "srx")?,
-                msg.as_ref()
-                    .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?,
-            )
-        };
-        let (ctx, fl) = (m.context as u64, Flags::from_bits_retain(flags));
-        // SAFETY: msg_iov and desc hold iov_count elements, per fi_msg(3).
-        unsafe {
-            with_iov(m.msg_iov, m.desc, m.iov_count, |v| match v {
-                &[(mr, off, len)] => s.inner.recvmsg(mr, off, len, ctx, fl),
-                v => {
-                    crate::verbs::msg_ep::check_recv_flags(fl, Flags::empty())?;
-                    s.inner.recvv(v, ctx)
-                }
-            })
-        }
-        .map(|()| 0)
-    })
+    let fl = Flags::from_bits_retain(flags);
+    // SAFETY: the application's handle and message (fi_msg(3)).
+    unsafe {
+        on_msg("fi_recvmsg(srx)", ep, msg, |s: &CSrx, v, m| match v {
+            &[(mr, off, len)] => s.inner.recvmsg(mr, off, len, m.context as u64, fl),
+            v => {
+                crate::verbs::msg_ep::check_recv_flags(fl, Flags::empty())?;
+                s.inner.recvv(v, m.context as u64)
+            }
+        })
+    }
 }
