@@ -4,6 +4,7 @@
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use rfabric::core::cq::{CqContextEntry, CqDataEntry, CqEntry, CqMsgEntry, CqState, FormatEntry};
 use rfabric::core::info::Info;
+use rfabric::core::srx::{Arrival, Filter, Kind, Recv, RxEngine};
 use rfabric::verbs::cq::to_entry;
 use rfabric::{EpType, Flags};
 use rfabric_sys::verbs::{send_flags, wc_opcode, wc_status, SendWr, Sge, WorkCompletion};
@@ -90,5 +91,59 @@ fn hints(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, work_requests, cq_state, hints);
+/// The shared receive engine: a receive matched to an arrival and freed, with `depth`
+/// receives (or unexpected messages) from other sources ahead of it in the queue.
+fn matching(c: &mut Criterion) {
+    fn recv(addr: u64, context: u64) -> Recv<u64> {
+        Recv {
+            kind: Kind::Tag,
+            from: Filter {
+                addr,
+                tag: context,
+                ignore: 0,
+            },
+            buf: context,
+            size: 4096,
+            context,
+            flags: Flags::empty(),
+        }
+    }
+    for depth in [0usize, 64, 1024] {
+        // Posted first: `depth` receives for source 1, then the one source 2 will match.
+        let mut e = RxEngine::<u64>::new(depth + 8);
+        for i in 0..depth {
+            e.post(recv(1, i as u64), |_, _| {}).unwrap();
+        }
+        c.bench_function(&format!("match posted-first, {depth} ahead"), |b| {
+            b.iter(|| {
+                e.post(recv(2, 7), |_, _| {}).unwrap();
+                let Ok(Arrival::Matched(m)) = e.arrive(Kind::Tag, black_box(2), 7, 64, 0) else {
+                    panic!("no match")
+                };
+                e.free(m).unwrap();
+            })
+        });
+        // Unexpected first: `depth` messages from source 1 wait, then one from source 2.
+        let mut e = RxEngine::<u64>::new(depth + 8);
+        for i in 0..depth {
+            let Ok(Arrival::Unexpected(u)) = e.arrive(Kind::Tag, 1, i as u64, 64, 0) else {
+                panic!("matched")
+            };
+            e.queue(u).unwrap();
+        }
+        c.bench_function(&format!("match unexpected-first, {depth} ahead"), |b| {
+            b.iter(|| {
+                let Ok(Arrival::Unexpected(u)) = e.arrive(Kind::Tag, black_box(2), 7, 64, 0) else {
+                    panic!("matched")
+                };
+                e.queue(u).unwrap();
+                let mut got = None;
+                e.post(recv(2, 7), |_, id| got = Some(id)).unwrap();
+                e.free(got.unwrap()).unwrap();
+            })
+        });
+    }
+}
+
+criterion_group!(benches, work_requests, cq_state, hints, matching);
 criterion_main!(benches);

@@ -10,3 +10,4 @@ pub mod error;
 pub mod flags;
 pub mod info;
 pub mod log;
+pub mod srx;
