@@ -10,4 +10,5 @@ pub(crate) mod eq;
 pub(crate) mod fid;
 pub mod info;
 pub(crate) mod nosys;
+pub(crate) mod peer;
 pub mod provider;

@@ -1,0 +1,1008 @@
+//! The owner side of fi_peer(3), at the 1.17 C layouts of `rdma/fi_ext.h`: the shared
+//! receive engine handed to peer providers as `fid_peer_srx`, and a CQ handed to them as
+//! `fid_peer_cq`.
+//!
+//! Where the man page and the header disagree, the header wins: `start_msg`/`start_tag`
+//! and `discard_msg`/`discard_tag` take the `fi_peer_rx_entry` (the man page shows the
+//! `fid_peer_srx`), and `get_tag` has no size argument.
+//!
+//! Issue 8 is under way: this owner side is tested through its C ops tables by an in-tree
+//! peer; importing libfabric's shm provider and the RDM endpoints that post to the engine
+//! come next, so outside tests nothing calls it yet.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rfabric_sys::fabric as fi;
+
+use crate::capi::fid::{fid, guarded, guarded_len, no_bind, no_control};
+use crate::core::cq::{CqEntry, CqErrEntry};
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::Flags;
+use crate::core::srx::{Arrival, Entry, Filter, Kind, Recv, RxEngine};
+use crate::verbs::CompletionQueue;
+
+/// Ranges of one receive handed to a peer.
+pub(crate) const PEER_IOV: usize = 4;
+
+/// A receive buffer as the engine carries it: the application's ranges and descriptors.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RxBuf {
+    pub iov: [libc::iovec; PEER_IOV],
+    pub desc: [*mut c_void; PEER_IOV],
+    pub count: usize,
+}
+
+// SAFETY: addresses of application memory, never dereferenced here; they are only handed
+// back to C (the peer), which owns the buffer contract.
+unsafe impl Send for RxBuf {}
+
+impl RxBuf {
+    /// One range.
+    pub(crate) fn one(buf: *mut c_void, len: usize, desc: *mut c_void) -> Self {
+        let mut b = RxBuf {
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; PEER_IOV],
+            desc: [std::ptr::null_mut(); PEER_IOV],
+            count: 1,
+        };
+        b.iov[0] = libc::iovec {
+            iov_base: buf,
+            iov_len: len,
+        };
+        b.desc[0] = desc;
+        b
+    }
+
+    fn len(&self) -> usize {
+        self.iov[..self.count].iter().map(|v| v.iov_len).sum()
+    }
+}
+
+/// The C face of one engine slot: what peers get a pointer to.
+#[repr(C)]
+struct PeerEntry {
+    c: UnsafeCell<fi::fi_peer_rx_entry>,
+    iov: UnsafeCell<[libc::iovec; PEER_IOV]>,
+    desc: UnsafeCell<[*mut c_void; PEER_IOV]>,
+    owner: *const OwnerSrx,
+}
+
+/// The receive engine of one owner SRX, shared by the application (posting) and by every
+/// peer (arrivals).
+pub(crate) struct OwnerSrx {
+    engine: Mutex<RxEngine<RxBuf>>,
+    /// One C entry per engine slot, at a fixed address for the engine's life.
+    entries: Box<[PeerEntry]>,
+}
+
+// SAFETY: the engine is behind its mutex. A C entry is written only by whoever holds its
+// slot in the engine's life cycle: the owner under the engine lock (get, post), the peer
+// between handing out and `free_entry` (fi_peer(3)'s ownership rules), never both.
+unsafe impl Send for OwnerSrx {}
+// SAFETY: as above.
+unsafe impl Sync for OwnerSrx {}
+
+/// What one peer holds: its `fid_peer_srx` (the owner fills the owner ops, the peer its
+/// own), over the shared engine.
+#[repr(C)]
+pub(crate) struct PeerSrx {
+    pub hdr: fi::fid_peer_srx,
+    owner: Arc<OwnerSrx>,
+}
+
+static PEER_SRX_FI_OPS: fi::fi_ops =
+    crate::capi::fid::fi_ops_of!(peer_srx_close, no_bind, no_control);
+static SRX_OWNER_OPS: fi::fi_ops_srx_owner = fi::fi_ops_srx_owner {
+    size: size_of::<fi::fi_ops_srx_owner>(),
+    get_msg: Some(get_msg),
+    get_tag: Some(get_tag),
+    queue_msg: Some(queue_msg),
+    queue_tag: Some(queue_tag),
+    free_entry: Some(free_entry),
+};
+
+/// Claimed entries to start after the engine lock is dropped (a peer's `start_*` may call
+/// back into the owner). Most posts start none or one.
+struct Started {
+    ids: [u32; 16],
+    n: usize,
+    more: Vec<u32>,
+}
+
+impl Started {
+    fn new() -> Self {
+        Started {
+            ids: [0; 16],
+            n: 0,
+            more: Vec::new(),
+        }
+    }
+    fn push(&mut self, id: u32) {
+        if self.n < self.ids.len() {
+            self.ids[self.n] = id;
+            self.n += 1;
+        } else {
+            self.more.push(id);
+        }
+    }
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.ids[..self.n].iter().chain(&self.more).copied()
+    }
+}
+
+impl OwnerSrx {
+    /// An engine of `capacity` entries (posted receives, messages in flight and unexpected
+    /// messages together), with their C entries.
+    pub(crate) fn new(capacity: usize) -> Arc<Self> {
+        Arc::new_cyclic(|me| {
+            let owner = me.as_ptr();
+            let engine = RxEngine::new(capacity);
+            let entries = (0..engine.capacity())
+                .map(|_| PeerEntry {
+                    // SAFETY: a plain C struct; all-zero (NULL pointers) is valid.
+                    c: UnsafeCell::new(unsafe { std::mem::zeroed() }),
+                    iov: UnsafeCell::new(
+                        [libc::iovec {
+                            iov_base: std::ptr::null_mut(),
+                            iov_len: 0,
+                        }; PEER_IOV],
+                    ),
+                    desc: UnsafeCell::new([std::ptr::null_mut(); PEER_IOV]),
+                    owner,
+                })
+                .collect();
+            OwnerSrx {
+                engine: Mutex::new(engine),
+                entries,
+            }
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RxEngine<RxBuf>> {
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A `fid_peer_srx` for one peer's `fi_srx_context(FI_PEER)`. The peer fills
+    /// `peer_ops`; the box stays with the owner, which frees it when done with the peer.
+    pub(crate) fn peer(self: &Arc<Self>) -> Box<PeerSrx> {
+        Box::new(PeerSrx {
+            hdr: fi::fid_peer_srx {
+                ep_fid: fi::fid_ep {
+                    fid: fid(
+                        fi::FI_CLASS_PEER_SRX,
+                        std::ptr::null_mut(),
+                        &PEER_SRX_FI_OPS,
+                    ),
+                    ops: std::ptr::null_mut(),
+                    cm: std::ptr::null_mut(),
+                    msg: std::ptr::null_mut(),
+                    rma: std::ptr::null_mut(),
+                    tagged: std::ptr::null_mut(),
+                    atomic: std::ptr::null_mut(),
+                    collective: std::ptr::null_mut(),
+                },
+                owner_ops: crate::capi::fid::ops(&SRX_OWNER_OPS),
+                peer_ops: std::ptr::null_mut(),
+            },
+            owner: self.clone(),
+        })
+    }
+
+    pub(crate) fn set_min_multi_recv(&self, n: usize) {
+        self.lock().set_min_multi_recv(n);
+    }
+
+    fn c_entry(&self, id: u32) -> *mut fi::fi_peer_rx_entry {
+        self.entries[id as usize].c.get()
+    }
+
+    /// The slot of a C entry handed out by this engine.
+    fn id_of(&self, e: *const fi::fi_peer_rx_entry) -> Result<u32> {
+        let base = self.entries.as_ptr() as usize;
+        let at = e as usize;
+        let stride = size_of::<PeerEntry>();
+        if at < base || (at - base) % stride != 0 || (at - base) / stride >= self.entries.len() {
+            return Err(Error::new(
+                errno::EINVAL,
+                "not an rx entry of this owner's SRX",
+            ));
+        }
+        Ok(((at - base) / stride) as u32)
+    }
+
+    /// Writes what the engine knows of slot `id` into its C entry. With a buffer, the
+    /// ranges start `offset` bytes in (a multi-receive slice).
+    ///
+    /// # Safety
+    /// The caller holds the slot (engine lock, or it is claimed and not yet handed out).
+    unsafe fn fill(&self, id: u32, e: &Entry<RxBuf>) {
+        let pe = &self.entries[id as usize];
+        // SAFETY: the caller's contract: nobody else touches this entry now.
+        unsafe {
+            let c = &mut *pe.c.get();
+            c.addr = e.addr;
+            c.size = e.size;
+            c.tag = e.tag;
+            c.flags = e.flags.bits();
+            c.context = e.context as *mut c_void;
+            c.owner_context = std::ptr::null_mut();
+            match &e.buf {
+                Some(b) => {
+                    let iov = &mut *pe.iov.get();
+                    let desc = &mut *pe.desc.get();
+                    let mut skip = e.offset;
+                    let mut n = 0;
+                    for i in 0..b.count {
+                        let v = b.iov[i];
+                        if skip >= v.iov_len {
+                            skip -= v.iov_len;
+                            continue;
+                        }
+                        iov[n] = libc::iovec {
+                            iov_base: v.iov_base.cast::<u8>().add(skip).cast(),
+                            iov_len: v.iov_len - skip,
+                        };
+                        desc[n] = b.desc[i];
+                        skip = 0;
+                        n += 1;
+                    }
+                    c.iov = iov.as_mut_ptr().cast();
+                    c.desc = desc.as_mut_ptr();
+                    c.count = n;
+                }
+                None => {
+                    c.iov = std::ptr::null_mut();
+                    c.desc = std::ptr::null_mut();
+                    c.count = 0;
+                }
+            }
+        }
+    }
+
+    /// An arrival from a peer (`get_msg` / `get_tag`).
+    fn arrive(
+        &self,
+        srx: *mut fi::fid_peer_srx,
+        kind: Kind,
+        addr: u64,
+        tag: u64,
+        size: usize,
+    ) -> Result<(i32, *mut fi::fi_peer_rx_entry)> {
+        let mut g = self.lock();
+        let (rc, id) = match g.arrive(kind, addr, tag, size, srx as u64)? {
+            Arrival::Matched(id) => (0, id),
+            Arrival::Unexpected(id) => (-errno::ENOENT, id),
+        };
+        let e = g.entry(id).clone();
+        // SAFETY: under the engine lock; the slot was just claimed or allocated.
+        unsafe {
+            self.fill(id, &e);
+            let c = &mut *self.c_entry(id);
+            c.srx = srx;
+            c.peer_context = std::ptr::null_mut();
+        }
+        Ok((rc, self.c_entry(id)))
+    }
+
+    /// Posts an application receive. Messages waiting for it go back to the peer that
+    /// holds them (`start_msg` / `start_tag` of the peer that queued each), after the engine
+    /// lock is dropped.
+    pub(crate) fn recv(
+        &self,
+        kind: Kind,
+        from: Filter,
+        buf: RxBuf,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        let mut started = Started::new();
+        {
+            let mut g = self.lock();
+            let size = buf.len();
+            g.post(
+                Recv {
+                    kind,
+                    from,
+                    buf,
+                    size,
+                    context,
+                    flags,
+                },
+                |eng, id| {
+                    let e = eng.entry(id).clone();
+                    // SAFETY: under the engine lock; the slot was just claimed for us.
+                    unsafe { self.fill(id, &e) };
+                    started.push(id);
+                },
+            )?;
+        }
+        for id in started.iter() {
+            // SAFETY: claimed for this receive and not yet handed back to its peer.
+            unsafe { self.dispatch(id, kind, false) }?;
+        }
+        Ok(())
+    }
+
+    /// Hands entry `id` back to the peer that queued it: `start_*`, or `discard_*`.
+    ///
+    /// # Safety
+    /// The caller holds the claimed slot; after this the peer does.
+    unsafe fn dispatch(&self, id: u32, kind: Kind, discard: bool) -> Result<()> {
+        let c = self.c_entry(id);
+        // SAFETY: the caller's contract; the srx is the live fid_peer_srx of the peer that
+        // called get_* for this entry, whose ops it filled at fi_srx_context.
+        let rc = unsafe {
+            let srx = (*c).srx;
+            let ops = srx
+                .as_ref()
+                .and_then(|s| s.peer_ops.as_ref())
+                .ok_or_else(|| Error::new(errno::EINVAL, "the peer's SRX has no peer ops"))?;
+            let f = match (kind, discard) {
+                (Kind::Msg, false) => ops.start_msg,
+                (Kind::Tag, false) => ops.start_tag,
+                (Kind::Msg, true) => ops.discard_msg,
+                (Kind::Tag, true) => ops.discard_tag,
+            }
+            .ok_or_else(|| Error::new(errno::EINVAL, "the peer left a callback NULL"))?;
+            f(c)
+        };
+        if rc < 0 {
+            return Err(Error::new(-rc, "the peer refused a matched message"));
+        }
+        Ok(())
+    }
+
+    /// `fi_cancel` of a posted receive: the caller reports it cancelled.
+    pub(crate) fn cancel(&self, context: u64) -> Option<Entry<RxBuf>> {
+        self.lock().cancel(context)
+    }
+
+    /// Discards the first unexpected message `from` accepts (`FI_DISCARD`): its peer drops
+    /// it without a completion. False when none waits.
+    pub(crate) fn discard(&self, kind: Kind, from: Filter) -> Result<bool> {
+        let id = {
+            let mut g = self.lock();
+            let Some(id) = g.peek(kind, from) else {
+                return Ok(false);
+            };
+            g.take_unexpected(id)?;
+            id
+        };
+        // SAFETY: just taken from the unexpected list; the peer gets it back.
+        unsafe { self.dispatch(id, kind, true) }?;
+        Ok(true)
+    }
+
+    /// Discards every unexpected message (closing the SRX).
+    pub(crate) fn discard_all(&self) {
+        loop {
+            let taken = {
+                let mut g = self.lock();
+                g.first_unexpected().map(|id| {
+                    let kind = g.entry(id).kind;
+                    let _ = g.take_unexpected(id);
+                    (id, kind)
+                })
+            };
+            let Some((id, kind)) = taken else { return };
+            // SAFETY: just taken; the peer gets it back.
+            if let Err(e) = unsafe { self.dispatch(id, kind, true) } {
+                crate::fi_warn!("peer", "discarding an unexpected message: {e}");
+            }
+        }
+    }
+
+    /// Entries in use (for tests and diagnostics).
+    pub(crate) fn in_use(&self) -> usize {
+        self.lock().in_use()
+    }
+}
+
+/// The owner of a C entry, from its back pointer.
+///
+/// # Safety
+/// `e` is NULL or an entry handed out by an `OwnerSrx` that is still alive.
+unsafe fn owner_of<'a>(e: *const fi::fi_peer_rx_entry) -> Result<(&'a OwnerSrx, u32)> {
+    if e.is_null() {
+        return Err(Error::new(errno::EINVAL, "entry is NULL"));
+    }
+    // SAFETY: the caller's contract: the entry is the first field of a PeerEntry.
+    let o = unsafe { &*(*e.cast::<PeerEntry>()).owner };
+    let id = o.id_of(e)?;
+    Ok((o, id))
+}
+
+/// # Safety
+/// `srx` is NULL or a `fid_peer_srx` made by [`OwnerSrx::peer`].
+unsafe fn srx_of<'a>(srx: *mut fi::fid_peer_srx) -> Result<&'a PeerSrx> {
+    // SAFETY: the caller's contract; the class is checked.
+    unsafe { crate::capi::fid::check_class(srx.cast(), fi::FI_CLASS_PEER_SRX, "srx")? };
+    // SAFETY: made by OwnerSrx::peer: the header is the first field of a PeerSrx.
+    Ok(unsafe { &*srx.cast::<PeerSrx>() })
+}
+
+unsafe extern "C" fn get_msg(
+    srx: *mut fi::fid_peer_srx,
+    addr: fi::fi_addr_t,
+    size: usize,
+    entry: *mut *mut fi::fi_peer_rx_entry,
+) -> i32 {
+    get(srx, Kind::Msg, addr, 0, size, entry)
+}
+
+unsafe extern "C" fn get_tag(
+    srx: *mut fi::fid_peer_srx,
+    addr: fi::fi_addr_t,
+    tag: u64,
+    entry: *mut *mut fi::fi_peer_rx_entry,
+) -> i32 {
+    // 1.17's get_tag carries no size: the peer checks the fit (fi_peer(3)).
+    get(srx, Kind::Tag, addr, tag, 0, entry)
+}
+
+fn get(
+    srx: *mut fi::fid_peer_srx,
+    kind: Kind,
+    addr: u64,
+    tag: u64,
+    size: usize,
+    entry: *mut *mut fi::fi_peer_rx_entry,
+) -> i32 {
+    let mut rc = 0;
+    let r = guarded("peer srx get", || {
+        if entry.is_null() {
+            return Err(Error::new(errno::EINVAL, "entry is NULL"));
+        }
+        // SAFETY: the fid_peer_srx the owner gave this peer.
+        let s = unsafe { srx_of(srx) }?;
+        let (code, e) = s.owner.arrive(srx, kind, addr, tag, size)?;
+        // SAFETY: checked for NULL; the peer's out-pointer.
+        unsafe { *entry = e };
+        rc = code;
+        Ok(())
+    });
+    if r != 0 {
+        r
+    } else {
+        rc
+    }
+}
+
+unsafe extern "C" fn queue_msg(entry: *mut fi::fi_peer_rx_entry) -> i32 {
+    queue(entry)
+}
+
+unsafe extern "C" fn queue_tag(entry: *mut fi::fi_peer_rx_entry) -> i32 {
+    queue(entry)
+}
+
+fn queue(entry: *mut fi::fi_peer_rx_entry) -> i32 {
+    guarded("peer srx queue", || {
+        // SAFETY: an entry this owner handed out by get_*.
+        let (o, id) = unsafe { owner_of(entry) }?;
+        o.lock().queue(id)
+    })
+}
+
+unsafe extern "C" fn free_entry(entry: *mut fi::fi_peer_rx_entry) {
+    let _ = guarded("peer srx free_entry", || {
+        // SAFETY: an entry this owner handed out.
+        let (o, id) = unsafe { owner_of(entry) }?;
+        o.lock().free(id)
+    });
+}
+
+unsafe extern "C" fn peer_srx_close(_f: *mut fi::fid) -> i32 {
+    // The owner frees a peer's fid_peer_srx when it is done with the peer.
+    0
+}
+
+// ---- peer CQ ---------------------------------------------------------------------------
+
+/// Where a peer's completions go: the owner's CQ, which does the locking, wakes its wait
+/// object and handles overflow.
+pub(crate) trait PeerCqTarget: Send + Sync {
+    fn write(&self, entry: CqEntry, src: u64) -> Result<()>;
+    fn writeerr(&self, entry: CqErrEntry) -> Result<()>;
+}
+
+impl PeerCqTarget for CompletionQueue {
+    fn write(&self, entry: CqEntry, src: u64) -> Result<()> {
+        CompletionQueue::write(self, entry, src)
+    }
+    fn writeerr(&self, entry: CqErrEntry) -> Result<()> {
+        CompletionQueue::writeerr(self, entry)
+    }
+}
+
+/// A CQ as a peer sees it (`fid_peer_cq`): completions it writes land in the owner's CQ,
+/// in the CQ's format.
+#[repr(C)]
+pub(crate) struct PeerCq {
+    pub hdr: fi::fid_peer_cq,
+    cq: Arc<dyn PeerCqTarget>,
+}
+
+static PEER_CQ_FI_OPS: fi::fi_ops =
+    crate::capi::fid::fi_ops_of!(peer_cq_close, no_bind, no_control);
+static CQ_OWNER_OPS: fi::fi_ops_cq_owner = fi::fi_ops_cq_owner {
+    size: size_of::<fi::fi_ops_cq_owner>(),
+    write: Some(peer_cq_write),
+    writeerr: Some(peer_cq_writeerr),
+};
+
+impl PeerCq {
+    /// The `fid_peer_cq` to pass in a `fi_peer_cq_context` to a peer's `fi_cq_open(FI_PEER)`.
+    pub(crate) fn new(cq: Arc<dyn PeerCqTarget>) -> Box<PeerCq> {
+        Box::new(PeerCq {
+            hdr: fi::fid_peer_cq {
+                fid: fid(fi::FI_CLASS_PEER_CQ, std::ptr::null_mut(), &PEER_CQ_FI_OPS),
+                owner_ops: crate::capi::fid::ops(&CQ_OWNER_OPS),
+            },
+            cq,
+        })
+    }
+}
+
+/// # Safety
+/// `cq` is NULL or a `fid_peer_cq` made by [`PeerCq::new`].
+unsafe fn peer_cq_of<'a>(cq: *mut fi::fid_peer_cq) -> Result<&'a PeerCq> {
+    // SAFETY: the caller's contract; the class is checked.
+    unsafe { crate::capi::fid::check_class(cq.cast(), fi::FI_CLASS_PEER_CQ, "cq")? };
+    // SAFETY: made by PeerCq::new: the header comes first.
+    Ok(unsafe { &*cq.cast::<PeerCq>() })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn peer_cq_write(
+    cq: *mut fi::fid_peer_cq,
+    context: *mut c_void,
+    flags: u64,
+    len: usize,
+    buf: *mut c_void,
+    data: u64,
+    tag: u64,
+    src: fi::fi_addr_t,
+) -> isize {
+    guarded_len("peer cq write", || {
+        // SAFETY: the fid_peer_cq the owner gave this peer.
+        let q = unsafe { peer_cq_of(cq) }?;
+        q.cq.write(
+            CqEntry {
+                op_context: context as u64,
+                flags,
+                len,
+                buf: buf as u64,
+                data,
+                tag,
+            },
+            src,
+        )?;
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn peer_cq_writeerr(
+    cq: *mut fi::fid_peer_cq,
+    e: *const fi::fi_cq_err_entry,
+) -> isize {
+    guarded_len("peer cq writeerr", || {
+        // SAFETY: the fid_peer_cq the owner gave this peer, and NULL or a valid entry.
+        let (q, e) = unsafe {
+            (
+                peer_cq_of(cq)?,
+                e.as_ref()
+                    .ok_or_else(|| Error::new(errno::EINVAL, "err_entry is NULL"))?,
+            )
+        };
+        // SAFETY: err_data has err_data_size bytes, per fi_cq(3).
+        let data = unsafe { crate::capi::fid::bytes(e.err_data, e.err_data_size, "err_data") }?;
+        q.cq.writeerr(CqErrEntry {
+            op_context: e.op_context as u64,
+            flags: e.flags,
+            len: e.len,
+            buf: e.buf as u64,
+            data: e.data,
+            tag: e.tag,
+            olen: e.olen,
+            err: e.err,
+            prov_errno: e.prov_errno,
+            err_data: data.to_vec(),
+        })?;
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn peer_cq_close(_f: *mut fi::fid) -> i32 {
+    // The owner frees a peer's fid_peer_cq when it is done with the peer.
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    //! An in-tree peer driving the owner through the C ops tables only, as a real peer
+    //! provider would.
+    use super::*;
+    use std::sync::Mutex as StdMutex;
+
+    /// What the fake peers saw: (peer, callback, entry context, peer_context, first iov base).
+    /// (peer, callback, entry context, peer_context, first iov base).
+    type Seen = (usize, &'static str, u64, usize, usize);
+    static SEEN: StdMutex<Vec<Seen>> = StdMutex::new(Vec::new());
+
+    fn record(peer: usize, what: &'static str, e: *mut fi::fi_peer_rx_entry) -> i32 {
+        // SAFETY: the owner hands a valid entry to the callback.
+        let e = unsafe { &*e };
+        let base = if e.count > 0 {
+            // SAFETY: count ranges.
+            unsafe { (*e.iov).iov_base as usize }
+        } else {
+            0
+        };
+        SEEN.lock()
+            .unwrap()
+            .push((peer, what, e.context as u64, e.peer_context as usize, base));
+        // The peer is done at once: it gives the entry back, calling into the owner from
+        // inside the callback (no lock may be held around it).
+        // SAFETY: the entry's srx is the owner's fid_peer_srx with its owner ops.
+        unsafe { ((*(*e.srx).owner_ops).free_entry.unwrap())(e as *const _ as *mut _) };
+        0
+    }
+
+    macro_rules! fake_peer {
+        ($ops:ident, $n:expr) => {
+            static $ops: fi::fi_ops_srx_peer = {
+                unsafe extern "C" fn start_msg(e: *mut fi::fi_peer_rx_entry) -> i32 {
+                    record($n, "start_msg", e)
+                }
+                unsafe extern "C" fn start_tag(e: *mut fi::fi_peer_rx_entry) -> i32 {
+                    record($n, "start_tag", e)
+                }
+                unsafe extern "C" fn discard_msg(e: *mut fi::fi_peer_rx_entry) -> i32 {
+                    record($n, "discard_msg", e)
+                }
+                unsafe extern "C" fn discard_tag(e: *mut fi::fi_peer_rx_entry) -> i32 {
+                    record($n, "discard_tag", e)
+                }
+                fi::fi_ops_srx_peer {
+                    size: size_of::<fi::fi_ops_srx_peer>(),
+                    start_msg: Some(start_msg),
+                    start_tag: Some(start_tag),
+                    discard_msg: Some(discard_msg),
+                    discard_tag: Some(discard_tag),
+                }
+            };
+        };
+    }
+    fake_peer!(PEER_A, 1);
+    fake_peer!(PEER_B, 2);
+
+    /// Tests share SEEN: one at a time.
+    static SERIAL: StdMutex<()> = StdMutex::new(());
+
+    fn setup(ops: &'static fi::fi_ops_srx_peer, owner: &Arc<OwnerSrx>) -> Box<PeerSrx> {
+        let mut p = owner.peer();
+        p.hdr.peer_ops = crate::capi::fid::ops(ops);
+        p
+    }
+
+    fn get(
+        p: &mut PeerSrx,
+        kind: Kind,
+        addr: u64,
+        tag: u64,
+        size: usize,
+    ) -> (i32, *mut fi::fi_peer_rx_entry) {
+        let mut e = std::ptr::null_mut();
+        let srx: *mut fi::fid_peer_srx = &mut p.hdr;
+        // SAFETY: the owner ops of the fid_peer_srx, called as a peer does.
+        let rc = unsafe {
+            let o = &*p.hdr.owner_ops;
+            match kind {
+                Kind::Msg => (o.get_msg.unwrap())(srx, addr, size, &mut e),
+                Kind::Tag => (o.get_tag.unwrap())(srx, addr, tag, &mut e),
+            }
+        };
+        (rc, e)
+    }
+
+    fn owner_ops(p: &PeerSrx) -> &'static fi::fi_ops_srx_owner {
+        // SAFETY: set by OwnerSrx::peer to a static table.
+        unsafe { &*p.hdr.owner_ops }
+    }
+
+    #[test]
+    fn posted_first_gives_the_peer_the_receive_and_it_frees_the_entry() {
+        let _s = SERIAL.lock().unwrap();
+        let owner = OwnerSrx::new(16);
+        let mut a = setup(&PEER_A, &owner);
+        let mut buf = [0u8; 64];
+        let base = buf.as_mut_ptr() as usize;
+        owner
+            .recv(
+                Kind::Msg,
+                Filter::ANY,
+                RxBuf::one(buf.as_mut_ptr().cast(), 64, std::ptr::null_mut()),
+                11,
+                Flags::empty(),
+            )
+            .unwrap();
+        let (rc, e) = get(&mut a, Kind::Msg, 3, 0, 10);
+        assert_eq!(rc, 0);
+        // SAFETY: a valid entry handed out by get_msg.
+        unsafe {
+            assert_eq!((*e).context as u64, 11);
+            assert_eq!(((*e).addr, (*e).size, (*e).count), (3, 10, 1));
+            assert_eq!((*(*e).iov).iov_base as usize, base);
+            assert_eq!((*e).srx, &mut a.hdr as *mut _);
+            (owner_ops(&a).free_entry.unwrap())(e);
+        }
+        assert_eq!(owner.in_use(), 0);
+    }
+
+    #[test]
+    fn an_unexpected_message_waits_and_its_own_peer_is_started_with_its_context() {
+        let _s = SERIAL.lock().unwrap();
+        SEEN.lock().unwrap().clear();
+        let owner = OwnerSrx::new(16);
+        let mut a = setup(&PEER_A, &owner);
+        let mut b = setup(&PEER_B, &owner);
+        // Peer A's message, then peer B's, both before any receive.
+        for (p, ctx) in [(&mut a, 0xa0usize), (&mut b, 0xb0)] {
+            let (rc, e) = get(p, Kind::Msg, 5, 0, 20);
+            assert_eq!(rc, -errno::ENOENT);
+            // SAFETY: the peer fills its context and queues the entry, per fi_peer(3).
+            unsafe {
+                assert_eq!((*e).count, 0);
+                (*e).peer_context = ctx as *mut c_void;
+                assert_eq!((owner_ops(p).queue_msg.unwrap())(e), 0);
+            }
+        }
+        let mut buf = [0u8; 64];
+        let base = buf.as_mut_ptr() as usize;
+        let one = RxBuf::one(buf.as_mut_ptr().cast(), 64, std::ptr::null_mut());
+        owner
+            .recv(Kind::Msg, Filter::ANY, one, 21, Flags::empty())
+            .unwrap();
+        owner
+            .recv(Kind::Msg, Filter::ANY, one, 22, Flags::empty())
+            .unwrap();
+        assert_eq!(
+            *SEEN.lock().unwrap(),
+            [
+                (1, "start_msg", 21, 0xa0, base),
+                (2, "start_msg", 22, 0xb0, base)
+            ]
+        );
+        assert_eq!(
+            owner.in_use(),
+            0,
+            "each peer freed its entry from the callback"
+        );
+    }
+
+    #[test]
+    fn tagged_messages_match_by_tag_and_discards_go_to_the_peer() {
+        let _s = SERIAL.lock().unwrap();
+        SEEN.lock().unwrap().clear();
+        let owner = OwnerSrx::new(16);
+        let mut a = setup(&PEER_A, &owner);
+        for tag in [7u64, 8] {
+            let (rc, e) = get(&mut a, Kind::Tag, 1, tag, 0);
+            assert_eq!(rc, -errno::ENOENT);
+            // SAFETY: queue the entry as a peer does.
+            unsafe { assert_eq!((owner_ops(&a).queue_tag.unwrap())(e), 0) };
+        }
+        let mut buf = [0u8; 8];
+        let from = Filter {
+            addr: crate::core::srx::ADDR_UNSPEC,
+            tag: 8,
+            ignore: 0,
+        };
+        let one = RxBuf::one(buf.as_mut_ptr().cast(), 8, std::ptr::null_mut());
+        owner
+            .recv(Kind::Tag, from, one, 31, Flags::empty())
+            .unwrap();
+        assert_eq!(SEEN.lock().unwrap()[0].1, "start_tag");
+        assert_eq!(SEEN.lock().unwrap()[0].2, 31);
+        // The tag-7 message is discarded: its peer drops it, and the entry comes back.
+        assert!(owner.discard(Kind::Tag, Filter::ANY).unwrap());
+        assert!(!owner.discard(Kind::Tag, Filter::ANY).unwrap());
+        assert_eq!(SEEN.lock().unwrap()[1].1, "discard_tag");
+        assert_eq!(owner.in_use(), 0);
+    }
+
+    #[test]
+    fn a_multi_receive_buffer_gives_each_message_its_slice() {
+        let _s = SERIAL.lock().unwrap();
+        let owner = OwnerSrx::new(16);
+        owner.set_min_multi_recv(300);
+        let mut a = setup(&PEER_A, &owner);
+        let mut buf = vec![0u8; 1000];
+        let base = buf.as_mut_ptr() as usize;
+        let r = RxBuf::one(buf.as_mut_ptr().cast(), 1000, std::ptr::null_mut());
+        owner
+            .recv(Kind::Msg, Filter::ANY, r, 41, Flags::MULTI_RECV)
+            .unwrap();
+        let mut seen = vec![];
+        for size in [200, 300, 300] {
+            let (rc, e) = get(&mut a, Kind::Msg, 1, 0, size);
+            assert_eq!(rc, 0);
+            // SAFETY: a valid entry; freed after reading.
+            unsafe {
+                let v = *(*e).iov;
+                seen.push((
+                    v.iov_base as usize - base,
+                    v.iov_len,
+                    (*e).flags & fi::FI_MULTI_RECV != 0,
+                ));
+                (owner_ops(&a).free_entry.unwrap())(e);
+            }
+        }
+        assert_eq!(
+            seen,
+            [(0, 1000, false), (200, 800, false), (500, 500, true)]
+        );
+    }
+
+    #[test]
+    fn cancel_returns_the_receive_and_close_discards_what_waits() {
+        let _s = SERIAL.lock().unwrap();
+        SEEN.lock().unwrap().clear();
+        let owner = OwnerSrx::new(8);
+        let mut a = setup(&PEER_A, &owner);
+        let mut buf = [0u8; 8];
+        let one = RxBuf::one(buf.as_mut_ptr().cast(), 8, std::ptr::null_mut());
+        let tags = Filter {
+            addr: crate::core::srx::ADDR_UNSPEC,
+            tag: 1,
+            ignore: 0,
+        };
+        owner
+            .recv(Kind::Tag, tags, one, 51, Flags::empty())
+            .unwrap();
+        assert_eq!(owner.cancel(51).unwrap().context, 51);
+        assert!(owner.cancel(51).is_none());
+        for kind in [Kind::Msg, Kind::Tag] {
+            let (rc, e) = get(&mut a, kind, 0, 1, 4);
+            assert_eq!(rc, -errno::ENOENT);
+            // SAFETY: queue as a peer does.
+            unsafe { assert_eq!((owner_ops(&a).queue_msg.unwrap())(e), 0) };
+        }
+        owner.discard_all();
+        let seen: Vec<_> = SEEN.lock().unwrap().iter().map(|s| s.1).collect();
+        assert_eq!(seen, ["discard_msg", "discard_tag"]);
+        assert_eq!(owner.in_use(), 0);
+    }
+
+    /// A CQ for the host: the owner's software queue, as CompletionQueue::write feeds it.
+    struct SoftCq(StdMutex<crate::core::cq::CqState>);
+    impl PeerCqTarget for SoftCq {
+        fn write(&self, entry: CqEntry, src: u64) -> Result<()> {
+            self.0.lock().unwrap().push_entry_from(entry, src)
+        }
+        fn writeerr(&self, entry: CqErrEntry) -> Result<()> {
+            self.0.lock().unwrap().push_error(entry)
+        }
+    }
+
+    #[test]
+    fn a_peer_writes_completions_and_errors_into_the_owner_cq() {
+        let soft = Arc::new(SoftCq(StdMutex::new(crate::core::cq::CqState::new(2))));
+        let mut pc = PeerCq::new(soft.clone());
+        let cq: *mut fi::fid_peer_cq = &mut pc.hdr;
+        // SAFETY: the owner ops, called as a peer does.
+        unsafe {
+            let o = &*pc.hdr.owner_ops;
+            let w = o.write.unwrap();
+            assert_eq!(
+                w(
+                    cq,
+                    7 as *mut c_void,
+                    fi::FI_RECV | fi::FI_MSG,
+                    64,
+                    std::ptr::null_mut(),
+                    0,
+                    0,
+                    3
+                ),
+                0
+            );
+            let err = fi::fi_cq_err_entry {
+                op_context: 8 as *mut c_void,
+                flags: fi::FI_RECV,
+                len: 0,
+                buf: std::ptr::null_mut(),
+                data: 0,
+                tag: 0,
+                olen: 5,
+                err: errno::ETRUNC,
+                prov_errno: 0,
+                err_data: b"xy".as_ptr() as *mut c_void,
+                err_data_size: 2,
+            };
+            assert_eq!((o.writeerr.unwrap())(cq, &err), 0);
+            // Overflow is the owner's to report.
+            assert_eq!(
+                w(cq, 9 as *mut c_void, 0, 0, std::ptr::null_mut(), 0, 0, 0),
+                -(errno::EOVERRUN as isize)
+            );
+            assert_eq!(
+                (o.writeerr.unwrap())(cq, std::ptr::null()),
+                -(errno::EINVAL as isize)
+            );
+            let mut wrong = fid(fi::FI_CLASS_CQ, std::ptr::null_mut(), &PEER_CQ_FI_OPS);
+            assert_eq!(
+                w(
+                    (&raw mut wrong).cast(),
+                    std::ptr::null_mut(),
+                    0,
+                    0,
+                    std::ptr::null_mut(),
+                    0,
+                    0,
+                    0
+                ),
+                -(errno::EINVAL as isize)
+            );
+        }
+        let mut s = soft.0.lock().unwrap();
+        let mut out = [CqEntry::default(); 2];
+        let mut src = [0u64; 2];
+        assert_eq!(s.read_into(&mut out, Some(&mut src)).unwrap(), 1);
+        assert_eq!((out[0].op_context, out[0].len, src[0]), (7, 64, 3));
+        let e = s.readerr().unwrap();
+        assert_eq!(
+            (e.op_context, e.olen, e.err, e.err_data.as_slice()),
+            (8, 5, errno::ETRUNC, &b"xy"[..])
+        );
+    }
+
+    #[test]
+    fn bad_peer_calls_are_refused_without_crashing() {
+        let _s = SERIAL.lock().unwrap();
+        let owner = OwnerSrx::new(2);
+        let mut a = setup(&PEER_A, &owner);
+        let o = owner_ops(&a);
+        let srx: *mut fi::fid_peer_srx = &mut a.hdr;
+        let mut wrong = fid(fi::FI_CLASS_CQ, std::ptr::null_mut(), &PEER_SRX_FI_OPS);
+        let mut e = std::ptr::null_mut();
+        let mut local = [0u8; 64];
+        // SAFETY: calls as a confused peer might make them.
+        unsafe {
+            assert_eq!(
+                (o.get_msg.unwrap())(srx, 0, 0, std::ptr::null_mut()),
+                -errno::EINVAL
+            );
+            assert_eq!(
+                (o.get_msg.unwrap())((&raw mut wrong).cast(), 0, 0, &mut e),
+                -errno::EINVAL
+            );
+            assert_eq!((o.queue_msg.unwrap())(std::ptr::null_mut()), -errno::EINVAL);
+            (o.free_entry.unwrap())(std::ptr::null_mut());
+            // A queued entry cannot be queued again or freed while queued.
+            let (rc, e) = get(&mut a, Kind::Msg, 0, 0, 1);
+            assert_eq!(rc, -errno::ENOENT);
+            assert_eq!((o.queue_msg.unwrap())(e), 0);
+            assert_eq!((o.queue_msg.unwrap())(e), -errno::EINVAL);
+            (o.free_entry.unwrap())(e);
+            assert_eq!(
+                owner.in_use(),
+                1,
+                "a queued entry is not freed by free_entry"
+            );
+            // The engine is full after one more: the peer hears EAGAIN, nothing is lost.
+            let (rc, _) = get(&mut a, Kind::Msg, 0, 0, 1);
+            assert_eq!(rc, -errno::ENOENT);
+            let (rc, _) = get(&mut a, Kind::Msg, 0, 0, 1);
+            assert_eq!(rc, -errno::EAGAIN);
+            let _ = &mut local;
+        }
+    }
+}
