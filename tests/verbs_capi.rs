@@ -201,19 +201,16 @@ fn pingpong(ep: &str, port: u16, sizes: &[&str]) {
     let addr = info.src_addr.expect("the device has an IPv4 address").ip();
     let dir = provider_dir_for(&format!("pp-{ep}"));
     let iters = "50";
+    let port = port.to_string();
+    // The server binds the control port (-B), the client connects to it (-P).
+    let args = |port_flag| {
+        [
+            "-p", "rverbs", "-e", ep, "-I", iters, "-c", port_flag, &port,
+        ]
+    };
     let server = Command::new("fi_pingpong")
         .env("FI_PROVIDER_PATH", &dir)
-        .args([
-            "-p",
-            "rverbs",
-            "-e",
-            ep,
-            "-I",
-            iters,
-            "-c",
-            "-B",
-            &port.to_string(),
-        ])
+        .args(args("-B"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -222,17 +219,7 @@ fn pingpong(ep: &str, port: u16, sizes: &[&str]) {
     let client = run_with_timeout(
         Command::new("fi_pingpong")
             .env("FI_PROVIDER_PATH", &dir)
-            .args([
-                "-p",
-                "rverbs",
-                "-e",
-                ep,
-                "-I",
-                iters,
-                "-c",
-                "-P",
-                &port.to_string(),
-            ])
+            .args(args("-P"))
             .arg(addr.to_string()),
         Duration::from_secs(120),
     );
