@@ -751,6 +751,19 @@ unsafe extern "C" fn ep_join(
     })
 }
 
+/// The name of a datagram endpoint, for a peer asking where it is in the AV (`ep_addr`);
+/// `None` for anything else.
+///
+/// # Safety
+/// `ep` is NULL or a live `fid_ep`.
+pub(crate) unsafe fn dgram_name(ep: *mut fi::fid_ep) -> Option<crate::verbs::UdName> {
+    // SAFETY: the caller's contract; the class is checked.
+    match unsafe { CEp::from_c(ep, "ep") }.ok()?.ep() {
+        Ep::Dgram(g) => g.getname().ok(),
+        Ep::Msg(_) => None,
+    }
+}
+
 /// Called when `FI_JOIN_COMPLETE` for `fid` is read: `fi_mc_addr` reads `fid_mc.fi_addr`
 /// directly, so the group's address is written there.
 pub(crate) fn join_completed(fid: u64) {

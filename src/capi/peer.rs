@@ -624,6 +624,111 @@ unsafe extern "C" fn peer_cq_close(_f: *mut fi::fid) -> i32 {
     0
 }
 
+// ---- peer AV ---------------------------------------------------------------------------
+
+/// What a peer may ask of the owner's AV.
+pub(crate) trait PeerAvSource: Send + Sync {
+    /// The AV's type and the number of addresses it holds now.
+    fn query(&self) -> (u32, usize);
+    /// The `fi_addr_t` of a local endpoint's own address, if it was inserted.
+    fn ep_addr(&self, ep: *mut fi::fid_ep) -> Option<u64>;
+}
+
+impl PeerAvSource for crate::verbs::AddressVector {
+    fn query(&self) -> (u32, usize) {
+        (self.attr().av_type.raw(), self.len())
+    }
+
+    fn ep_addr(&self, ep: *mut fi::fid_ep) -> Option<u64> {
+        // SAFETY: the peer passes one of the owner's endpoints; the class is checked.
+        let name = unsafe { crate::capi::ep::dgram_name(ep) }?;
+        self.find(&name)
+    }
+}
+
+/// The owner's AV as a peer imports it (`fid_peer_av`, passed in a `fi_peer_av_context`).
+/// The 1.17 header declares that context's member as `struct fi_peer_av *`, a type it never
+/// defines; it is used as a `struct fid_peer_av *`, which is what the man page says.
+#[repr(C)]
+pub(crate) struct PeerAv {
+    pub hdr: fi::fid_peer_av,
+    av: Arc<dyn PeerAvSource>,
+}
+
+static PEER_AV_FI_OPS: fi::fi_ops =
+    crate::capi::fid::fi_ops_of!(peer_av_close, no_bind, no_control);
+static AV_OWNER_OPS: fi::fi_ops_av_owner = fi::fi_ops_av_owner {
+    size: size_of::<fi::fi_ops_av_owner>(),
+    query: Some(peer_av_query),
+    ep_addr: Some(peer_av_ep_addr),
+};
+
+impl PeerAv {
+    pub(crate) fn new(av: Arc<dyn PeerAvSource>) -> Box<PeerAv> {
+        Box::new(PeerAv {
+            hdr: fi::fid_peer_av {
+                fid: fid(fi::FI_CLASS_PEER_AV, std::ptr::null_mut(), &PEER_AV_FI_OPS),
+                owner_ops: crate::capi::fid::ops(&AV_OWNER_OPS),
+            },
+            av,
+        })
+    }
+}
+
+/// # Safety
+/// `av` is NULL or a `fid_peer_av` made by [`PeerAv::new`].
+unsafe fn peer_av_of<'a>(av: *mut fi::fid_peer_av) -> Result<&'a PeerAv> {
+    // SAFETY: the caller's contract; the class is checked.
+    unsafe { crate::capi::fid::check_class(av.cast(), fi::FI_CLASS_PEER_AV, "av")? };
+    // SAFETY: made by PeerAv::new: the header comes first.
+    Ok(unsafe { &*av.cast::<PeerAv>() })
+}
+
+/// `query`: the AV's current attributes (its type and how many addresses it holds).
+unsafe extern "C" fn peer_av_query(av: *mut fi::fid_peer_av, attr: *mut fi::fi_av_attr) -> i32 {
+    guarded("peer av query", || {
+        // SAFETY: the fid_peer_av the owner gave this peer, and NULL or a valid attr.
+        let (a, out) = unsafe {
+            (
+                peer_av_of(av)?,
+                attr.as_mut()
+                    .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
+            )
+        };
+        let (av_type, count) = a.av.query();
+        out.type_ = av_type;
+        out.count = count;
+        out.rx_ctx_bits = 0;
+        out.ep_per_node = 0;
+        out.name = std::ptr::null();
+        out.map_addr = std::ptr::null_mut();
+        out.flags = 0;
+        Ok(())
+    })
+}
+
+/// `ep_addr`: the address of a local endpoint in the AV, `FI_ADDR_NOTAVAIL` if absent.
+unsafe extern "C" fn peer_av_ep_addr(
+    av: *mut fi::fid_peer_av,
+    ep: *mut fi::fid_ep,
+) -> fi::fi_addr_t {
+    let mut out = fi::FI_ADDR_NOTAVAIL;
+    let _ = guarded("peer av ep_addr", || {
+        // SAFETY: the fid_peer_av the owner gave this peer.
+        let a = unsafe { peer_av_of(av) }?;
+        if let Some(x) = a.av.ep_addr(ep) {
+            out = x;
+        }
+        Ok(())
+    });
+    out
+}
+
+unsafe extern "C" fn peer_av_close(_f: *mut fi::fid) -> i32 {
+    // The owner frees a peer's fid_peer_av when it is done with the peer.
+    0
+}
+
 #[cfg(test)]
 mod tests {
     //! An in-tree peer driving the owner through the C ops tables only, as a real peer
@@ -962,6 +1067,50 @@ mod tests {
             (e.op_context, e.olen, e.err, e.err_data.as_slice()),
             (8, 5, errno::ETRUNC, &b"xy"[..])
         );
+    }
+
+    struct FakeAv;
+    impl PeerAvSource for FakeAv {
+        fn query(&self) -> (u32, usize) {
+            (fi::FI_AV_TABLE, 3)
+        }
+        fn ep_addr(&self, ep: *mut fi::fid_ep) -> Option<u64> {
+            (!ep.is_null()).then_some(2)
+        }
+    }
+
+    #[test]
+    fn a_peer_queries_the_owner_av_and_finds_endpoints_in_it() {
+        let mut pa = PeerAv::new(Arc::new(FakeAv));
+        let av: *mut fi::fid_peer_av = &mut pa.hdr;
+        // SAFETY: the owner ops, called as a peer does; attr is a plain C struct.
+        unsafe {
+            let o = &*pa.hdr.owner_ops;
+            let mut attr: fi::fi_av_attr = std::mem::zeroed();
+            attr.flags = 99;
+            assert_eq!((o.query.unwrap())(av, &mut attr), 0);
+            assert_eq!(
+                (attr.type_, attr.count, attr.flags),
+                (fi::FI_AV_TABLE, 3, 0)
+            );
+            assert_eq!((o.query.unwrap())(av, std::ptr::null_mut()), -errno::EINVAL);
+            let mut some_ep: fi::fid_ep = std::mem::zeroed();
+            assert_eq!((o.ep_addr.unwrap())(av, &mut some_ep), 2);
+            assert_eq!(
+                (o.ep_addr.unwrap())(av, std::ptr::null_mut()),
+                fi::FI_ADDR_NOTAVAIL
+            );
+            let mut wrong = fid(fi::FI_CLASS_AV, std::ptr::null_mut(), &PEER_AV_FI_OPS);
+            assert_eq!(
+                (o.ep_addr.unwrap())((&raw mut wrong).cast(), &mut some_ep),
+                fi::FI_ADDR_NOTAVAIL
+            );
+        }
+        // The verbs AV answers for its own endpoints only: any other fid is not in it.
+        // SAFETY: a zeroed fid is not of class FI_CLASS_EP.
+        let mut z: fi::fid_ep = unsafe { std::mem::zeroed() };
+        // SAFETY: a live (zeroed) fid_ep, refused by its class.
+        assert!(unsafe { crate::capi::ep::dgram_name(&mut z) }.is_none());
     }
 
     #[test]

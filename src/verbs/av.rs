@@ -101,6 +101,15 @@ impl AddressVector {
         &self.attr
     }
 
+    /// Addresses it holds now.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub(crate) fn domain(&self) -> &Arc<Domain> {
         &self.domain
     }
