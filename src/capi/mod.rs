@@ -8,6 +8,7 @@ pub(crate) mod domain;
 pub(crate) mod ep;
 pub(crate) mod eq;
 pub(crate) mod fid;
+pub(crate) mod import;
 pub mod info;
 pub(crate) mod nosys;
 pub(crate) mod peer;

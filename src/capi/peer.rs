@@ -28,11 +28,12 @@ use crate::verbs::CompletionQueue;
 /// Ranges of one receive handed to a peer.
 pub(crate) const PEER_IOV: usize = 4;
 
-/// A receive buffer as the engine carries it: the application's ranges and descriptors.
+/// A receive buffer as the engine carries it: the application's ranges. Peers get no
+/// memory descriptors: the owner's regions mean nothing in a peer's domain (shm would read
+/// one as its own region), so `desc` entries are NULL.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RxBuf {
     pub iov: [libc::iovec; PEER_IOV],
-    pub desc: [*mut c_void; PEER_IOV],
     pub count: usize,
 }
 
@@ -42,20 +43,18 @@ unsafe impl Send for RxBuf {}
 
 impl RxBuf {
     /// One range.
-    pub(crate) fn one(buf: *mut c_void, len: usize, desc: *mut c_void) -> Self {
+    pub(crate) fn one(buf: *mut c_void, len: usize) -> Self {
         let mut b = RxBuf {
             iov: [libc::iovec {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,
             }; PEER_IOV],
-            desc: [std::ptr::null_mut(); PEER_IOV],
             count: 1,
         };
         b.iov[0] = libc::iovec {
             iov_base: buf,
             iov_len: len,
         };
-        b.desc[0] = desc;
         b
     }
 
@@ -175,7 +174,8 @@ impl OwnerSrx {
             hdr: fi::fid_peer_srx {
                 ep_fid: fi::fid_ep {
                     fid: fid(
-                        fi::FI_CLASS_PEER_SRX,
+                        // Peers bind it to their endpoints as an SRX (shm checks the class).
+                        fi::FI_CLASS_SRX_CTX,
                         std::ptr::null_mut(),
                         &PEER_SRX_FI_OPS,
                     ),
@@ -248,7 +248,7 @@ impl OwnerSrx {
                             iov_base: v.iov_base.cast::<u8>().add(skip).cast(),
                             iov_len: v.iov_len - skip,
                         };
-                        desc[n] = b.desc[i];
+                        desc[n] = std::ptr::null_mut();
                         skip = 0;
                         n += 1;
                     }
@@ -421,8 +421,17 @@ unsafe fn owner_of<'a>(e: *const fi::fi_peer_rx_entry) -> Result<(&'a OwnerSrx, 
 /// # Safety
 /// `srx` is NULL or a `fid_peer_srx` made by [`OwnerSrx::peer`].
 unsafe fn srx_of<'a>(srx: *mut fi::fid_peer_srx) -> Result<&'a PeerSrx> {
-    // SAFETY: the caller's contract; the class is checked.
-    unsafe { crate::capi::fid::check_class(srx.cast(), fi::FI_CLASS_PEER_SRX, "srx")? };
+    // SAFETY: the caller's contract; the class is checked, and the ops table tells it
+    // from the application-facing SRX of the same class.
+    unsafe {
+        crate::capi::fid::check_class(srx.cast(), fi::FI_CLASS_SRX_CTX, "srx")?;
+        if !std::ptr::eq((*srx).ep_fid.fid.ops, &PEER_SRX_FI_OPS) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "srx is not a peer SRX of this owner",
+            ));
+        }
+    }
     // SAFETY: made by OwnerSrx::peer: the header is the first field of a PeerSrx.
     Ok(unsafe { &*srx.cast::<PeerSrx>() })
 }
@@ -730,7 +739,7 @@ unsafe extern "C" fn peer_av_close(_f: *mut fi::fid) -> i32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! An in-tree peer driving the owner through the C ops tables only, as a real peer
     //! provider would.
     use super::*;
@@ -833,7 +842,7 @@ mod tests {
             .recv(
                 Kind::Msg,
                 Filter::ANY,
-                RxBuf::one(buf.as_mut_ptr().cast(), 64, std::ptr::null_mut()),
+                RxBuf::one(buf.as_mut_ptr().cast(), 64),
                 11,
                 Flags::empty(),
             )
@@ -871,7 +880,7 @@ mod tests {
         }
         let mut buf = [0u8; 64];
         let base = buf.as_mut_ptr() as usize;
-        let one = RxBuf::one(buf.as_mut_ptr().cast(), 64, std::ptr::null_mut());
+        let one = RxBuf::one(buf.as_mut_ptr().cast(), 64);
         owner
             .recv(Kind::Msg, Filter::ANY, one, 21, Flags::empty())
             .unwrap();
@@ -910,7 +919,7 @@ mod tests {
             tag: 8,
             ignore: 0,
         };
-        let one = RxBuf::one(buf.as_mut_ptr().cast(), 8, std::ptr::null_mut());
+        let one = RxBuf::one(buf.as_mut_ptr().cast(), 8);
         owner
             .recv(Kind::Tag, from, one, 31, Flags::empty())
             .unwrap();
@@ -931,7 +940,7 @@ mod tests {
         let mut a = setup(&PEER_A, &owner);
         let mut buf = vec![0u8; 1000];
         let base = buf.as_mut_ptr() as usize;
-        let r = RxBuf::one(buf.as_mut_ptr().cast(), 1000, std::ptr::null_mut());
+        let r = RxBuf::one(buf.as_mut_ptr().cast(), 1000);
         owner
             .recv(Kind::Msg, Filter::ANY, r, 41, Flags::MULTI_RECV)
             .unwrap();
@@ -963,7 +972,7 @@ mod tests {
         let owner = OwnerSrx::new(8);
         let mut a = setup(&PEER_A, &owner);
         let mut buf = [0u8; 8];
-        let one = RxBuf::one(buf.as_mut_ptr().cast(), 8, std::ptr::null_mut());
+        let one = RxBuf::one(buf.as_mut_ptr().cast(), 8);
         let tags = Filter {
             addr: crate::core::srx::ADDR_UNSPEC,
             tag: 1,
@@ -987,7 +996,7 @@ mod tests {
     }
 
     /// A CQ for the host: the owner's software queue, as CompletionQueue::write feeds it.
-    struct SoftCq(StdMutex<crate::core::cq::CqState>);
+    pub(crate) struct SoftCq(pub StdMutex<crate::core::cq::CqState>);
     impl PeerCqTarget for SoftCq {
         fn write(&self, entry: CqEntry, src: u64) -> Result<()> {
             self.0.lock().unwrap().push_entry_from(entry, src)

@@ -1,0 +1,617 @@
+//! Importing libfabric's own shm provider as a peer (fi_peer(3)), through libfabric's API:
+//! shm's endpoint takes its receives from the owner's receive engine (a peer SRX), and its
+//! completions end up in the owner's CQ.
+//!
+//! libfabric 1.17.0's shm refuses `FI_PEER` at `fi_cq_open` (its attribute check rejects
+//! every flag but `FI_AFFINITY`; fixed in 1.18 by e32cd9de4). The import asks for a peer CQ
+//! first and, when refused, opens a plain shm CQ and moves its entries into the owner's CQ
+//! on every progress call. Either way the application reads one CQ.
+//!
+//! Issue 8 is under way: the RDM endpoint that will own this import comes next, so outside
+//! tests nothing calls it yet.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::ptr::null_mut;
+use std::sync::Arc;
+
+use rfabric_sys::fabric as fi;
+
+use crate::capi::peer::{OwnerSrx, PeerCq, PeerCqTarget, PeerSrx};
+use crate::core::cq::{CqEntry, CqErrEntry};
+use crate::core::error::{errno, Error, Result};
+
+/// `-errno` from a libfabric call as an error naming it.
+fn check(rc: isize, what: &str) -> Result<isize> {
+    if rc < 0 {
+        let e = (-rc) as i32;
+        return Err(Error::new(
+            e,
+            format!("{what}: {}", crate::core::error::strerror(e)),
+        ));
+    }
+    Ok(rc)
+}
+
+/// Closes a libfabric object through its own ops.
+///
+/// # Safety
+/// `f` is NULL or an open fid.
+unsafe fn close(f: *mut fi::fid) {
+    if f.is_null() {
+        return;
+    }
+    // SAFETY: the caller's contract: an open fid with its provider's ops.
+    let rc = unsafe { ((*(*f).ops).close.expect("close"))(f) };
+    if rc != 0 {
+        crate::fi_warn!(
+            "peer",
+            "closing an shm object: {}",
+            crate::core::error::strerror(-rc)
+        );
+    }
+}
+
+/// An shm endpoint and what it was opened with; closed in reverse order on drop.
+pub(crate) struct ShmEp {
+    pub info: *mut fi::fi_info,
+    pub fabric: *mut fi::fid_fabric,
+    pub domain: *mut fi::fid_domain,
+    pub av: *mut fi::fid_av,
+    pub cq: *mut fi::fid_cq,
+    pub ep: *mut fi::fid_ep,
+}
+
+impl ShmEp {
+    /// Opens shm's fabric, domain and AV for an RDM endpoint with untagged and tagged
+    /// messages.
+    fn open_domain() -> Result<ShmEp> {
+        let mut s = ShmEp {
+            info: null_mut(),
+            fabric: null_mut(),
+            domain: null_mut(),
+            av: null_mut(),
+            cq: null_mut(),
+            ep: null_mut(),
+        };
+        // SAFETY: libfabric's API used as documented: fi_dupinfo(NULL) allocates hints the
+        // way fi_freeinfo frees them; every out-pointer is a local.
+        unsafe {
+            let hints = fi::fi_dupinfo(std::ptr::null());
+            if hints.is_null() {
+                return Err(Error::new(errno::ENOMEM, "fi_allocinfo"));
+            }
+            (*hints).caps = fi::FI_MSG | fi::FI_TAGGED;
+            (*(*hints).ep_attr).type_ = fi::FI_EP_RDM;
+            (*(*hints).domain_attr).av_type = fi::FI_AV_TABLE;
+            // fi_freeinfo frees it with free(): a malloc'd copy.
+            (*(*hints).fabric_attr).prov_name = libc::strdup(c"shm".as_ptr());
+            let rc = fi::fi_getinfo(
+                fi::RFABRIC_FI_VERSION,
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                hints,
+                &mut s.info,
+            );
+            fi::fi_freeinfo(hints);
+            check(rc as isize, "fi_getinfo(shm)")?;
+            check(
+                fi::fi_fabric((*s.info).fabric_attr, &mut s.fabric, null_mut()) as isize,
+                "fi_fabric(shm)",
+            )?;
+            let f = &*(*s.fabric).ops;
+            check(
+                (f.domain.expect("domain"))(s.fabric, s.info, &mut s.domain, null_mut()) as isize,
+                "fi_domain(shm)",
+            )?;
+            let mut aa: fi::fi_av_attr = std::mem::zeroed();
+            aa.type_ = fi::FI_AV_TABLE;
+            let d = &*(*s.domain).ops;
+            check(
+                (d.av_open.expect("av_open"))(s.domain, &mut aa, &mut s.av, null_mut()) as isize,
+                "fi_av_open(shm)",
+            )?;
+        }
+        Ok(s)
+    }
+
+    /// A plain shm endpoint with its own CQ (tagged format), enabled.
+    pub(crate) fn open_plain() -> Result<ShmEp> {
+        let mut s = Self::open_domain()?;
+        // SAFETY: the objects just opened; libfabric's API used as documented.
+        unsafe {
+            s.cq = open_cq(s.domain, 0, null_mut())?;
+            s.finish(None)?;
+        }
+        Ok(s)
+    }
+
+    /// Opens the endpoint, binds the SRX (if any), CQ and AV, and enables it.
+    ///
+    /// # Safety
+    /// `self` holds an open domain, AV and CQ; `srx` is a live fid.
+    unsafe fn finish(&mut self, srx: Option<*mut fi::fid>) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let d = &*(*self.domain).ops;
+            check(
+                (d.endpoint.expect("endpoint"))(self.domain, self.info, &mut self.ep, null_mut())
+                    as isize,
+                "fi_endpoint(shm)",
+            )?;
+            let ep = &mut (*self.ep).fid;
+            let bind = (*ep.ops).bind.expect("bind");
+            if let Some(srx) = srx {
+                // Before fi_enable: shm swaps its receive calls out then.
+                check(bind(ep, srx, 0) as isize, "fi_ep_bind(shm, srx)")?;
+            }
+            check(
+                bind(ep, &mut (*self.cq).fid, fi::FI_TRANSMIT | fi::FI_RECV) as isize,
+                "fi_ep_bind(shm, cq)",
+            )?;
+            check(
+                bind(ep, &mut (*self.av).fid, 0) as isize,
+                "fi_ep_bind(shm, av)",
+            )?;
+            check(
+                ((*ep.ops).control.expect("control"))(ep, fi::FI_ENABLE as i32, null_mut())
+                    as isize,
+                "fi_enable(shm)",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The endpoint's name (`fi_shm://…`, NUL included).
+    pub(crate) fn name(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: an enabled endpoint; buf has len bytes.
+        let rc = unsafe {
+            ((*(*self.ep).cm).getname.expect("getname"))(
+                &mut (*self.ep).fid,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        check(rc as isize, "fi_getname(shm)")?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// Inserts a peer's name; its `fi_addr_t` in this endpoint's AV.
+    pub(crate) fn insert(&self, name: &[u8]) -> Result<u64> {
+        let mut addr = fi::FI_ADDR_NOTAVAIL;
+        // SAFETY: the open AV; name is one address.
+        let rc = unsafe {
+            ((*(*self.av).ops).insert.expect("insert"))(
+                self.av,
+                name.as_ptr().cast(),
+                1,
+                &mut addr,
+                0,
+                null_mut(),
+            )
+        };
+        if check(rc as isize, "fi_av_insert(shm)")? != 1 {
+            return Err(Error::new(
+                errno::EINVAL,
+                "fi_av_insert(shm) took no address",
+            ));
+        }
+        Ok(addr)
+    }
+}
+
+impl Drop for ShmEp {
+    fn drop(&mut self) {
+        // SAFETY: each fid is NULL or open, and closed once, children first.
+        unsafe {
+            close(self.ep.cast());
+            close(self.cq.cast());
+            close(self.av.cast());
+            close(self.domain.cast());
+            close(self.fabric.cast());
+            if !self.info.is_null() {
+                fi::fi_freeinfo(self.info);
+            }
+        }
+    }
+}
+
+/// Opens an shm CQ in the tagged format (`flags` `FI_PEER` with `context` a
+/// `fi_peer_cq_context`, or plain).
+///
+/// # Safety
+/// `domain` is open; `context` is what `flags` asks for.
+unsafe fn open_cq(
+    domain: *mut fi::fid_domain,
+    flags: u64,
+    context: *mut c_void,
+) -> Result<*mut fi::fid_cq> {
+    // SAFETY: the caller's contract; a zeroed attr is valid C.
+    unsafe {
+        let mut a: fi::fi_cq_attr = std::mem::zeroed();
+        a.format = fi::FI_CQ_FORMAT_TAGGED;
+        a.wait_obj = fi::FI_WAIT_NONE;
+        a.flags = flags;
+        let mut cq = null_mut();
+        let d = &*(*domain).ops;
+        check(
+            (d.cq_open.expect("cq_open"))(domain, &mut a, &mut cq, context) as isize,
+            "fi_cq_open(shm)",
+        )?;
+        Ok(cq)
+    }
+}
+
+/// libfabric's shm as the owner's peer: receives from the owner's engine, completions to
+/// the owner's CQ.
+pub(crate) struct ShmPeer {
+    // Dropped first: the endpoint goes before what it refers to.
+    ep: ShmEp,
+    /// Set when shm took the owner's CQ as a peer CQ; otherwise shm's CQ is drained.
+    peer_cq: Option<Box<PeerCq>>,
+    sink: Arc<dyn PeerCqTarget>,
+    _srx: Box<PeerSrx>,
+    _srx_ctx: Box<fi::fi_peer_srx_context>,
+    _cq_ctx: Box<fi::fi_peer_cq_context>,
+}
+
+impl ShmPeer {
+    /// Opens shm with the owner's SRX (`fi_srx_context` with `FI_PEER` in `op_flags`, as
+    /// 1.17 reads it) and the owner's CQ.
+    pub(crate) fn open(owner: &Arc<OwnerSrx>, sink: Arc<dyn PeerCqTarget>) -> Result<ShmPeer> {
+        let mut ep = ShmEp::open_domain()?;
+        let mut srx = owner.peer();
+        let mut srx_ctx = Box::new(fi::fi_peer_srx_context {
+            size: size_of::<fi::fi_peer_srx_context>(),
+            srx: &mut srx.hdr,
+        });
+        let mut pcq = PeerCq::new(sink.clone());
+        let mut cq_ctx = Box::new(fi::fi_peer_cq_context {
+            size: size_of::<fi::fi_peer_cq_context>(),
+            cq: &mut pcq.hdr,
+        });
+        // SAFETY: shm's open domain; the contexts and the peer objects are boxed and kept
+        // in the ShmPeer, which outlives shm's use of them (its endpoint is closed first).
+        let peer_cq = unsafe {
+            match open_cq(ep.domain, fi::FI_PEER, (&raw mut *cq_ctx).cast()) {
+                Ok(cq) => {
+                    ep.cq = cq;
+                    Some(pcq)
+                }
+                Err(e) if e.errno() == errno::EINVAL => {
+                    crate::fi_info!(
+                        "peer",
+                        "shm refuses FI_PEER on its CQ (libfabric 1.17.0; fixed in 1.18): its completions are moved into the owner's CQ at each progress call"
+                    );
+                    ep.cq = open_cq(ep.domain, 0, null_mut())?;
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        // SAFETY: as above; shm fills srx.peer_ops and keeps the pointer.
+        unsafe {
+            let mut ra: fi::fi_rx_attr = std::mem::zeroed();
+            ra.op_flags = fi::FI_PEER;
+            let mut rx_ep: *mut fi::fid_ep = null_mut();
+            let d = &*(*ep.domain).ops;
+            check(
+                (d.srx_ctx.expect("srx_ctx"))(
+                    ep.domain,
+                    &mut ra,
+                    &mut rx_ep,
+                    (&raw mut *srx_ctx).cast(),
+                ) as isize,
+                "fi_srx_context(shm, FI_PEER)",
+            )?;
+            if srx.hdr.peer_ops.is_null() {
+                return Err(Error::new(
+                    errno::EOTHER,
+                    "shm accepted the peer SRX but did not fill its peer ops",
+                ));
+            }
+            ep.finish(Some(&raw mut srx.hdr.ep_fid.fid))?;
+        }
+        Ok(ShmPeer {
+            ep,
+            peer_cq,
+            sink,
+            _srx: srx,
+            _srx_ctx: srx_ctx,
+            _cq_ctx: cq_ctx,
+        })
+    }
+
+    pub(crate) fn name(&self) -> Result<Vec<u8>> {
+        self.ep.name()
+    }
+
+    /// Drives shm (a read of its CQ progresses its endpoint) and, without a peer CQ, moves
+    /// its completions into the owner's CQ. Returns how many were moved.
+    pub(crate) fn progress(&self) -> Result<usize> {
+        let mut moved = 0;
+        loop {
+            let mut out = [fi::fi_cq_tagged_entry {
+                op_context: null_mut(),
+                flags: 0,
+                len: 0,
+                buf: null_mut(),
+                data: 0,
+                tag: 0,
+            }; 16];
+            let mut src = [fi::FI_ADDR_NOTAVAIL; 16];
+            let n = if self.peer_cq.is_some() { 0 } else { out.len() };
+            // SAFETY: shm's open CQ; out and src hold n entries.
+            let rc = unsafe {
+                ((*(*self.ep.cq).ops).readfrom.expect("readfrom"))(
+                    self.ep.cq,
+                    out.as_mut_ptr().cast(),
+                    n,
+                    src.as_mut_ptr(),
+                )
+            };
+            if rc == -(errno::EAGAIN as isize) || rc == 0 {
+                return Ok(moved);
+            }
+            if rc == -(errno::EAVAIL as isize) {
+                self.move_error()?;
+                moved += 1;
+                continue;
+            }
+            let n = check(rc, "fi_cq_readfrom(shm)")? as usize;
+            for (e, s) in out[..n].iter().zip(src) {
+                self.sink.write(
+                    CqEntry {
+                        op_context: e.op_context as u64,
+                        flags: e.flags,
+                        len: e.len,
+                        buf: e.buf as u64,
+                        data: e.data,
+                        tag: e.tag,
+                    },
+                    s,
+                )?;
+            }
+            moved += n;
+            if n < out.len() {
+                return Ok(moved);
+            }
+        }
+    }
+
+    fn move_error(&self) -> Result<()> {
+        // SAFETY: a zeroed entry is valid C; err_data_size 0 asks for shm's own buffer.
+        let mut e: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
+        // SAFETY: shm's open CQ and a valid entry.
+        let rc = unsafe { ((*(*self.ep.cq).ops).readerr.expect("readerr"))(self.ep.cq, &mut e, 0) };
+        check(rc, "fi_cq_readerr(shm)")?;
+        // SAFETY: err_data has err_data_size bytes until the next read, per fi_cq(3).
+        let data = unsafe { crate::capi::fid::bytes(e.err_data, e.err_data_size, "err_data") }?;
+        self.sink.writeerr(CqErrEntry {
+            op_context: e.op_context as u64,
+            // shm 1.17 leaves FI_COMPLETION in an error's flags and its errno negative.
+            flags: e.flags & !fi::FI_COMPLETION,
+            len: e.len,
+            buf: e.buf as u64,
+            data: e.data,
+            tag: e.tag,
+            olen: e.olen,
+            err: e.err.abs(),
+            prov_errno: e.prov_errno,
+            err_data: data.to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! libfabric 1.17's shm as the owner's peer, in one process: a plain shm endpoint sends
+    //! to the imported one, whose receives come from the owner's engine.
+    use super::*;
+    use crate::capi::peer::tests::SoftCq;
+    use crate::capi::peer::RxBuf;
+    use crate::core::cq::CqState;
+    use crate::core::flags::Flags;
+    use crate::core::srx::{Filter, Kind, ADDR_UNSPEC};
+    use std::sync::Mutex;
+
+    struct Pair {
+        owner: Arc<OwnerSrx>,
+        cq: Arc<SoftCq>,
+        peer: ShmPeer,
+        sender: ShmEp,
+        to_peer: u64,
+    }
+
+    fn pair() -> Pair {
+        let owner = OwnerSrx::new(64);
+        let cq = Arc::new(SoftCq(Mutex::new(CqState::new(256))));
+        let peer = ShmPeer::open(&owner, cq.clone()).expect("import shm as a peer");
+        // SAFETY: a plain query of the loaded libfabric.
+        if unsafe { fi::fi_version() } < fi::fi_version_of(1, 18) {
+            assert!(peer.peer_cq.is_none(), "1.17.0's shm refuses FI_PEER CQs");
+        }
+        let sender = ShmEp::open_plain().expect("a plain shm endpoint");
+        let to_peer = sender.insert(&peer.name().unwrap()).unwrap();
+        Pair {
+            owner,
+            cq,
+            peer,
+            sender,
+            to_peer,
+        }
+    }
+
+    impl Pair {
+        /// Sends `data` (tagged with `tag` when given), retrying while shm connects.
+        fn send(&self, data: &[u8], tag: Option<u64>) {
+            let ep = self.sender.ep;
+            let t0 = std::time::Instant::now();
+            loop {
+                // SAFETY: an enabled endpoint; data stays alive until the send completes
+                // (the caller waits for the receive, which comes after it).
+                let rc = unsafe {
+                    match tag {
+                        None => ((*(*ep).msg).send.unwrap())(
+                            ep,
+                            data.as_ptr().cast(),
+                            data.len(),
+                            null_mut(),
+                            self.to_peer,
+                            null_mut(),
+                        ),
+                        Some(t) => ((*(*ep).tagged).send.unwrap())(
+                            ep,
+                            data.as_ptr().cast(),
+                            data.len(),
+                            null_mut(),
+                            self.to_peer,
+                            t,
+                            null_mut(),
+                        ),
+                    }
+                };
+                if rc == 0 {
+                    return;
+                }
+                assert_eq!(rc, -(errno::EAGAIN as isize), "send failed");
+                self.poll();
+                assert!(t0.elapsed().as_secs() < 10, "send stuck in EAGAIN");
+            }
+        }
+
+        /// Progresses both sides once.
+        fn poll(&self) {
+            let mut e = [0u8; 64];
+            // SAFETY: the sender's open CQ; e holds one tagged entry.
+            unsafe {
+                let cq = self.sender.cq;
+                let rc = ((*(*cq).ops).read.unwrap())(cq, e.as_mut_ptr().cast(), 1);
+                assert!(
+                    rc >= 0 || rc == -(errno::EAGAIN as isize),
+                    "sender CQ: {rc}"
+                );
+            }
+            self.peer.progress().unwrap();
+        }
+
+        /// The owner CQ's next completion (10 s at most).
+        fn completion(&self) -> CqEntry {
+            let t0 = std::time::Instant::now();
+            loop {
+                self.poll();
+                let mut out = [CqEntry::default(); 1];
+                let mut q = self.cq.0.lock().unwrap();
+                if let Ok(1) = q.read_into(&mut out, None) {
+                    return out[0];
+                }
+                if let Some(e) = q.readerr() {
+                    panic!("error completion {e:?}");
+                }
+                drop(q);
+                assert!(t0.elapsed().as_secs() < 10, "no completion");
+            }
+        }
+    }
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn shm_messages_land_in_owner_receives_posted_first_and_unexpected() {
+        let p = pair();
+        for (i, size) in [8usize, 200, 4000, 65536, 1 << 20].into_iter().enumerate() {
+            let data = pattern(size, i as u8);
+            let mut buf = vec![0u8; size];
+            let (ctx_a, ctx_b) = (100 + i as u64 * 2, 101 + i as u64 * 2);
+            // Posted first.
+            p.owner
+                .recv(
+                    Kind::Msg,
+                    Filter::ANY,
+                    RxBuf::one(buf.as_mut_ptr().cast(), size),
+                    ctx_a,
+                    Flags::COMPLETION,
+                )
+                .unwrap();
+            p.send(&data, None);
+            let c = p.completion();
+            assert_eq!((c.op_context, c.len), (ctx_a, size), "posted-first {size}");
+            assert!(c.flags & fi::FI_RECV != 0);
+            assert!(buf == data, "posted-first {size}: bytes differ");
+            // Unexpected first: the message waits in shm until the receive is posted.
+            let data = pattern(size, 100 + i as u8);
+            buf.fill(0);
+            p.send(&data, None);
+            for _ in 0..50 {
+                p.poll();
+            }
+            assert!(p.cq.0.lock().unwrap().is_empty());
+            p.owner
+                .recv(
+                    Kind::Msg,
+                    Filter::ANY,
+                    RxBuf::one(buf.as_mut_ptr().cast(), size),
+                    ctx_b,
+                    Flags::COMPLETION,
+                )
+                .unwrap();
+            let c = p.completion();
+            assert_eq!((c.op_context, c.len), (ctx_b, size), "unexpected {size}");
+            assert!(buf == data, "unexpected {size}: bytes differ");
+        }
+        assert_eq!(p.owner.in_use(), 0, "shm freed every entry");
+    }
+
+    #[test]
+    fn shm_tagged_messages_match_by_tag() {
+        let p = pair();
+        let (a, b) = (pattern(100, 1), pattern(5000, 2));
+        p.send(&a, Some(7));
+        p.send(&b, Some(9));
+        for _ in 0..50 {
+            p.poll();
+        }
+        let mut buf9 = vec![0u8; 8192];
+        let mut buf7 = vec![0u8; 8192];
+        let f = |tag| Filter {
+            addr: ADDR_UNSPEC,
+            tag,
+            ignore: 0,
+        };
+        // The later message first, by its tag.
+        p.owner
+            .recv(
+                Kind::Tag,
+                f(9),
+                RxBuf::one(buf9.as_mut_ptr().cast(), 8192),
+                9,
+                Flags::COMPLETION,
+            )
+            .unwrap();
+        let c = p.completion();
+        assert_eq!((c.op_context, c.len, c.tag), (9, 5000, 9));
+        assert!(c.flags & fi::FI_TAGGED != 0);
+        assert!(buf9[..5000] == b[..]);
+        p.owner
+            .recv(
+                Kind::Tag,
+                f(7),
+                RxBuf::one(buf7.as_mut_ptr().cast(), 8192),
+                7,
+                Flags::COMPLETION,
+            )
+            .unwrap();
+        let c = p.completion();
+        assert_eq!((c.op_context, c.len, c.tag), (7, 100, 7));
+        assert!(buf7[..100] == a[..]);
+    }
+}
