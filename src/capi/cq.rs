@@ -49,6 +49,7 @@ pub(crate) unsafe extern "C" fn cq_open(
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
         };
+        crate::capi::fid::no_peer_open(a.flags, "fi_cq_open")?;
         let bad = |what: &str, v: u32| Error::new(errno::EINVAL, format!("{what} {v}"));
         let attr = CqAttr {
             size: a.size,

@@ -221,7 +221,11 @@ unsafe extern "C" fn domain_open2(
 ) -> i32 {
     if flags != 0 {
         return guarded("fi_domain2", || {
-            Err(enosys("fi_domain2 with flags (FI_PEER domains)"))
+            crate::capi::fid::no_peer_open(flags, "fi_domain2")?;
+            Err(Error::new(
+                errno::EBADFLAGS,
+                format!("fi_domain2 flags {flags:#x}: only FI_PEER is defined"),
+            ))
         });
     }
     // SAFETY: forwarded as received.
@@ -459,6 +463,7 @@ unsafe extern "C" fn av_open(
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
         };
+        crate::capi::fid::no_peer_open(a.flags, "fi_av_open")?;
         if a.flags & (fi::FI_EVENT as u64) != 0 {
             return Err(enosys("asynchronous address vectors (FI_EVENT)"));
         }

@@ -416,6 +416,8 @@ pub(crate) unsafe extern "C" fn srx_open(
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
         };
+        // fi_peer(3) (1.17) marks a peer SRX open in op_flags.
+        crate::capi::fid::no_peer_open(a.op_flags, "fi_srx_context")?;
         let s = SharedRxContext::open(&d.inner, &crate::capi::info::rx_attr(a))?;
         let mut hdr = ep_header(fi::FI_CLASS_SRX_CTX, context, &SRX_FI_OPS);
         hdr.ops = ops(&SRX_OPS);

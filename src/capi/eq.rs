@@ -67,6 +67,7 @@ pub(crate) unsafe extern "C" fn eq_open(
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
         };
+        crate::capi::fid::no_peer_open(a.flags, "fi_eq_open")?;
         if a.flags & fi::FI_WRITE != 0 {
             return Err(enosys("fi_eq_write (FI_WRITE at fi_eq_open)"));
         }

@@ -163,6 +163,19 @@ pub(crate) fn guarded_ptr<T>(what: &str, f: impl FnOnce() -> Result<*const T>) -
     }
 }
 
+/// rverbs is the owner of fi_peer(3)'s shared objects, never their peer: an `FI_PEER` open
+/// of one of its own objects is refused with `-FI_EINVAL`, as fi_peer(3) asks of providers
+/// that do not support it.
+pub(crate) fn no_peer_open(flags: u64, what: &str) -> Result<()> {
+    if flags & fi::FI_PEER != 0 {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("{what} with FI_PEER: rverbs owns peer objects and imports peers, it does not open its own objects as another provider's peer"),
+        ));
+    }
+    Ok(())
+}
+
 /// The error of a call rverbs does not implement yet (listed in the README).
 pub(crate) fn enosys(what: &str) -> Error {
     Error::new(

@@ -25,6 +25,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_ext.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
@@ -522,6 +523,24 @@ static void bad_section(void)
 	EXPECT(fi_domain(fabric, NULL, &domain, NULL), -FI_EINVAL);
 	EXPECT(fi_cntr_open(domain, NULL, &cntr, NULL), -FI_ENOSYS);
 	EXPECT(fi_open_ops(&domain->fid, "nothing", 0, NULL, NULL), -FI_ENOSYS);
+	/* rverbs owns peer objects; its own are never opened as another's peer (fi_peer(3)) */
+	{
+		struct fi_cq_attr pa = {.format = FI_CQ_FORMAT_DATA, .flags = FI_PEER};
+		struct fid_cq *pcq;
+		EXPECT(fi_cq_open(domain, &pa, &pcq, NULL), -FI_EINVAL);
+		struct fi_rx_attr ra = {.size = 4, .op_flags = FI_PEER};
+		struct fid_ep *psrx;
+		EXPECT(fi_srx_context(domain, &ra, &psrx, NULL), -FI_EINVAL);
+		struct fid_domain *pd;
+		EXPECT(fi_domain2(fabric, info, &pd, FI_PEER, NULL), -FI_EINVAL);
+		struct fi_eq_attr pea = {.wait_obj = FI_WAIT_UNSPEC, .flags = FI_PEER};
+		struct fid_eq *peq;
+		EXPECT(fi_eq_open(fabric, &pea, &peq, NULL), -FI_EINVAL);
+		struct fid_ep *pep2;
+		EXPECT(fi_endpoint2(domain, info, &pep2, FI_PEER_TRANSFER, NULL), -FI_ENOSYS);
+		struct fid *exported;
+		EXPECT(fi_export_fid(&domain->fid, 0, &exported, NULL), -FI_ENOSYS);
+	}
 
 	/* an endpoint that is not enabled, and bad data calls */
 	struct sockaddr_in self = *(struct sockaddr_in *)info->src_addr;
