@@ -19,7 +19,7 @@ use std::sync::Arc;
 use rfabric_sys::fabric as fi;
 
 use crate::capi::peer::{OwnerSrx, PeerCq, PeerCqTarget, PeerSrx};
-use crate::core::cq::{CqEntry, CqErrEntry};
+use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 
 /// `-errno` from a libfabric call as an error naming it.
@@ -391,20 +391,11 @@ impl ShmPeer {
         let rc = unsafe { ((*(*self.ep.cq).ops).readerr.expect("readerr"))(self.ep.cq, &mut e, 0) };
         check(rc, "fi_cq_readerr(shm)")?;
         // SAFETY: err_data has err_data_size bytes until the next read, per fi_cq(3).
-        let data = unsafe { crate::capi::fid::bytes(e.err_data, e.err_data_size, "err_data") }?;
-        self.sink.writeerr(CqErrEntry {
-            op_context: e.op_context as u64,
-            // shm 1.17 leaves FI_COMPLETION in an error's flags and its errno negative.
-            flags: e.flags & !fi::FI_COMPLETION,
-            len: e.len,
-            buf: e.buf as u64,
-            data: e.data,
-            tag: e.tag,
-            olen: e.olen,
-            err: e.err.abs(),
-            prov_errno: e.prov_errno,
-            err_data: data.to_vec(),
-        })
+        let mut c = unsafe { crate::capi::peer::err_entry(&e) }?;
+        // shm 1.17 leaves FI_COMPLETION in an error's flags and its errno negative.
+        c.flags &= !fi::FI_COMPLETION;
+        c.err = c.err.abs();
+        self.sink.writeerr(c)
     }
 }
 

@@ -610,21 +610,30 @@ unsafe extern "C" fn peer_cq_writeerr(
                     .ok_or_else(|| Error::new(errno::EINVAL, "err_entry is NULL"))?,
             )
         };
-        // SAFETY: err_data has err_data_size bytes, per fi_cq(3).
-        let data = unsafe { crate::capi::fid::bytes(e.err_data, e.err_data_size, "err_data") }?;
-        q.cq.writeerr(CqErrEntry {
-            op_context: e.op_context as u64,
-            flags: e.flags,
-            len: e.len,
-            buf: e.buf as u64,
-            data: e.data,
-            tag: e.tag,
-            olen: e.olen,
-            err: e.err,
-            prov_errno: e.prov_errno,
-            err_data: data.to_vec(),
-        })?;
+        // SAFETY: a valid entry from the peer.
+        q.cq.writeerr(unsafe { err_entry(e) }?)?;
         Ok(0)
+    })
+}
+
+/// An `fi_cq_err_entry` from C, with its error data copied.
+///
+/// # Safety
+/// `err_data` has `err_data_size` readable bytes (NULL when 0), per fi_cq(3).
+pub(crate) unsafe fn err_entry(e: &fi::fi_cq_err_entry) -> Result<CqErrEntry> {
+    // SAFETY: the caller's contract.
+    let data = unsafe { crate::capi::fid::bytes(e.err_data, e.err_data_size, "err_data") }?;
+    Ok(CqErrEntry {
+        op_context: e.op_context as u64,
+        flags: e.flags,
+        len: e.len,
+        buf: e.buf as u64,
+        data: e.data,
+        tag: e.tag,
+        olen: e.olen,
+        err: e.err,
+        prov_errno: e.prov_errno,
+        err_data: data.to_vec(),
     })
 }
 
