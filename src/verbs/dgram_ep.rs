@@ -28,8 +28,8 @@ use crate::verbs::cq::{to_entry, to_err_entry, Owned, RecvOwner};
 use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
 use crate::verbs::eq::Owner;
 use crate::verbs::msg_ep::{
-    check_inject, check_recv_flags, check_send_flags, cq_data, iov_slices, lock, post_error,
-    region_sge,
+    check_inject, check_recv_flags, check_sendmsg, cq_data, iov_slices, lock, post_error,
+    region_sge, send_imm,
 };
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{os_err, AddressVector, CompletionQueue, Domain, EventQueue, Iov, MemoryRegion};
@@ -422,11 +422,8 @@ impl DgramEndpoint {
         flags: Flags,
     ) -> Result<()> {
         // FI_MULTICAST names a group's address (fi_mc_addr), which sends like any other.
-        check_send_flags(flags - Flags::MULTICAST)?;
         let (off, n) = self.payload(offset, len)?;
-        if flags.contains(Flags::INJECT) {
-            check_inject(n, self.inject_size())?;
-        }
+        check_sendmsg(flags - Flags::MULTICAST, n, self.inject_size())?;
         self.sendv_flags(&[(mr, off, n)], dest, context, data, flags)
     }
 
@@ -445,7 +442,6 @@ impl DgramEndpoint {
         data: u64,
         flags: Flags,
     ) -> Result<()> {
-        check_send_flags(flags - Flags::MULTICAST)?;
         let Some(&(mr, offset, len)) = iov.first() else {
             return Err(Error::new(errno::EINVAL, "an empty iov"));
         };
@@ -459,9 +455,8 @@ impl DgramEndpoint {
         v[..iov.len()].copy_from_slice(iov);
         let (off, n) = self.payload(offset, len)?;
         v[0] = (mr, off, n);
-        if flags.contains(Flags::INJECT) {
-            check_inject(v[..iov.len()].iter().map(|r| r.2).sum(), self.inject_size())?;
-        }
+        let total = v[..iov.len()].iter().map(|r| r.2).sum();
+        check_sendmsg(flags - Flags::MULTICAST, total, self.inject_size())?;
         self.sendv_flags(&v[..iov.len()], dest, context, data, flags)
     }
 
@@ -484,11 +479,7 @@ impl DgramEndpoint {
                 ),
             ));
         }
-        let imm = if flags.contains(Flags::REMOTE_CQ_DATA) {
-            Some(cq_data(data)?)
-        } else {
-            None
-        };
+        let imm = send_imm(flags, data)?;
         let kind = wr_id::send_kind(imm);
         let qp = self.qp()?;
         let (slices, n) = iov_slices(&self.domain, iov)?;

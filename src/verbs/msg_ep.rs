@@ -662,18 +662,11 @@ impl MsgEndpoint {
     /// `fi_sendmsg` with several ranges: `flags` and `data` as in [`Self::sendmsg`]. The
     /// message is posted at once, behind any `FI_MORE` chain.
     pub fn sendmsgv(&self, iov: &[Iov<'_>], context: u64, data: u64, flags: Flags) -> Result<()> {
-        check_send_flags(flags)?;
         let slices = iov_slices(&self.shared.domain, iov)?;
         let total: usize = iov.iter().map(|v| v.2).sum();
         self.check_len(total)?;
-        if flags.contains(Flags::INJECT) {
-            check_inject(total, self.inject_size())?;
-        }
-        let imm = if flags.contains(Flags::REMOTE_CQ_DATA) {
-            Some(cq_data(data)?)
-        } else {
-            None
-        };
+        check_sendmsg(flags, total, self.inject_size())?;
+        let imm = send_imm(flags, data)?;
         wr_id::check(context)?;
         let (id, vflags) =
             self.signalling(wr_id::encode(context, wr_id::send_kind(imm), false), flags);
@@ -750,15 +743,8 @@ impl MsgEndpoint {
         data: u64,
         flags: Flags,
     ) -> Result<()> {
-        check_send_flags(flags)?;
-        if flags.contains(Flags::INJECT) {
-            check_inject(len, self.inject_size())?;
-        }
-        let imm = if flags.contains(Flags::REMOTE_CQ_DATA) {
-            Some(cq_data(data)?)
-        } else {
-            None
-        };
+        check_sendmsg(flags, len, self.inject_size())?;
+        let imm = send_imm(flags, data)?;
         self.post_send(mr, offset, len, context, imm, flags)
     }
 
@@ -1111,6 +1097,25 @@ pub(crate) fn check_send_flags(flags: Flags) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The checks of a flagged send (`fi_sendmsg`): its flags, and its size under `FI_INJECT`.
+pub(crate) fn check_sendmsg(flags: Flags, len: usize, inject_size: usize) -> Result<()> {
+    check_send_flags(flags)?;
+    if flags.contains(Flags::INJECT) {
+        check_inject(len, inject_size)?;
+    }
+    Ok(())
+}
+
+/// The immediate data a send carries: `data` under `FI_REMOTE_CQ_DATA`.
+#[inline]
+pub(crate) fn send_imm(flags: Flags, data: u64) -> Result<Option<u32>> {
+    if flags.contains(Flags::REMOTE_CQ_DATA) {
+        cq_data(data).map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 pub(crate) fn cq_data(data: u64) -> Result<u32> {
