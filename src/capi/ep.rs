@@ -56,6 +56,9 @@ pub(crate) type CSrx = Obj<fi::fid_ep, Arc<SharedRxContext>>;
 impl Class for CSrx {
     type Header = fi::fid_ep;
     const FCLASS: u32 = fi::FI_CLASS_SRX_CTX;
+    fn owns(f: &fi::fid) -> bool {
+        std::ptr::eq(f.ops, &SRX_FI_OPS)
+    }
 }
 
 pub(crate) type CMc = Obj<fi::fid_mc, Multicast>;
@@ -158,7 +161,7 @@ static SRX_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     rx_size_left: Some(n1),
     tx_size_left: Some(n1),
 };
-static SRX_CM: fi::fi_ops_cm = fi::fi_ops_cm {
+pub(crate) static SRX_CM: fi::fi_ops_cm = fi::fi_ops_cm {
     size: size_of::<fi::fi_ops_cm>(),
     setname: Some(n3i),
     getname: Some(n3i),
@@ -418,6 +421,14 @@ pub(crate) unsafe extern "C" fn srx_open(
         };
         // fi_peer(3) (1.17) marks a peer SRX open in op_flags.
         crate::capi::fid::no_peer_open(a.op_flags, "fi_srx_context")?;
+        if crate::capi::srx::wanted(a.caps) {
+            let p = crate::capi::srx::open(&d.inner, a, context)?;
+            // SAFETY: checked for NULL, writable per fi_srx_context(3).
+            return unsafe { put(rx_ep, p, "rx_ep") }.inspect_err(|_| {
+                // SAFETY: just made, never handed out.
+                let _ = unsafe { crate::capi::srx::CSoftSrx::close(p, |_| Ok(())) };
+            });
+        }
         let s = SharedRxContext::open(&d.inner, &crate::capi::info::rx_attr(a))?;
         let mut hdr = ep_header(fi::FI_CLASS_SRX_CTX, context, &SRX_FI_OPS);
         hdr.ops = ops(&SRX_OPS);
@@ -442,7 +453,7 @@ unsafe extern "C" fn srx_close(f: *mut fi::fid) -> i32 {
 // ---- options ---------------------------------------------------------------------------
 
 /// The option a `fi_getopt`/`fi_setopt` names, with its `size_t` value's length checked.
-fn endpoint_opt(level: i32, optname: i32) -> Result<EpOpt> {
+pub(crate) fn endpoint_opt(level: i32, optname: i32) -> Result<EpOpt> {
     if level as u32 != fi::FI_OPT_ENDPOINT {
         return Err(Error::new(
             errno::ENOPROTOOPT,
@@ -461,7 +472,7 @@ fn endpoint_opt(level: i32, optname: i32) -> Result<EpOpt> {
 ///
 /// # Safety
 /// `optlen` is NULL or valid; `optval` has `*optlen` writable bytes.
-unsafe fn put_opt(v: usize, optval: *mut c_void, optlen: *mut usize) -> Result<()> {
+pub(crate) unsafe fn put_opt(v: usize, optval: *mut c_void, optlen: *mut usize) -> Result<()> {
     if optlen.is_null() {
         return Err(Error::new(errno::EINVAL, "optlen is NULL"));
     }

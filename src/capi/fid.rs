@@ -21,6 +21,11 @@ pub(crate) struct Obj<H, T> {
 pub(crate) trait Class: Sized {
     type Header;
     const FCLASS: u32;
+    /// For classes with two kinds of object (the verbs SRX and the software one): whether
+    /// this fid, already of class `FCLASS`, is of this kind (told apart by its ops).
+    fn owns(_f: &fi::fid) -> bool {
+        true
+    }
 }
 
 impl<H, T> Obj<H, T>
@@ -52,7 +57,14 @@ where
     pub(crate) unsafe fn from_c<'a>(p: *const H, what: &str) -> Result<&'a Self> {
         // SAFETY: every header starts with `struct fid`; the caller's contract.
         unsafe { check_class(p.cast::<fi::fid>(), Self::FCLASS, what)? };
-        // SAFETY: the class matched, so this fid was made by `into_raw` for this type.
+        // SAFETY: non-NULL (checked) and a live fid (the caller's contract).
+        if !Self::owns(unsafe { &*p.cast::<fi::fid>() }) {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("{what} is not an rverbs object of the kind expected"),
+            ));
+        }
+        // SAFETY: the class (and kind) matched, so `into_raw` made this fid for this type.
         Ok(unsafe { &*p.cast::<Self>() })
     }
 

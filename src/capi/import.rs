@@ -7,18 +7,21 @@
 //! first and, when refused, opens a plain shm CQ and moves its entries into the owner's CQ
 //! on every progress call. Either way the application reads one CQ.
 //!
-//! Issue 8 is under way: the RDM endpoint that will own this import comes next, so outside
-//! tests nothing calls it yet.
-#![cfg_attr(not(test), allow(dead_code))]
+//! [`ShmImport`] attaches shm to an application's software SRX (`fi_srx_context` with
+//! `FI_TAGGED`/`FI_DIRECTED_RECV` caps) and the CQ bound to it: reads of that CQ drive
+//! shm. [`ShmSender`] is a plain shm endpoint, what another process sends with.
 
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::ptr::null_mut;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use rfabric_sys::fabric as fi;
 
 use crate::capi::peer::{OwnerSrx, PeerCq, PeerCqTarget, PeerSrx};
+use crate::capi::srx::CSoftSrx;
+use crate::verbs::cq::PeerProgress;
+use crate::verbs::CompletionQueue;
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 
@@ -399,6 +402,180 @@ impl ShmPeer {
     }
 }
 
+// SAFETY: shm's objects are opened FI_THREAD_SAFE (its default), so they may be used from
+// any thread; the raw pointers are only handed back to shm.
+unsafe impl Send for ShmPeer {}
+// SAFETY: as above.
+unsafe impl Sync for ShmPeer {}
+
+impl PeerProgress for ShmPeer {
+    fn progress(&self) {
+        if let Err(e) = ShmPeer::progress(self) {
+            crate::fi_warn!("peer", "shm progress: {e}");
+        }
+    }
+}
+
+/// libfabric's shm imported as the peer of an application's software SRX: messages sent
+/// to [`Self::name`] by shm endpoints (in this process or others) land in receives posted
+/// to the SRX, and complete in the SRX's CQ, whose reads drive shm. Drop it (close the
+/// import) before closing the SRX.
+pub struct ShmImport {
+    peer: Arc<ShmPeer>,
+    cq: Arc<CompletionQueue>,
+    hook: Weak<dyn PeerProgress>,
+}
+
+impl ShmImport {
+    /// Imports shm on `srx`, a software SRX of this library with its CQ bound.
+    ///
+    /// # Safety
+    /// `srx` is NULL or a live fid returned by this library's `fi_srx_context`, which
+    /// outlives the import.
+    pub unsafe fn open(srx: *mut fi::fid_ep) -> Result<ShmImport> {
+        // SAFETY: the caller's contract.
+        let s = &unsafe { CSoftSrx::from_c(srx, "srx") }?.inner;
+        let cq = s.cq()?.clone();
+        let peer = Arc::new(ShmPeer::open(&s.owner, cq.clone())?);
+        let hook: Weak<dyn PeerProgress> = Arc::downgrade(&peer) as Weak<dyn PeerProgress>;
+        cq.add_peer(hook.clone())?;
+        crate::fi_info!("peer", "shm imported as a peer of the SRX");
+        Ok(ShmImport { peer, cq, hook })
+    }
+
+    /// The name shm endpoints send to (`fi_shm://…`, NUL included; `FI_ADDR_STR`).
+    pub fn name(&self) -> Result<Vec<u8>> {
+        self.peer.name()
+    }
+}
+
+impl std::fmt::Debug for ShmImport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.name().unwrap_or_default();
+        write!(f, "ShmImport({})", String::from_utf8_lossy(&name))
+    }
+}
+
+impl std::fmt::Debug for ShmSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ShmSender({} pending)", self.pending)
+    }
+}
+
+impl Drop for ShmImport {
+    fn drop(&mut self) {
+        self.cq.remove_peer(&self.hook);
+    }
+}
+
+/// A plain shm endpoint (tagged CQ), for sending to an imported peer from any process.
+pub struct ShmSender {
+    ep: ShmEp,
+    pending: usize,
+}
+
+impl ShmSender {
+    pub fn open() -> Result<ShmSender> {
+        Ok(ShmSender {
+            ep: ShmEp::open_plain()?,
+            pending: 0,
+        })
+    }
+
+    /// Inserts a peer's name (`fi_shm://…`); its address for [`Self::send`].
+    pub fn insert(&self, name: &[u8]) -> Result<u64> {
+        self.ep.insert(name)
+    }
+
+    /// Sends `data` to `dest` (tagged with `tag` when given), retrying while shm connects
+    /// or its queue is full. `data` must stay untouched until [`Self::wait`] returns.
+    pub fn send(&mut self, dest: u64, data: &[u8], tag: Option<u64>) -> Result<()> {
+        let ep = self.ep.ep;
+        let t0 = std::time::Instant::now();
+        loop {
+            // SAFETY: an enabled endpoint; the caller keeps data alive until `wait`.
+            let rc = unsafe {
+                match tag {
+                    None => ((*(*ep).msg).send.expect("send"))(
+                        ep,
+                        data.as_ptr().cast(),
+                        data.len(),
+                        null_mut(),
+                        dest,
+                        null_mut(),
+                    ),
+                    Some(t) => ((*(*ep).tagged).send.expect("tsend"))(
+                        ep,
+                        data.as_ptr().cast(),
+                        data.len(),
+                        null_mut(),
+                        dest,
+                        t,
+                        null_mut(),
+                    ),
+                }
+            };
+            if rc == 0 {
+                self.pending += 1;
+                return Ok(());
+            }
+            if rc != -(errno::EAGAIN as isize) || t0.elapsed().as_secs() >= 30 {
+                check(rc, "fi_send(shm)")?;
+                return Err(Error::new(
+                    errno::ETIMEDOUT,
+                    "fi_send(shm) kept answering EAGAIN for 30 s: is the receiving process progressing?",
+                ));
+            }
+            self.poll()?;
+        }
+    }
+
+    /// Reads send completions; returns how many sends are still outstanding.
+    pub fn poll(&mut self) -> Result<usize> {
+        let mut e = [fi::fi_cq_tagged_entry {
+            op_context: null_mut(),
+            flags: 0,
+            len: 0,
+            buf: null_mut(),
+            data: 0,
+            tag: 0,
+        }; 8];
+        let cq = self.ep.cq;
+        // SAFETY: the open CQ; e holds 8 tagged entries.
+        let rc = unsafe { ((*(*cq).ops).read.expect("read"))(cq, e.as_mut_ptr().cast(), 8) };
+        if rc == -(errno::EAGAIN as isize) {
+            return Ok(self.pending);
+        }
+        if rc == -(errno::EAVAIL as isize) {
+            // SAFETY: a zeroed entry is valid C; the open CQ.
+            let mut err: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            unsafe { ((*(*cq).ops).readerr.expect("readerr"))(cq, &mut err, 0) };
+            return Err(Error::new(
+                err.err.abs(),
+                "an shm send completed in error",
+            ));
+        }
+        self.pending -= check(rc, "fi_cq_read(shm)")? as usize;
+        Ok(self.pending)
+    }
+
+    /// Polls until every send has completed (`timeout` at most).
+    pub fn wait(&mut self, timeout: std::time::Duration) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        while self.poll()? > 0 {
+            if t0.elapsed() > timeout {
+                return Err(Error::new(
+                    errno::ETIMEDOUT,
+                    format!("{} shm sends did not complete", self.pending),
+                ));
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! libfabric 1.17's shm as the owner's peer, in one process: a plain shm endpoint sends
@@ -604,5 +781,173 @@ mod tests {
         let c = p.completion();
         assert_eq!((c.op_context, c.len, c.tag), (7, 100, 7));
         assert!(buf7[..100] == a[..]);
+    }
+}
+
+#[cfg(test)]
+mod process_tests {
+    //! shm in another process: the sender is this test binary run again as a child.
+    use super::tests_support::*;
+    use super::*;
+    use crate::capi::peer::tests::SoftCq;
+    use crate::capi::peer::RxBuf;
+    use crate::core::cq::CqState;
+    use crate::core::flags::Flags;
+    use crate::core::srx::{Filter, Kind, ADDR_UNSPEC};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    const CHILD: &str = "capi::import::process_tests::shm_sender_child";
+
+    /// Not a test of its own: the sending process of the test below (it fails when run
+    /// without the receiver's name).
+    #[test]
+    #[ignore = "child process of shm_messages_from_another_process"]
+    fn shm_sender_child() {
+        run_sender_child();
+    }
+
+    #[test]
+    fn shm_messages_from_another_process() {
+        let owner = OwnerSrx::new(64);
+        let cq = Arc::new(SoftCq(Mutex::new(CqState::new(256))));
+        let peer = ShmPeer::open(&owner, cq.clone()).expect("import shm as a peer");
+        let recv = |kind, tag, buf: &mut Vec<u8>, ctx| {
+            let f = Filter {
+                addr: ADDR_UNSPEC,
+                tag,
+                ignore: 0,
+            };
+            let b = RxBuf::one(buf.as_mut_ptr().cast(), buf.len());
+            owner.recv(kind, f, b, ctx, Flags::COMPLETION).unwrap();
+        };
+        let next = || -> CqEntry {
+            let t0 = std::time::Instant::now();
+            loop {
+                peer.progress().unwrap();
+                let mut out = [CqEntry::default(); 1];
+                let mut q = cq.0.lock().unwrap();
+                if let Ok(1) = q.read_into(&mut out, None) {
+                    return out[0];
+                }
+                assert!(q.readerr().is_none(), "error completion");
+                drop(q);
+                assert!(t0.elapsed() < Duration::from_secs(30), "no completion");
+                std::thread::yield_now();
+            }
+        };
+        let waiting = |n| {
+            let t0 = std::time::Instant::now();
+            while owner.in_use() < n {
+                peer.progress().unwrap();
+                assert!(t0.elapsed() < Duration::from_secs(30), "no message arrived");
+                std::thread::yield_now();
+            }
+        };
+        run_receiver(&peer.name().unwrap(), CHILD, recv, next, waiting);
+        assert_eq!(owner.in_use(), 0, "shm freed every entry");
+    }
+}
+
+/// The traffic of the two-process tests (the host test here, the device test of the verbs
+/// CQ in `tests/verbs_peer.rs`), shared by the sender and the receiver.
+#[doc(hidden)]
+pub mod tests_support {
+    use super::*;
+    use crate::core::srx::Kind;
+    use std::process::{Child, Command};
+    use std::time::Duration;
+
+    const ENV: &str = "RFABRIC_TEST_SHM_PEER";
+
+    /// Untagged messages of these sizes, then tagged ones (tag, size).
+    pub const SIZES: [usize; 5] = [8, 200, 4000, 65536, 1 << 20];
+    pub const TAGGED: [(u64, usize); 2] = [(7, 100), (9, 5000)];
+
+    pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    /// Every message of the plan, in sending order.
+    pub fn plan() -> Vec<(Option<u64>, Vec<u8>)> {
+        let mut v: Vec<_> = SIZES
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (None, pattern(n, i as u8)))
+            .collect();
+        v.extend(TAGGED.iter().map(|&(t, n)| (Some(t), pattern(n, t as u8))));
+        v
+    }
+
+    /// The child's side: sends the plan to the name in the environment.
+    pub fn run_sender_child() {
+        let hex = std::env::var(ENV).expect("run by the two-process test only");
+        let name: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let mut s = ShmSender::open().expect("shm endpoint in the child");
+        let to = s.insert(&name).expect("insert the receiver's name");
+        let msgs = plan();
+        for (tag, data) in &msgs {
+            s.send(to, data, *tag).expect("send");
+        }
+        s.wait(Duration::from_secs(60)).expect("sends complete");
+    }
+
+    /// Starts this test binary again as the sending child, aimed at `name`.
+    pub fn spawn_sender(name: &[u8], child_test: &str) -> Child {
+        let hex: String = name.iter().map(|b| format!("{b:02x}")).collect();
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", child_test, "-q"])
+            .env(ENV, hex)
+            .spawn()
+            .expect("start the sending process")
+    }
+
+    /// The receiver's side: the first message posted before the child starts, the others
+    /// left waiting (unexpected) before their receive is posted, the tagged ones received in
+    /// reverse order by tag. Every byte is checked.
+    pub fn run_receiver(
+        name: &[u8],
+        child_test: &str,
+        recv: impl Fn(Kind, u64, &mut Vec<u8>, u64),
+        next: impl Fn() -> CqEntry,
+        waiting: impl Fn(usize),
+    ) {
+        let msgs = plan();
+        let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|(_, d)| vec![0u8; d.len()]).collect();
+        recv(Kind::Msg, 0, &mut bufs[0], 1000);
+        let mut child = spawn_sender(name, child_test);
+        let c = next();
+        assert_eq!((c.op_context, c.len), (1000, SIZES[0]), "posted first");
+        for i in 1..SIZES.len() {
+            // The message waits in the engine until its receive comes.
+            waiting(1);
+            recv(Kind::Msg, 0, &mut bufs[i], 1000 + i as u64);
+            let c = next();
+            assert_eq!(
+                (c.op_context, c.len),
+                (1000 + i as u64, SIZES[i]),
+                "unexpected {}",
+                SIZES[i]
+            );
+            assert!(c.flags & fi::FI_RECV != 0 && c.flags & fi::FI_MSG != 0);
+        }
+        waiting(2);
+        for (j, &(tag, n)) in TAGGED.iter().enumerate().rev() {
+            let i = SIZES.len() + j;
+            recv(Kind::Tag, tag, &mut bufs[i], 2000 + tag);
+            let c = next();
+            assert_eq!((c.op_context, c.len, c.tag), (2000 + tag, n, tag));
+            assert!(c.flags & fi::FI_TAGGED != 0);
+        }
+        for (i, ((_, sent), got)) in msgs.iter().zip(&bufs).enumerate() {
+            assert!(sent == got, "message {i} ({} bytes): bytes differ", sent.len());
+        }
+        let st = child.wait().unwrap();
+        assert!(st.success(), "the sending process failed: {st}");
     }
 }

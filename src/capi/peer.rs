@@ -63,6 +63,24 @@ impl RxBuf {
     }
 }
 
+/// What `FI_PEEK` reports of a waiting message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Peeked {
+    pub addr: u64,
+    pub tag: u64,
+    pub size: usize,
+}
+
+impl Peeked {
+    fn of(e: &Entry<RxBuf>) -> Self {
+        Peeked {
+            addr: e.addr,
+            tag: e.tag,
+            size: e.size,
+        }
+    }
+}
+
 /// The C face of one engine slot: what peers get a pointer to.
 #[repr(C)]
 struct PeerEntry {
@@ -363,20 +381,31 @@ impl OwnerSrx {
         self.lock().cancel(context)
     }
 
+    /// The first unexpected message `from` accepts (`FI_PEEK`), left in place.
+    pub(crate) fn peek(&self, kind: Kind, from: Filter) -> Option<Peeked> {
+        let g = self.lock();
+        g.peek(kind, from).map(|id| Peeked::of(g.entry(id)))
+    }
+
     /// Discards the first unexpected message `from` accepts (`FI_DISCARD`): its peer drops
-    /// it without a completion. False when none waits.
-    pub(crate) fn discard(&self, kind: Kind, from: Filter) -> Result<bool> {
-        let id = {
+    /// it without a completion. None when none waits.
+    pub(crate) fn discard(&self, kind: Kind, from: Filter) -> Result<Option<Peeked>> {
+        let (id, seen) = {
             let mut g = self.lock();
             let Some(id) = g.peek(kind, from) else {
-                return Ok(false);
+                return Ok(None);
             };
+            let seen = Peeked::of(g.entry(id));
             g.take_unexpected(id)?;
-            id
+            (id, seen)
         };
         // SAFETY: just taken from the unexpected list; the peer gets it back.
         unsafe { self.dispatch(id, kind, true) }?;
-        Ok(true)
+        Ok(Some(seen))
+    }
+
+    pub(crate) fn min_multi_recv(&self) -> usize {
+        self.lock().min_multi_recv()
     }
 
     /// Discards every unexpected message (closing the SRX).
@@ -935,8 +964,8 @@ pub(crate) mod tests {
         assert_eq!(SEEN.lock().unwrap()[0].1, "start_tag");
         assert_eq!(SEEN.lock().unwrap()[0].2, 31);
         // The tag-7 message is discarded: its peer drops it, and the entry comes back.
-        assert!(owner.discard(Kind::Tag, Filter::ANY).unwrap());
-        assert!(!owner.discard(Kind::Tag, Filter::ANY).unwrap());
+        assert!(owner.discard(Kind::Tag, Filter::ANY).unwrap().is_some());
+        assert!(owner.discard(Kind::Tag, Filter::ANY).unwrap().is_none());
         assert_eq!(SEEN.lock().unwrap()[1].1, "discard_tag");
         assert_eq!(owner.in_use(), 0);
     }

@@ -37,6 +37,7 @@ pub mod errno {
     pub const EHOSTUNREACH: i32 = fi::FI_EHOSTUNREACH;
     pub const EALREADY: i32 = fi::FI_EALREADY;
     pub const ECANCELED: i32 = fi::FI_ECANCELED;
+    pub const ENOMSG: i32 = fi::FI_ENOMSG;
     pub const EOTHER: i32 = fi::FI_EOTHER as i32;
     pub const ETOOSMALL: i32 = fi::FI_ETOOSMALL as i32;
     pub const EOPBADSTATE: i32 = fi::FI_EOPBADSTATE as i32;

@@ -159,7 +159,17 @@ pub struct CompletionQueue {
     /// Endpoints that place some of their receive completions themselves, by queue pair
     /// number (few: a scan). Changed rarely, read per owned completion.
     owners: RwLock<Vec<(u32, Weak<dyn RecvOwner>)>>,
+    /// Peer providers whose progress a read drives (fi_peer(3)); `has_peers` keeps the
+    /// lock off the plain verbs path.
+    peers: RwLock<Vec<Weak<dyn PeerProgress>>>,
+    has_peers: AtomicBool,
     _domain: Arc<Domain>,
+}
+
+/// A peer provider sharing this CQ: each read of the CQ drives it (manual progress), and
+/// it inserts its completions with [`CompletionQueue::write`]/[`CompletionQueue::writeerr`].
+pub(crate) trait PeerProgress: Send + Sync {
+    fn progress(&self);
 }
 
 /// An endpoint that turns some of its receive completions into CQ entries itself: where
@@ -371,6 +381,8 @@ impl CompletionQueue {
             attr,
             max_cqe,
             owners: RwLock::new(Vec::new()),
+            peers: RwLock::new(Vec::new()),
+            has_peers: AtomicBool::new(false),
             _domain: domain.clone(),
         }))
     }
@@ -433,6 +445,9 @@ impl CompletionQueue {
         out: &mut [E],
         mut src: Option<&mut [u64]>,
     ) -> Result<usize> {
+        if self.has_peers.load(Ordering::Relaxed) {
+            self.progress_peers();
+        }
         if self.staged.load(Ordering::Acquire) != 0 {
             let n = self.read_staged(out, src.as_deref_mut())?;
             if n > 0 {
@@ -566,6 +581,41 @@ impl CompletionQueue {
                 None
             }
         }
+    }
+
+    /// Drives the peers that share this CQ; their completions land in the staged queue.
+    #[cold]
+    fn progress_peers(&self) {
+        let peers: [Option<Arc<dyn PeerProgress>>; 4] = {
+            let v = self.peers.read().unwrap_or_else(|p| p.into_inner());
+            std::array::from_fn(|i| v.get(i).and_then(|w| w.upgrade()))
+        };
+        // Called without the lock held: a peer may read or write this CQ from its progress.
+        for p in peers.iter().flatten() {
+            p.progress();
+        }
+    }
+
+    /// Adds a peer provider whose progress reads of this CQ drive (at most 4).
+    pub(crate) fn add_peer(&self, peer: Weak<dyn PeerProgress>) -> Result<()> {
+        let mut v = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        if v.len() == 4 {
+            return Err(Error::new(
+                errno::ENOSPC,
+                "a CQ shares its progress with 4 peer providers at most",
+            ));
+        }
+        v.push(peer);
+        self.has_peers.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Removes a peer added with [`Self::add_peer`] (and any that are gone).
+    pub(crate) fn remove_peer(&self, peer: &Weak<dyn PeerProgress>) {
+        let mut v = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0 && !Weak::ptr_eq(w, peer));
+        self.has_peers.store(!v.is_empty(), Ordering::SeqCst);
     }
 
     /// Routes the owned completions of queue pair `qp_num` to `owner`.
@@ -891,6 +941,13 @@ impl Waitable for CompletionQueue {
     }
 
     fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
+        // Peers progress only when driven and have no wait object here: wake to drive them.
+        const PEER_POLL: Duration = Duration::from_millis(1);
+        let timeout = if self.has_peers.load(Ordering::Relaxed) {
+            Some(timeout.map_or(PEER_POLL, |t| t.min(PEER_POLL)))
+        } else {
+            timeout
+        };
         let Some(w) = &self.waiter else {
             std::thread::yield_now(); // FI_WAIT_YIELD
             return Ok(());
