@@ -20,10 +20,10 @@ use rfabric_sys::fabric as fi;
 
 use crate::capi::peer::{OwnerSrx, PeerCq, PeerCqTarget, PeerSrx};
 use crate::capi::srx::CSoftSrx;
-use crate::verbs::cq::PeerProgress;
-use crate::verbs::CompletionQueue;
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
+use crate::verbs::cq::PeerProgress;
+use crate::verbs::CompletionQueue;
 
 /// `-errno` from a libfabric call as an error naming it.
 fn check(rc: isize, what: &str) -> Result<isize> {
@@ -447,6 +447,12 @@ impl ShmImport {
     pub fn name(&self) -> Result<Vec<u8>> {
         self.peer.name()
     }
+
+    /// Entries in use in the SRX's engine: posted receives, and messages shm holds waiting
+    /// for one (diagnostics and tests).
+    pub fn in_use(&self) -> usize {
+        self.peer._srx.owner.in_use()
+    }
 }
 
 impl std::fmt::Debug for ShmImport {
@@ -551,10 +557,7 @@ impl ShmSender {
             let mut err: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
             // SAFETY: as above.
             unsafe { ((*(*cq).ops).readerr.expect("readerr"))(cq, &mut err, 0) };
-            return Err(Error::new(
-                err.err.abs(),
-                "an shm send completed in error",
-            ));
+            return Err(Error::new(err.err.abs(), "an shm send completed in error"));
         }
         self.pending -= check(rc, "fi_cq_read(shm)")? as usize;
         Ok(self.pending)
@@ -793,7 +796,7 @@ mod process_tests {
     use crate::capi::peer::RxBuf;
     use crate::core::cq::CqState;
     use crate::core::flags::Flags;
-    use crate::core::srx::{Filter, Kind, ADDR_UNSPEC};
+    use crate::core::srx::{Filter, ADDR_UNSPEC};
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -945,7 +948,11 @@ pub mod tests_support {
             assert!(c.flags & fi::FI_TAGGED != 0);
         }
         for (i, ((_, sent), got)) in msgs.iter().zip(&bufs).enumerate() {
-            assert!(sent == got, "message {i} ({} bytes): bytes differ", sent.len());
+            assert!(
+                sent == got,
+                "message {i} ({} bytes): bytes differ",
+                sent.len()
+            );
         }
         let st = child.wait().unwrap();
         assert!(st.success(), "the sending process failed: {st}");

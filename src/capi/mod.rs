@@ -12,5 +12,5 @@ pub mod import;
 pub mod info;
 pub(crate) mod nosys;
 pub(crate) mod peer;
-pub(crate) mod srx;
 pub mod provider;
+pub(crate) mod srx;

@@ -110,7 +110,7 @@ unsafe impl Sync for OwnerSrx {}
 #[repr(C)]
 pub(crate) struct PeerSrx {
     pub hdr: fi::fid_peer_srx,
-    owner: Arc<OwnerSrx>,
+    pub(crate) owner: Arc<OwnerSrx>,
 }
 
 static PEER_SRX_FI_OPS: fi::fi_ops =

@@ -151,7 +151,12 @@ unsafe extern "C" fn soft_close(f: *mut fi::fid) -> i32 {
 unsafe extern "C" fn soft_bind(f: *mut fi::fid, b: *mut fi::fid, flags: u64) -> i32 {
     guarded("fi_ep_bind(srx)", || {
         // SAFETY: the application's SRX and CQ fids.
-        let (s, q) = unsafe { (CSoftSrx::from_c(f.cast(), "srx")?, CCq::from_c(b.cast(), "cq")?) };
+        let (s, q) = unsafe {
+            (
+                CSoftSrx::from_c(f.cast(), "srx")?,
+                CCq::from_c(b.cast(), "cq")?,
+            )
+        };
         if flags & fi::FI_RECV == 0 || flags & !fi::FI_RECV != 0 {
             return Err(Error::new(
                 errno::EINVAL,
@@ -309,14 +314,28 @@ unsafe extern "C" fn soft_recvv(
     post("fi_recvv(srx)", ep, Kind::Msg, b, src, 0, 0, context, 0)
 }
 
-unsafe extern "C" fn soft_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
+unsafe extern "C" fn soft_recvmsg(
+    ep: *mut fi::fid_ep,
+    msg: *const fi::fi_msg,
+    flags: u64,
+) -> isize {
     // SAFETY: NULL or the application's message (fi_msg(3)).
     let Some(m) = (unsafe { msg.as_ref() }) else {
         return -(errno::EINVAL as isize);
     };
     // SAFETY: the message's iov of iov_count ranges.
     let b = unsafe { rx_buf(m.msg_iov, m.iov_count) };
-    post("fi_recvmsg(srx)", ep, Kind::Msg, b, m.addr, 0, 0, m.context, flags)
+    post(
+        "fi_recvmsg(srx)",
+        ep,
+        Kind::Msg,
+        b,
+        m.addr,
+        0,
+        0,
+        m.context,
+        flags,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -331,7 +350,17 @@ unsafe extern "C" fn soft_trecv(
     context: *mut c_void,
 ) -> isize {
     let b = Ok(RxBuf::one(buf, len));
-    post("fi_trecv(srx)", ep, Kind::Tag, b, src, tag, ignore, context, 0)
+    post(
+        "fi_trecv(srx)",
+        ep,
+        Kind::Tag,
+        b,
+        src,
+        tag,
+        ignore,
+        context,
+        0,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -347,7 +376,17 @@ unsafe extern "C" fn soft_trecvv(
 ) -> isize {
     // SAFETY: the application's iov of count ranges (fi_tagged(3)).
     let b = unsafe { rx_buf(iov, count) };
-    post("fi_trecvv(srx)", ep, Kind::Tag, b, src, tag, ignore, context, 0)
+    post(
+        "fi_trecvv(srx)",
+        ep,
+        Kind::Tag,
+        b,
+        src,
+        tag,
+        ignore,
+        context,
+        0,
+    )
 }
 
 unsafe extern "C" fn soft_trecvmsg(
@@ -367,7 +406,17 @@ unsafe extern "C" fn soft_trecvmsg(
         unsafe { rx_buf(m.msg_iov, m.iov_count) }
     };
     let (t, i) = (m.tag, m.ignore);
-    post("fi_trecvmsg(srx)", ep, Kind::Tag, b, m.addr, t, i, m.context, flags)
+    post(
+        "fi_trecvmsg(srx)",
+        ep,
+        Kind::Tag,
+        b,
+        m.addr,
+        t,
+        i,
+        m.context,
+        flags,
+    )
 }
 
 unsafe extern "C" fn soft_cancel(f: fi::fid_t, context: *mut c_void) -> isize {
@@ -375,9 +424,10 @@ unsafe extern "C" fn soft_cancel(f: fi::fid_t, context: *mut c_void) -> isize {
         // SAFETY: the application's SRX fid.
         let s = &unsafe { CSoftSrx::from_c(f.cast(), "srx") }?.inner;
         let cq = s.cq()?;
-        let e = s.owner.cancel(context as u64).ok_or_else(|| {
-            Error::new(errno::ENOENT, "no receive with this context is posted")
-        })?;
+        let e = s
+            .owner
+            .cancel(context as u64)
+            .ok_or_else(|| Error::new(errno::ENOENT, "no receive with this context is posted"))?;
         let kind = match e.kind {
             Kind::Msg => fi::FI_MSG,
             Kind::Tag => fi::FI_TAGGED,
