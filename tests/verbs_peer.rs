@@ -181,7 +181,7 @@ fn shm_peer_messages_complete_in_the_verbs_cq() {
     assert_eq!(rc, 0, "fi_cancel");
     assert_eq!(o.read().unwrap_err(), EAVAIL);
     let e = o.readerr();
-    assert_eq!((e.op_context as u64, e.err), (77, fi::FI_ECANCELED as i32));
+    assert_eq!((e.op_context as u64, e.err), (77, fi::FI_ECANCELED));
     assert_eq!(e.flags, fi::FI_RECV | fi::FI_MSG);
     // SAFETY: the open SRX; a peek needs no buffer.
     let rc = unsafe {
@@ -200,7 +200,7 @@ fn shm_peer_messages_complete_in_the_verbs_cq() {
     assert_eq!(rc, 0, "fi_trecvmsg(FI_PEEK)");
     assert_eq!(o.read().unwrap_err(), EAVAIL);
     let e = o.readerr();
-    assert_eq!((e.op_context as u64, e.err), (78, fi::FI_ENOMSG as i32));
+    assert_eq!((e.op_context as u64, e.err), (78, fi::FI_ENOMSG));
     assert_eq!(shm.in_use(), 0);
 
     let waiting = |n| {
@@ -228,6 +228,6 @@ fn shm_peer_messages_complete_in_the_verbs_cq() {
     // The SRX refuses to close while shm shares it.
     // SAFETY: the open SRX.
     let rc = unsafe { ((*(*o.srx).fid.ops).close.unwrap())(&mut (*o.srx).fid) };
-    assert_eq!(rc, -(fi::FI_EBUSY as i32));
+    assert_eq!(rc, -fi::FI_EBUSY);
     drop(shm);
 }
