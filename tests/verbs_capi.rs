@@ -124,6 +124,7 @@ fn capi_program(dir: &Path) -> PathBuf {
         ])
         .arg(&bin)
         .arg(&src)
+        .arg(concat!("-I", env!("CARGO_MANIFEST_DIR"), "/include"))
         .arg("-lfabric")
         .output()
         .expect("a C compiler (cc) is installed by scripts/setup");
@@ -147,7 +148,8 @@ fn run_capi_section(section: &str) {
         Command::new(&bin)
             .arg(section)
             .env("FI_PROVIDER_PATH", &dir)
-            .env("FI_PROVIDER", "rverbs"),
+            // The peer section imports libfabric's shm as well.
+            .env("FI_PROVIDER", "rverbs,shm"),
         Duration::from_secs(120),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -163,6 +165,16 @@ fn run_capi_section(section: &str) {
 #[test]
 fn c_program_connects_and_moves_data_through_libfabric() {
     run_capi_section("msg");
+}
+
+#[test]
+fn c_program_imports_shm_as_a_peer_of_the_software_srx() {
+    run_capi_section("peer");
+}
+
+#[test]
+fn c_program_runs_an_offload_peer_over_peer_transfer() {
+    run_capi_section("transfer");
 }
 
 #[test]

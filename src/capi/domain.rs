@@ -159,7 +159,11 @@ unsafe extern "C" fn trywait(
 
 // ---- domain ----------------------------------------------------------------------------
 
-static DOMAIN_FI_OPS: fi::fi_ops = fi_ops_of!(domain_close, domain_bind, no_control);
+static DOMAIN_FI_OPS: fi::fi_ops = fi::fi_ops {
+    // The extension interface (fi_rverbs.h) opens on the domain.
+    ops_open: Some(crate::capi::ext::domain_ops_open),
+    ..fi_ops_of!(domain_close, domain_bind, no_control)
+};
 static DOMAIN_OPS: fi::fi_ops_domain = fi::fi_ops_domain {
     size: std::mem::size_of::<fi::fi_ops_domain>(),
     av_open: Some(av_open),

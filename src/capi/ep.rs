@@ -44,6 +44,10 @@ pub(crate) type CEp = Obj<fi::fid_ep, EpState>;
 impl Class for CEp {
     type Header = fi::fid_ep;
     const FCLASS: u32 = fi::FI_CLASS_EP;
+    fn owns(f: &fi::fid) -> bool {
+        // A peer's transfer endpoint is an endpoint too, of another layout.
+        !std::ptr::eq(f.ops, &crate::capi::transfer::TRANSFER_FI_OPS)
+    }
 }
 
 pub(crate) type CPep = Obj<fi::fid_pep, Mutex<PassiveEndpoint>>;
@@ -69,7 +73,7 @@ impl Class for CMc {
 
 impl CEp {
     #[inline]
-    fn ep(&self) -> &Ep {
+    pub(crate) fn ep(&self) -> &Ep {
         // SAFETY: shared access; the only exclusive access is `ep_mut`, whose contract
         // rules out other calls on this endpoint meanwhile.
         unsafe { &*self.inner.ep.get() }
@@ -954,7 +958,7 @@ unsafe fn with_iov<R>(
 /// # Safety
 /// `ep` is the application's endpoint handle; `desc` is NULL or from `fi_mr_desc`.
 #[inline]
-unsafe fn on_buf<T>(
+pub(crate) unsafe fn on_buf<T>(
     what: &str,
     ep: *mut fi::fid_ep,
     buf: *const c_void,
@@ -977,7 +981,7 @@ where
 /// # Safety
 /// `ep` is the application's endpoint handle; `iov` and `desc` hold `count` elements.
 #[inline]
-unsafe fn on_iov<T>(
+pub(crate) unsafe fn on_iov<T>(
     what: &str,
     ep: *mut fi::fid_ep,
     iov: *const libc::iovec,
@@ -1001,7 +1005,7 @@ where
 /// # Safety
 /// `ep` is the application's endpoint handle; `msg` is NULL or a valid `fi_msg`.
 #[inline]
-unsafe fn on_msg<T>(
+pub(crate) unsafe fn on_msg<T>(
     what: &str,
     ep: *mut fi::fid_ep,
     msg: *const fi::fi_msg,

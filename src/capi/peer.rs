@@ -524,7 +524,14 @@ fn queue(entry: *mut fi::fi_peer_rx_entry) -> i32 {
     guarded("peer srx queue", || {
         // SAFETY: an entry this owner handed out by get_*.
         let (o, id) = unsafe { owner_of(entry) }?;
-        o.lock().queue(id)
+        let mut g = o.lock();
+        // 1.17's get_tag carries no size: a peer may fill it in before queueing.
+        // SAFETY: the peer hands the entry back; under the engine lock it is ours.
+        let size = unsafe { (*entry).size };
+        if size != 0 {
+            g.entry_mut(id).size = size;
+        }
+        g.queue(id)
     })
 }
 

@@ -163,6 +163,8 @@ pub struct CompletionQueue {
     /// lock off the plain verbs path.
     peers: RwLock<Vec<Weak<dyn PeerProgress>>>,
     has_peers: AtomicBool,
+    /// Where the completions of peers' transfers go, by queue pair number.
+    transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
     _domain: Arc<Domain>,
 }
 
@@ -170,6 +172,12 @@ pub struct CompletionQueue {
 /// it inserts its completions with [`CompletionQueue::write`]/[`CompletionQueue::writeerr`].
 pub(crate) trait PeerProgress: Send + Sync {
     fn progress(&self);
+}
+
+/// Where the completions of a peer provider's transfers go (fi_peer(3) `FI_PEER_TRANSFER`).
+/// Called with no CQ lock held, from inside a read of the CQ.
+pub(crate) trait PeerTransferSink: Send + Sync {
+    fn completion(&self, c: std::result::Result<CqEntry, CqErrEntry>);
 }
 
 /// An endpoint that turns some of its receive completions into CQ entries itself: where
@@ -383,6 +391,7 @@ impl CompletionQueue {
             owners: RwLock::new(Vec::new()),
             peers: RwLock::new(Vec::new()),
             has_peers: AtomicBool::new(false),
+            transfers: RwLock::new(Vec::new()),
             _domain: domain.clone(),
         }))
     }
@@ -502,6 +511,9 @@ impl CompletionQueue {
             .map_err(os_err("ibv_poll_cq"))?;
         let mut n = 0;
         for (i, w) in wcs.iter().enumerate() {
+            if wr_id::is_peer(w.wr_id()) && self.to_peer(w) {
+                continue;
+            }
             if w.status() != st::IBV_WC_SUCCESS {
                 self.stage(&wcs[i..]);
                 return Ok((n, wcs.len()));
@@ -535,8 +547,18 @@ impl CompletionQueue {
     /// Stages polled completions behind anything already staged.
     #[cold]
     fn stage(&self, wcs: &[WorkCompletion]) {
+        // Peers' completions first, outside the lock: their callbacks may read this CQ.
+        let mut to_peer = 0u64;
+        for (i, w) in wcs.iter().enumerate().take(64) {
+            if wr_id::is_peer(w.wr_id()) && self.to_peer(w) {
+                to_peer |= 1 << i;
+            }
+        }
         let mut s = self.state();
-        for w in wcs {
+        for (i, w) in wcs.iter().enumerate() {
+            if i < 64 && to_peer & (1 << i) != 0 {
+                continue;
+            }
             if wr_id::is_owned(w.wr_id()) {
                 let r = match self.owned(w) {
                     Some(Owned::Entry(e, from)) => s.push_entry_from(e, from),
@@ -616,6 +638,40 @@ impl CompletionQueue {
         let mut v = self.peers.write().unwrap_or_else(|p| p.into_inner());
         v.retain(|w| w.strong_count() > 0 && !Weak::ptr_eq(w, peer));
         self.has_peers.store(!v.is_empty(), Ordering::SeqCst);
+    }
+
+    /// Hands a peer's transfer completion to its sink; false when the queue pair has none
+    /// (the completion is then reported here like any other).
+    #[cold]
+    fn to_peer(&self, w: &WorkCompletion) -> bool {
+        let sink = self
+            .transfers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(q, _)| *q == w.qp_num())
+            .and_then(|(_, s)| s.upgrade());
+        let Some(sink) = sink else {
+            return false;
+        };
+        if w.status() == st::IBV_WC_SUCCESS {
+            sink.completion(Ok(to_entry(w)));
+        } else {
+            sink.completion(Err(to_err_entry(w)));
+        }
+        true
+    }
+
+    /// Routes the completions of peers' transfers on queue pair `qp_num` to `sink`.
+    pub(crate) fn register_transfer(&self, qp_num: u32, sink: Weak<dyn PeerTransferSink>) {
+        let mut v = self.transfers.write().unwrap_or_else(|p| p.into_inner());
+        v.retain(|(q, s)| *q != qp_num && s.strong_count() > 0);
+        v.push((qp_num, sink));
+    }
+
+    pub(crate) fn unregister_transfer(&self, qp_num: u32) {
+        let mut v = self.transfers.write().unwrap_or_else(|p| p.into_inner());
+        v.retain(|(q, s)| *q != qp_num && s.strong_count() > 0);
     }
 
     /// Routes the owned completions of queue pair `qp_num` to `owner`.

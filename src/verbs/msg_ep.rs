@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
 use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, Sge, WorkCompletion, MAX_IOV};
@@ -12,7 +12,7 @@ use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
-use crate::verbs::cq::{Owned, RecvOwner};
+use crate::verbs::cq::{Owned, PeerTransferSink, RecvOwner};
 use crate::verbs::ep_common::{wanted_caps, CqBinding, RecvBatch, SendBatch, Signalling};
 use crate::verbs::eq::{encode_cm_data, ConnRequest, Owner};
 use crate::verbs::info::resolve_route;
@@ -153,6 +153,8 @@ fn min_rnr_timer() -> u8 {
 #[derive(Debug)]
 pub struct MsgEndpoint {
     shared: Arc<EpShared>,
+    /// `wr_id::PEER` on a peer provider's handle ([`Self::peer_transfer`]), else 0.
+    peer: u64,
 }
 
 fn not_enabled() -> Error {
@@ -207,6 +209,7 @@ impl MsgEndpoint {
             info.ep_attr.max_msg_size
         };
         Ok(MsgEndpoint {
+            peer: 0,
             shared: Arc::new(EpShared {
                 id,
                 state: AtomicU8::new(IDLE),
@@ -320,6 +323,44 @@ impl MsgEndpoint {
         crate::fi_debug!("ep", "RC QP {} created: {:?}", self.qp()?.qp_num(), got);
         let _ = self.shared.caps.set(got);
         Ok(())
+    }
+
+    /// A handle on this endpoint for a peer provider (fi_peer(3) `FI_PEER_TRANSFER`): what
+    /// it posts through the handle completes to `sink`, never on the endpoint's CQs. The
+    /// endpoint must be enabled; [`Self::end_peer_transfer`] undoes the routing.
+    pub(crate) fn peer_transfer(&self, sink: Weak<dyn PeerTransferSink>) -> Result<MsgEndpoint> {
+        if self.peer != 0 {
+            return Err(Error::new(errno::EINVAL, "this is already a peer's handle"));
+        }
+        let qpn = self.qp()?.qp_num();
+        let (tx, rx) = {
+            let c = self.shared.ctl();
+            (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone())
+        };
+        for cq in [tx, rx].into_iter().flatten() {
+            cq.register_transfer(qpn, sink.clone());
+        }
+        Ok(MsgEndpoint {
+            shared: self.shared.clone(),
+            peer: wr_id::PEER,
+        })
+    }
+
+    /// Work requests in flight at most (send and receive queues together).
+    pub(crate) fn queue_depth(&self) -> usize {
+        self.shared
+            .caps
+            .get()
+            .map_or(0, |c| (c.max_send_wr + c.max_recv_wr) as usize)
+    }
+
+    /// Ends the routing [`Self::peer_transfer`] set up (on the peer's handle).
+    pub(crate) fn end_peer_transfer(&self) {
+        let Ok(qp) = self.qp() else { return };
+        let c = self.shared.ctl();
+        for cq in [&c.cqs.tx_cq, &c.cqs.rx_cq].into_iter().flatten() {
+            cq.unregister_transfer(qp.qp_num());
+        }
     }
 
     #[inline]
@@ -668,8 +709,10 @@ impl MsgEndpoint {
         check_sendmsg(flags, total, self.inject_size())?;
         let imm = send_imm(flags, data)?;
         wr_id::check(context)?;
-        let (id, vflags) =
-            self.signalling(wr_id::encode(context, wr_id::send_kind(imm), false), flags);
+        let (id, vflags) = self.signalling(
+            wr_id::encode(context, wr_id::send_kind(imm), false) | self.peer,
+            flags,
+        );
         let qp = self.qp()?;
         self.ring_sends(qp)?;
         qp.post_send_iov(id, &slices.0[..slices.1], vflags, imm)
@@ -710,7 +753,7 @@ impl MsgEndpoint {
             ));
         }
         let suppressed = self.shared.signalling.recv_suppressed(flags);
-        Ok(wr_id::encode(context, Kind::Recv, suppressed))
+        Ok(wr_id::encode(context, Kind::Recv, suppressed) | self.peer)
     }
 
     #[inline]
@@ -763,7 +806,7 @@ impl MsgEndpoint {
         let qp = self.qp()?;
         // An inject never completes; errors are reported with a NULL (0) context.
         let kind = wr_id::send_kind(imm);
-        let (id, vflags) = self.unsignaled_slot(wr_id::encode(0, kind, false));
+        let (id, vflags) = self.unsignaled_slot(wr_id::encode(0, kind, false) | self.peer);
         self.ring_sends(qp)?;
         qp.post_send_inline(id, data, vflags, imm)
             .map_err(|e| post_error(e, "send"))
@@ -798,7 +841,7 @@ impl MsgEndpoint {
         self.check_mr(mr)?;
         wr_id::check(context)?;
         let kind = wr_id::send_kind(imm);
-        let context = wr_id::encode(context, kind, false);
+        let context = wr_id::encode(context, kind, false) | self.peer;
         self.check_len(len)?;
         let qp = self.qp()?;
         let (id, mut vflags) = self.signalling(context, flags);
@@ -839,6 +882,12 @@ impl MsgEndpoint {
     ) -> Result<()> {
         check_recv_flags(flags, Flags::MULTI_RECV)?;
         if flags.contains(Flags::MULTI_RECV) {
+            if self.peer != 0 {
+                return Err(Error::new(
+                    errno::EINVAL,
+                    "FI_MULTI_RECV is not offered to peer transfers",
+                ));
+            }
             return self.post_multi_recv(mr, offset, len, context, flags);
         }
         self.post_recv(mr, offset, len, context, flags)

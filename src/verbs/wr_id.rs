@@ -13,7 +13,11 @@ pub(crate) const CONTEXT: u64 = (1 << 56) - 1;
 /// A work request whose success nobody asked to see: a send signalled only to free the
 /// send queue, or a receive under selective completion. Its failure is still reported.
 pub(crate) const SUPPRESSED: u64 = 1 << 63;
+/// A transfer a peer provider posted through the endpoint (fi_peer(3) `FI_PEER_TRANSFER`):
+/// its completion goes to the peer's callbacks, never to the application's CQ.
+pub(crate) const PEER: u64 = 1 << 62;
 const KIND_SHIFT: u32 = 56;
+const KIND_MASK: u64 = 0x3f;
 
 /// The kinds of operation an error entry can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,30 +71,35 @@ pub(crate) fn context(wr_id: u64) -> u64 {
 }
 
 #[inline(always)]
+pub(crate) fn is_peer(wr_id: u64) -> bool {
+    wr_id & PEER != 0
+}
+
+#[inline(always)]
 pub(crate) fn is_suppressed(wr_id: u64) -> bool {
     wr_id & SUPPRESSED != 0
 }
 
 #[inline(always)]
 pub(crate) fn is_marker(wr_id: u64) -> bool {
-    (wr_id >> KIND_SHIFT) & 0x7f == Kind::Marker as u64
+    (wr_id >> KIND_SHIFT) & KIND_MASK == Kind::Marker as u64
 }
 
 /// Whether the endpoint, not the CQ, makes the entry of this work request's completion.
 #[inline(always)]
 pub(crate) fn is_owned(wr_id: u64) -> bool {
-    let k = (wr_id >> KIND_SHIFT) & 0x7f;
+    let k = (wr_id >> KIND_SHIFT) & KIND_MASK;
     k == Kind::MultiRecv as u64 || k == Kind::DgramRecv as u64 || k == Kind::DgramShort as u64
 }
 
 #[inline(always)]
 pub(crate) fn is_kind(wr_id: u64, kind: Kind) -> bool {
-    (wr_id >> KIND_SHIFT) & 0x7f == kind as u64
+    (wr_id >> KIND_SHIFT) & KIND_MASK == kind as u64
 }
 
 /// Completion flags of the operation, for its error entry.
 pub(crate) fn flags(wr_id: u64) -> Flags {
-    match (wr_id >> KIND_SHIFT) & 0x7f {
+    match (wr_id >> KIND_SHIFT) & KIND_MASK {
         k if k == Kind::Send as u64 => Flags::MSG | Flags::SEND,
         k if k == Kind::SendData as u64 => Flags::MSG | Flags::SEND | Flags::REMOTE_CQ_DATA,
         k if k == Kind::Recv as u64 => Flags::MSG | Flags::RECV,

@@ -28,6 +28,9 @@
 #include <rdma/fi_ext.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <rfabric/fi_rverbs.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define FAIL(...)                                                                           \
 	do {                                                                                \
@@ -149,6 +152,36 @@ struct msg_env {
 	struct sockaddr_in addr;
 };
 
+/* Fabric, domain, a registered buffer and a listening passive endpoint. */
+static void msg_env_open(struct msg_env *m, struct fi_info *h)
+{
+	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
+
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &m->info));
+	TRUE(strcmp(m->info->fabric_attr->prov_name, "rverbs") == 0);
+	OK(fi_fabric(m->info->fabric_attr, &m->fabric, NULL));
+	OK(fi_domain(m->fabric, m->info, &m->domain, NULL));
+	OK(fi_eq_open(m->fabric, &ea, &m->peq, NULL));
+	m->buf = aligned_alloc(4096, BUF);
+	OK(fi_mr_reg(m->domain, m->buf, BUF, FI_SEND | FI_RECV, 0, 0, 0, &m->mr, NULL));
+	m->desc = fi_mr_desc(m->mr);
+
+	OK(fi_passive_ep(m->fabric, m->info, &m->pep, NULL));
+	OK(fi_pep_bind(m->pep, &m->peq->fid, 0));
+	OK(fi_listen(m->pep));
+}
+
+static void msg_env_close(struct msg_env *m)
+{
+	EXPECT(fi_close(&m->pep->fid), 0);
+	EXPECT(fi_close(&m->mr->fid), 0);
+	EXPECT(fi_close(&m->peq->fid), 0);
+	EXPECT(fi_close(&m->domain->fid), 0);
+	EXPECT(fi_close(&m->fabric->fid), 0);
+	fi_freeinfo(m->info);
+	free(m->buf);
+}
+
 static void open_cq(struct fid_domain *d, struct fid_cq **cq)
 {
 	struct fi_cq_attr a = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
@@ -215,23 +248,11 @@ static void msg_section(void)
 	struct msg_env m = {0};
 	struct side s = {0}, c = {0}, s2 = {0}, c2 = {0};
 	struct fi_info *h = hints_for(FI_EP_MSG);
-	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
 	struct fi_cq_data_entry e;
 	int ctx[16];
 	size_t len;
 
-	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &m.info));
-	TRUE(strcmp(m.info->fabric_attr->prov_name, "rverbs") == 0);
-	OK(fi_fabric(m.info->fabric_attr, &m.fabric, NULL));
-	OK(fi_domain(m.fabric, m.info, &m.domain, NULL));
-	OK(fi_eq_open(m.fabric, &ea, &m.peq, NULL));
-	m.buf = aligned_alloc(4096, BUF);
-	OK(fi_mr_reg(m.domain, m.buf, BUF, FI_SEND | FI_RECV, 0, 0, 0, &m.mr, NULL));
-	m.desc = fi_mr_desc(m.mr);
-
-	OK(fi_passive_ep(m.fabric, m.info, &m.pep, NULL));
-	OK(fi_pep_bind(m.pep, &m.peq->fid, 0));
-	OK(fi_listen(m.pep));
+	msg_env_open(&m, h);
 	/* fi_getname with no room says how much it needs (fi_pingpong relies on it). */
 	len = 0;
 	EXPECT(fi_getname(&m.pep->fid, NULL, &len), -FI_ETOOSMALL);
@@ -377,14 +398,8 @@ static void msg_section(void)
 	EXPECT(fi_close(&m.fabric->fid), -FI_EBUSY);
 	close_side(&c, 1);
 	close_side(&s, 0);
-	EXPECT(fi_close(&m.pep->fid), 0);
-	EXPECT(fi_close(&m.mr->fid), 0);
-	EXPECT(fi_close(&m.peq->fid), 0);
-	EXPECT(fi_close(&m.domain->fid), 0);
-	EXPECT(fi_close(&m.fabric->fid), 0);
-	fi_freeinfo(m.info);
+	msg_env_close(&m);
 	fi_freeinfo(h);
-	free(m.buf);
 	printf("ok msg\n");
 }
 
@@ -582,6 +597,398 @@ static void bad_section(void)
 	printf("ok bad\n");
 }
 
+/* ---- peer: libfabric's shm imported as a peer of rverbs' software SRX ---- */
+
+/* What the shm sender sends, in order: untagged (tag 0) then tagged. */
+static const struct {
+	uint64_t tag;
+	size_t len;
+} shm_plan[] = {{0, 8}, {0, 65536}, {0, 1 << 20}, {7, 100}, {9, 5000}};
+#define SHM_N (sizeof shm_plan / sizeof shm_plan[0])
+
+/* The other process: a plain libfabric shm endpoint sending the plan to `name`. */
+static void shm_send_section(const char *name)
+{
+	struct fi_info *h = fi_allocinfo(), *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_av *av;
+	struct fid_cq *cq;
+	struct fid_ep *ep;
+	struct fi_av_attr aa = {.type = FI_AV_TABLE};
+	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
+	struct fi_cq_tagged_entry e;
+	fi_addr_t to;
+	uint8_t *bufs[SHM_N];
+	size_t done = 0;
+
+	h->caps = FI_MSG | FI_TAGGED;
+	h->ep_attr->type = FI_EP_RDM;
+	h->domain_attr->av_type = FI_AV_TABLE;
+	h->fabric_attr->prov_name = strdup("shm");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, info, &domain, NULL));
+	OK(fi_av_open(domain, &aa, &av, NULL));
+	OK(fi_cq_open(domain, &ca, &cq, NULL));
+	OK(fi_endpoint(domain, info, &ep, NULL));
+	OK(fi_ep_bind(ep, &av->fid, 0));
+	OK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+	OK(fi_enable(ep));
+	EXPECT(fi_av_insert(av, name, 1, &to, 0, NULL), 1);
+	for (size_t i = 0; i < SHM_N; i++) {
+		time_t end = time(NULL) + 30;
+		long r;
+		bufs[i] = malloc(shm_plan[i].len);
+		fill(bufs[i], shm_plan[i].len, (uint8_t)(i + 1));
+		for (;;) {
+			if (shm_plan[i].tag)
+				r = fi_tsend(ep, bufs[i], shm_plan[i].len, NULL, to, shm_plan[i].tag, NULL);
+			else
+				r = fi_send(ep, bufs[i], shm_plan[i].len, NULL, to, NULL);
+			if (r != -FI_EAGAIN)
+				break;
+			if (fi_cq_read(cq, &e, 1) == 1)
+				done++;
+			if (time(NULL) > end)
+				FAIL("send %zu: EAGAIN for 30 s", i);
+		}
+		OK(r);
+	}
+	time_t end = time(NULL) + 60;
+	while (done < SHM_N) {
+		long r = fi_cq_read(cq, &e, 1);
+		if (r == 1)
+			done++;
+		else if (r != -FI_EAGAIN)
+			FAIL("shm send completion: %ld", r);
+		if (time(NULL) > end)
+			FAIL("%zu of %zu sends completed", done, SHM_N);
+	}
+	EXPECT(fi_close(&ep->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_close(&av->fid), 0);
+	EXPECT(fi_close(&domain->fid), 0);
+	EXPECT(fi_close(&fabric->fid), 0);
+	for (size_t i = 0; i < SHM_N; i++)
+		free(bufs[i]);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	printf("ok shm-send\n");
+}
+
+/* One completion of the rverbs CQ (tagged format) within 30 s. */
+static void tcq_expect(struct fid_cq *cq, void *ctx, uint64_t flag, size_t len, uint64_t tag)
+{
+	struct fi_cq_tagged_entry e;
+	time_t end = time(NULL) + 30;
+	long r;
+	while ((r = fi_cq_read(cq, &e, 1)) == -FI_EAGAIN)
+		if (time(NULL) > end)
+			FAIL("no completion for ctx %p within 30 s", ctx);
+	if (r == -FI_EAVAIL) {
+		struct fi_cq_err_entry err = {0};
+		fi_cq_readerr(cq, &err, 0);
+		FAIL("error completion %d (%s) for ctx %p", err.err, fi_strerror(err.err), err.op_context);
+	}
+	EXPECT(r, 1);
+	if (e.op_context != ctx || !(e.flags & flag) || e.len != len || e.tag != tag)
+		FAIL("completion ctx %p flags %#lx len %zu tag %lu; expected ctx %p flag %#lx len %zu tag %lu",
+		     e.op_context, (unsigned long)e.flags, e.len, (unsigned long)e.tag, ctx,
+		     (unsigned long)flag, len, (unsigned long)tag);
+}
+
+static void peer_section(const char *self)
+{
+	struct fi_info *h = hints_for(FI_EP_MSG), *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_cq *cq;
+	struct fid_ep *srx;
+	struct fid *imp;
+	struct fi_rverbs_peer_ops *ops;
+	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
+	struct fi_rx_attr ra = {.caps = FI_MSG | FI_TAGGED | FI_RECV, .size = 64};
+	struct fi_cq_err_entry err = {0};
+	char name[256];
+	size_t len = sizeof name;
+	uint8_t *bufs[SHM_N];
+	int ctx[SHM_N + 2];
+	void *bad;
+
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, info, &domain, NULL));
+	EXPECT(fi_open_ops(&domain->fid, "no_such_ops", 0, &bad, NULL), -FI_ENOSYS);
+	OK(fi_open_ops(&domain->fid, FI_RVERBS_PEER_OPS, 0, (void **)&ops, NULL));
+	TRUE(ops->size == sizeof *ops);
+	OK(fi_cq_open(domain, &ca, &cq, NULL));
+	OK(fi_srx_context(domain, &ra, &srx, NULL));
+	EXPECT(ops->import_shm(srx, &imp), -FI_EOPBADSTATE); /* no CQ bound yet */
+	OK(fi_ep_bind(srx, &cq->fid, FI_RECV));
+	OK(ops->import_shm(srx, &imp));
+	OK(ops->import_name(imp, name, &len));
+	TRUE(strncmp(name, "fi_shm://", 9) == 0 && len == strlen(name) + 1);
+
+	/* The SRX's own completions: a cancelled receive, a peek that finds nothing. */
+	uint8_t small[16];
+	OK(fi_recv(srx, small, sizeof small, NULL, FI_ADDR_UNSPEC, &ctx[SHM_N]));
+	OK(fi_cancel(&srx->fid, &ctx[SHM_N]));
+	struct fi_cq_tagged_entry te;
+	EXPECT(fi_cq_read(cq, &te, 1), -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(cq, &err, 0), 1);
+	TRUE(err.op_context == &ctx[SHM_N] && err.err == FI_ECANCELED);
+	EXPECT(fi_cancel(&srx->fid, &ctx[SHM_N]), -FI_ENOENT);
+
+	/* The first message's receive is posted before the sender starts. */
+	for (size_t i = 0; i < SHM_N; i++)
+		bufs[i] = calloc(1, shm_plan[i].len);
+	OK(fi_recv(srx, bufs[0], shm_plan[0].len, NULL, FI_ADDR_UNSPEC, &ctx[0]));
+	pid_t child = fork();
+	if (child == 0) {
+		execl(self, self, "shm-send", name, (char *)NULL);
+		_exit(127);
+	}
+	TRUE(child > 0);
+	tcq_expect(cq, &ctx[0], FI_RECV | FI_MSG, shm_plan[0].len, 0);
+	/* The others arrive before their receives; posted late, they still match. */
+	for (size_t i = 1; i < 3; i++) {
+		OK(fi_recv(srx, bufs[i], shm_plan[i].len, NULL, FI_ADDR_UNSPEC, &ctx[i]));
+		tcq_expect(cq, &ctx[i], FI_RECV | FI_MSG, shm_plan[i].len, 0);
+	}
+	/* Tagged: peek until tag 9 waits (unexpected), then take 9 before 7. */
+	struct fi_msg_tagged pm = {.addr = FI_ADDR_UNSPEC, .tag = 9, .context = &ctx[SHM_N + 1]};
+	time_t end = time(NULL) + 30;
+	for (;;) {
+		struct fi_cq_tagged_entry e;
+		long r;
+		OK(fi_trecvmsg(srx, &pm, FI_PEEK));
+		while ((r = fi_cq_read(cq, &e, 1)) == -FI_EAGAIN)
+			;
+		if (r == 1) {
+			if (e.op_context != &ctx[SHM_N + 1] || e.tag != 9 || !(e.flags & FI_TAGGED))
+				FAIL("peek: ctx %p tag %lu len %zu flags %#lx", e.op_context,
+				     (unsigned long)e.tag, e.len, (unsigned long)e.flags);
+			break;
+		}
+		EXPECT(r, -FI_EAVAIL);
+		EXPECT(fi_cq_readerr(cq, &err, 0), 1);
+		EXPECT(err.err, FI_ENOMSG);
+		if (time(NULL) > end)
+			FAIL("the tag-9 message never waited");
+	}
+	OK(fi_trecv(srx, bufs[4], shm_plan[4].len, NULL, FI_ADDR_UNSPEC, 9, 0, &ctx[4]));
+	tcq_expect(cq, &ctx[4], FI_RECV | FI_TAGGED, shm_plan[4].len, 9);
+	OK(fi_trecv(srx, bufs[3], shm_plan[3].len, NULL, FI_ADDR_UNSPEC, 7, 0, &ctx[3]));
+	tcq_expect(cq, &ctx[3], FI_RECV | FI_TAGGED, shm_plan[3].len, 7);
+	for (size_t i = 0; i < SHM_N; i++) {
+		check(bufs[i], shm_plan[i].len, (uint8_t)(i + 1));
+		free(bufs[i]);
+	}
+	int st;
+	EXPECT(waitpid(child, &st, 0), child);
+	TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+	EXPECT(fi_close(&srx->fid), -FI_EBUSY); /* shm still shares it */
+	EXPECT(fi_close(imp), 0);
+	EXPECT(fi_close(&srx->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_close(&domain->fid), 0);
+	EXPECT(fi_close(&fabric->fid), 0);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	printf("ok peer\n");
+}
+
+/* ---- transfer: FI_PEER_TRANSFER with an in-tree offload peer ---- */
+
+#define ROUNDS 100
+
+/* The offload peer's endpoint: it exchanges its own control messages over rverbs. */
+struct offload_ep {
+	struct fid_ep ep;
+	struct fid_ep *xfer;       /* the owner's transfer endpoint */
+	struct fid_cq *app_cq;     /* the application's CQ, which must see none of this */
+	void *desc;                /* memory registered with the owner's domain */
+	uint8_t *tx, *rx;
+	int depth, max_depth;      /* callback nesting, to catch recursion */
+	int sent, received, errors, closed, pinger;
+	uint32_t last;
+};
+
+static int off_ep_close(struct fid *f)
+{
+	((struct offload_ep *)f)->closed++;
+	return 0;
+}
+
+static struct fi_ops off_ep_fi_ops = {.size = sizeof(struct fi_ops), .close = off_ep_close};
+
+static void off_send(struct offload_ep *o, uint32_t v)
+{
+	memcpy(o->tx, &v, sizeof v);
+	OK(fi_send(o->xfer, o->tx, sizeof v, o->desc, FI_ADDR_UNSPEC, o->tx));
+}
+
+static ssize_t off_complete(struct fid_ep *ep, struct fi_cq_tagged_entry *e, fi_addr_t *src)
+{
+	struct offload_ep *o = (struct offload_ep *)ep;
+	struct fi_cq_data_entry app;
+	TRUE(src && *src == FI_ADDR_NOTAVAIL);
+	if (++o->depth > o->max_depth)
+		o->max_depth = o->depth;
+	/* A read of the application's CQ from inside the callback: nothing for the app, and
+	 * no recursive call back into this callback. */
+	EXPECT(fi_cq_read(o->app_cq, &app, 1), -FI_EAGAIN);
+	if (e->flags & FI_SEND) {
+		TRUE(e->op_context == o->tx);
+		o->sent++;
+	} else {
+		uint32_t v;
+		if (!(e->flags & FI_RECV) || e->op_context != o->rx || e->len != sizeof v)
+			FAIL("peer completion: ctx %p (rx %p tx %p) flags %#lx len %zu", e->op_context,
+			     (void *)o->rx, (void *)o->tx, (unsigned long)e->flags, e->len);
+		memcpy(&v, o->rx, sizeof v);
+		TRUE(v == o->last + 1);
+		o->last = v;
+		o->received++;
+		/* Posting again from the callback: the next receive, and the answer. */
+		if (v < ROUNDS)
+			OK(fi_recv(o->xfer, o->rx, 64, o->desc, FI_ADDR_UNSPEC, o->rx));
+		if (!o->pinger)
+			off_send(o, v);
+		else if (v < ROUNDS)
+			off_send(o, v + 1);
+	}
+	o->depth--;
+	return 0;
+}
+
+static ssize_t off_comperr(struct fid_ep *ep, struct fi_cq_err_entry *e)
+{
+	struct offload_ep *o = (struct offload_ep *)ep;
+	TRUE(e->err != 0);
+	o->errors++;
+	return 0;
+}
+
+static struct fi_ops_transfer_peer off_peer_ops = {
+	.size = sizeof(struct fi_ops_transfer_peer),
+	.complete = off_complete,
+	.comperr = off_comperr,
+};
+
+static struct offload_ep *off_next; /* what the peer domain's endpoint2 hands out next */
+
+static int off_endpoint2(struct fid_domain *d, struct fi_info *info, struct fid_ep **ep,
+			 uint64_t flags, void *context)
+{
+	struct fi_peer_transfer_context *ctx = context;
+	(void)d;
+	(void)info;
+	if (flags != FI_PEER_TRANSFER || !ctx || ctx->size < sizeof *ctx || !ctx->ep)
+		return -FI_EINVAL;
+	TRUE(ctx->info && ctx->info->ep_attr->type == FI_EP_MSG);
+	off_next->xfer = ctx->ep;
+	off_next->ep.fid.fclass = FI_CLASS_EP;
+	off_next->ep.fid.ops = &off_ep_fi_ops;
+	ctx->peer_ops = &off_peer_ops;
+	*ep = &off_next->ep;
+	return 0;
+}
+
+static struct fi_ops_domain off_domain_ops = {
+	.size = sizeof(struct fi_ops_domain),
+	.endpoint2 = off_endpoint2,
+};
+static struct fid_domain off_domain = {.fid = {.fclass = FI_CLASS_DOMAIN}, .ops = &off_domain_ops};
+
+static void transfer_section(void)
+{
+	struct msg_env m = {0};
+	struct side s = {0}, c = {0};
+	struct fi_info *h = hints_for(FI_EP_MSG);
+	struct fi_rverbs_peer_ops *ops;
+	struct offload_ep a = {0}, b = {0};
+	struct fid_ep *ta, *tb, *pa, *pb;
+	struct fi_cq_data_entry e;
+	size_t len = sizeof m.addr;
+	int ctx;
+
+	msg_env_open(&m, h);
+	OK(fi_getname(&m.pep->fid, &m.addr, &len));
+	connect_pair(&m, &s, &c, NULL);
+	OK(fi_open_ops(&m.domain->fid, FI_RVERBS_PEER_OPS, 0, (void **)&ops, NULL));
+
+	/* a answers on the server's endpoint, b pings on the client's. Their buffers are in
+	 * memory registered with the owner's domain. */
+	a.app_cq = s.cq;
+	b.app_cq = c.cq;
+	b.pinger = 1;
+	a.tx = m.buf + 1024, a.rx = m.buf + 2048;
+	b.tx = m.buf + 3072, b.rx = m.buf + 4096;
+	a.desc = b.desc = m.desc;
+	off_next = &a;
+	OK(ops->open_transfer(s.ep, &off_domain, NULL, m.info, &ta, &pa));
+	off_next = &b;
+	OK(ops->open_transfer(c.ep, &off_domain, NULL, m.info, &tb, &pb));
+	TRUE(pa == &a.ep && pb == &b.ep && a.xfer == ta && b.xfer == tb);
+	/* A transfer endpoint is the peer's channel, not an endpoint of the application. */
+	EXPECT(fi_ep_bind(ta, &s.cq->fid, FI_RECV), -FI_EINVAL);
+	EXPECT(fi_enable(ta), -FI_ENOSYS);
+	len = sizeof m.addr;
+	EXPECT(fi_getname(&ta->fid, &m.addr, &len), -FI_ENOSYS);
+
+	OK(fi_recv(ta, a.rx, 64, a.desc, FI_ADDR_UNSPEC, a.rx));
+	OK(fi_recv(tb, b.rx, 64, b.desc, FI_ADDR_UNSPEC, b.rx));
+	off_send(&b, 1);
+	/* The application drives progress by reading its CQs, which never see the peers'. */
+	time_t end = time(NULL) + 30;
+	while (b.received < ROUNDS) {
+		EXPECT(fi_cq_read(s.cq, &e, 1), -FI_EAGAIN);
+		EXPECT(fi_cq_read(c.cq, &e, 1), -FI_EAGAIN);
+		if (time(NULL) > end)
+			FAIL("peer rounds: %d of %d", b.received, ROUNDS);
+	}
+	while (a.sent < a.received || b.sent < ROUNDS) {
+		EXPECT(fi_cq_read(s.cq, &e, 1), -FI_EAGAIN);
+		EXPECT(fi_cq_read(c.cq, &e, 1), -FI_EAGAIN);
+		if (time(NULL) > end)
+			FAIL("peer sends: a %d/%d, b %d/%d", a.sent, a.received, b.sent, ROUNDS);
+	}
+	TRUE(a.received == ROUNDS && b.received == ROUNDS && a.last == ROUNDS);
+	TRUE(a.max_depth == 1 && b.max_depth == 1 && a.errors == 0 && b.errors == 0);
+
+	/* The application's own traffic on the same endpoints still completes on its CQs. */
+	OK(fi_recv(s.ep, m.buf + 8192, 64, m.desc, 0, &ctx));
+	OK(fi_send(c.ep, m.buf + 12288, 16, m.desc, 0, &ctx));
+	cq_expect(c.cq, &ctx, FI_SEND, 0, NULL);
+	cq_expect(s.cq, &ctx, FI_RECV, 16, NULL);
+
+	/* A failed transfer reaches comperr: a receive too small for what comes. */
+	OK(fi_recv(ta, a.rx, 2, a.desc, FI_ADDR_UNSPEC, a.rx));
+	memset(b.tx, 0, 64);
+	OK(fi_send(tb, b.tx, 64, b.desc, FI_ADDR_UNSPEC, b.tx));
+	while (a.errors == 0) {
+		long r = fi_cq_read(s.cq, &e, 1);
+		if (r == -FI_EAVAIL)
+			FAIL("the peer's failure reached the application's CQ");
+		fi_cq_read(c.cq, &e, 1);
+		if (time(NULL) > end + 30)
+			FAIL("no comperr for the truncated transfer");
+	}
+
+	/* Closing a link closes the peer's endpoint first. */
+	EXPECT(fi_close(&ta->fid), 0);
+	EXPECT(fi_close(&tb->fid), 0);
+	TRUE(a.closed == 1 && b.closed == 1);
+	close_side(&c, 1);
+	close_side(&s, 0);
+	msg_env_close(&m);
+	fi_freeinfo(h);
+	printf("ok transfer\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
@@ -592,5 +999,11 @@ int main(int argc, char **argv)
 		dgram_section();
 	if (!only || !strcmp(only, "bad"))
 		bad_section();
+	if (only && !strcmp(only, "peer"))
+		peer_section(argv[0]);
+	if (only && !strcmp(only, "shm-send") && argc > 2)
+		shm_send_section(argv[2]);
+	if (only && !strcmp(only, "transfer"))
+		transfer_section();
 	return 0;
 }

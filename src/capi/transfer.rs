@@ -1,0 +1,551 @@
+//! `FI_PEER_TRANSFER` (fi_peer(3)) from the owner's side: rverbs opens a peer provider's
+//! endpoint with `fi_endpoint2(FI_PEER_TRANSFER)`, handing it a transfer endpoint over one
+//! of rverbs' connected endpoints. What the peer posts there (sends and receives on the same
+//! RC queue pair) completes through the peer's `complete`/`comperr` callbacks, never on the
+//! application's CQ.
+//!
+//! Callbacks run from inside reads of the endpoint's CQ, with no lock of ours held, so a
+//! callback may post again, read or write CQs, or register memory. A completion that comes
+//! while one of the same link's callbacks runs (on this thread, from a read inside the
+//! callback, or on another) is queued and delivered by the running delivery after the
+//! callback returns: the callbacks are never entered recursively.
+//!
+//! The `ep` argument of the callbacks is the peer's endpoint (the one `fi_endpoint2`
+//! returned), the object whose `peer_ops` they are. Receives posted through the transfer
+//! endpoint share the queue pair's receive queue with the application's, in posting order:
+//! RC has no header to tell them apart.
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use rfabric_sys::fabric as fi;
+
+use crate::capi::ep::{on_buf, on_iov, on_msg, CEp, Ep, SRX_CM};
+use crate::capi::fid::{
+    fi_ops_of, fid, guarded, guarded_len, no_bind, no_control, ops, Class, Obj,
+};
+use crate::capi::nosys::{self, n1, n2, n5i};
+use crate::core::cq::{CqEntry, CqErrEntry};
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::Flags;
+use crate::verbs::cq::PeerTransferSink;
+use crate::verbs::MsgEndpoint;
+
+type Completion = std::result::Result<CqEntry, CqErrEntry>;
+
+/// The owner's end of one peer transfer link: where completions wait for the peer.
+pub(crate) struct TransferLink {
+    peer_ep: AtomicPtr<fi::fid_ep>,
+    peer_ops: AtomicPtr<fi::fi_ops_transfer_peer>,
+    pending: Mutex<VecDeque<Completion>>,
+    delivering: AtomicBool,
+}
+
+impl TransferLink {
+    fn new(depth: usize) -> Self {
+        TransferLink {
+            peer_ep: AtomicPtr::new(null_mut()),
+            peer_ops: AtomicPtr::new(null_mut()),
+            pending: Mutex::new(VecDeque::with_capacity(depth)),
+            delivering: AtomicBool::new(false),
+        }
+    }
+
+    fn pop(&self) -> Option<Completion> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+
+    /// Delivers what waits, unless a delivery of this link is running (it takes these too).
+    fn deliver(&self) {
+        loop {
+            if self.delivering.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            while let Some(c) = self.pop() {
+                self.call(c);
+            }
+            self.delivering.store(false, Ordering::Release);
+            // A completion queued between the last pop and the store would wait otherwise.
+            if self
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+            {
+                return;
+            }
+        }
+    }
+
+    fn call(&self, c: Completion) {
+        let ep = self.peer_ep.load(Ordering::Acquire);
+        let ops = self.peer_ops.load(Ordering::Acquire);
+        // SAFETY: set together once the peer's fi_endpoint2 returned; the peer's endpoint and
+        // ops stay valid until the link is closed, which unregisters it first.
+        let Some(ops) = (unsafe { ops.as_ref() }) else {
+            crate::fi_warn!(
+                "peer",
+                "a peer transfer completed before its link was set up"
+            );
+            return;
+        };
+        let rc = match c {
+            Ok(e) => {
+                let mut t = fi::fi_cq_tagged_entry {
+                    op_context: e.op_context as *mut c_void,
+                    flags: e.flags,
+                    len: e.len,
+                    buf: e.buf as *mut c_void,
+                    data: e.data,
+                    tag: e.tag,
+                };
+                // Connected endpoints have no source address.
+                let mut src = fi::FI_ADDR_NOTAVAIL;
+                // SAFETY: the peer's callback, checked non-NULL at setup, with valid entries.
+                unsafe { (ops.complete.expect("checked at setup"))(ep, &mut t, &mut src) }
+            }
+            Err(e) => {
+                // SAFETY: a zeroed entry is valid C (NULL error data).
+                let mut ce: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
+                ce.op_context = e.op_context as *mut c_void;
+                ce.flags = e.flags;
+                ce.len = e.len;
+                ce.buf = e.buf as *mut c_void;
+                ce.data = e.data;
+                ce.tag = e.tag;
+                ce.olen = e.olen;
+                ce.err = e.err;
+                ce.prov_errno = e.prov_errno;
+                // SAFETY: as above.
+                unsafe { (ops.comperr.expect("checked at setup"))(ep, &mut ce) }
+            }
+        };
+        if rc < 0 {
+            crate::fi_warn!(
+                "peer",
+                "a peer's completion callback returned {}",
+                crate::core::error::strerror((-rc) as i32)
+            );
+        }
+    }
+}
+
+impl PeerTransferSink for TransferLink {
+    fn completion(&self, c: Completion) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(c);
+        self.deliver();
+    }
+}
+
+/// The endpoint a peer posts its transfers on (`fi_peer_transfer_context.ep`).
+pub(crate) struct TransferEp {
+    ep: MsgEndpoint,
+    link: Arc<TransferLink>,
+    ctx: Box<fi::fi_peer_transfer_context>,
+}
+
+pub(crate) type CTransferEp = Obj<fi::fid_ep, TransferEp>;
+impl Class for CTransferEp {
+    type Header = fi::fid_ep;
+    const FCLASS: u32 = fi::FI_CLASS_EP;
+    fn owns(f: &fi::fid) -> bool {
+        std::ptr::eq(f.ops, &TRANSFER_FI_OPS)
+    }
+}
+
+pub(crate) static TRANSFER_FI_OPS: fi::fi_ops = fi_ops_of!(transfer_close, no_bind, no_control);
+static TRANSFER_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
+    size: size_of::<fi::fi_ops_ep>(),
+    cancel: Some(n2),
+    getopt: Some(nosys::n5i),
+    setopt: Some(nosys::n5i),
+    tx_ctx: Some(n5i),
+    rx_ctx: Some(n5i),
+    rx_size_left: Some(n1),
+    tx_size_left: Some(n1),
+};
+static TRANSFER_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
+    size: size_of::<fi::fi_ops_msg>(),
+    recv: Some(t_recv),
+    recvv: Some(t_recvv),
+    recvmsg: Some(t_recvmsg),
+    send: Some(t_send),
+    sendv: Some(t_sendv),
+    sendmsg: Some(t_sendmsg),
+    inject: Some(t_inject),
+    senddata: Some(t_senddata),
+    injectdata: Some(t_injectdata),
+};
+
+/// Opens `peer_domain`'s endpoint with `FI_PEER_TRANSFER` over rverbs' enabled MSG
+/// endpoint `ep`. Returns the transfer endpoint (closing it closes the peer's endpoint
+/// first) and the peer's endpoint.
+///
+/// # Safety
+/// `ep` is NULL or a live fid of this library; `peer_domain` is NULL or a live domain of
+/// the peer provider; the infos are NULL or valid and outlive the link.
+pub(crate) unsafe fn open(
+    ep: *mut fi::fid_ep,
+    peer_domain: *mut fi::fid_domain,
+    peer_info: *mut fi::fi_info,
+    owner_info: *mut fi::fi_info,
+) -> Result<(*mut fi::fid_ep, *mut fi::fid_ep)> {
+    // SAFETY: the caller's contract.
+    let e = unsafe { CEp::from_c(ep, "ep") }?;
+    let Ep::Msg(m) = e.ep() else {
+        return Err(Error::new(
+            errno::EINVAL,
+            "peer transfers go over connected (FI_EP_MSG) endpoints",
+        ));
+    };
+    // SAFETY: the caller's contract; the ops table's size says which slots exist.
+    let endpoint2 = unsafe {
+        let d = peer_domain
+            .as_ref()
+            .and_then(|d| d.ops.as_ref())
+            .ok_or_else(|| Error::new(errno::EINVAL, "peer_domain is NULL"))?;
+        let need = std::mem::offset_of!(fi::fi_ops_domain, endpoint2) + size_of::<usize>();
+        if d.size < need {
+            None
+        } else {
+            d.endpoint2
+        }
+    }
+    .ok_or_else(|| {
+        Error::new(
+            errno::ENOSYS,
+            "the peer provider has no fi_endpoint2: it cannot take FI_PEER_TRANSFER",
+        )
+    })?;
+    let link = Arc::new(TransferLink::new(m.queue_depth()));
+    let handle = m.peer_transfer(Arc::downgrade(&link) as Weak<dyn PeerTransferSink>)?;
+    let ctx = Box::new(fi::fi_peer_transfer_context {
+        size: size_of::<fi::fi_peer_transfer_context>(),
+        info: owner_info,
+        ep: null_mut(),
+        peer_ops: null_mut(),
+    });
+    let hdr = fi::fid_ep {
+        fid: fid(fi::FI_CLASS_EP, null_mut(), &TRANSFER_FI_OPS),
+        ops: ops(&TRANSFER_OPS),
+        cm: ops(&SRX_CM),
+        msg: ops(&TRANSFER_MSG),
+        rma: ops(&nosys::RMA),
+        tagged: ops(&nosys::TAGGED),
+        atomic: ops(&nosys::ATOMIC),
+        collective: ops(&nosys::COLLECTIVE),
+    };
+    let t = CTransferEp::into_raw(
+        hdr,
+        TransferEp {
+            ep: handle,
+            link: link.clone(),
+            ctx,
+        },
+    );
+    let undo = |peer_ep: *mut fi::fid_ep| {
+        // SAFETY: made just above and not handed out except to the peer, whose endpoint is
+        // closed first.
+        unsafe {
+            close_peer(peer_ep);
+            let o = &mut *t.cast::<CTransferEp>();
+            o.inner.ep.end_peer_transfer();
+            drop(Box::from_raw(t.cast::<CTransferEp>()));
+        }
+    };
+    // SAFETY: t was just made; its context box lives as long as it.
+    let ctx_ptr = unsafe {
+        let o = &mut *t.cast::<CTransferEp>();
+        o.inner.ctx.ep = t;
+        &raw mut *o.inner.ctx
+    };
+    let mut peer_ep: *mut fi::fid_ep = null_mut();
+    // SAFETY: the peer's fi_endpoint2 with the context fi_peer(3) defines for the flag.
+    let rc = unsafe {
+        endpoint2(
+            peer_domain,
+            peer_info,
+            &mut peer_ep,
+            fi::FI_PEER_TRANSFER,
+            ctx_ptr.cast(),
+        )
+    };
+    if rc != 0 {
+        undo(null_mut());
+        return Err(Error::new(
+            -rc,
+            format!(
+                "the peer's fi_endpoint2(FI_PEER_TRANSFER): {}",
+                crate::core::error::strerror(-rc)
+            ),
+        ));
+    }
+    // SAFETY: the peer filled peer_ops before returning (fi_peer(3)), or left it NULL.
+    let callbacks = unsafe { (*ctx_ptr).peer_ops.as_ref() }
+        .is_some_and(|o| o.complete.is_some() && o.comperr.is_some());
+    if peer_ep.is_null() || !callbacks {
+        undo(peer_ep);
+        return Err(Error::new(
+            errno::EINVAL,
+            "the peer's fi_endpoint2(FI_PEER_TRANSFER) left its endpoint or its complete/comperr callbacks unset",
+        ));
+    }
+    link.peer_ep.store(peer_ep, Ordering::Release);
+    // SAFETY: as above.
+    link.peer_ops
+        .store(unsafe { (*ctx_ptr).peer_ops }, Ordering::Release);
+    crate::fi_info!("peer", "peer transfer link open over an RC endpoint");
+    Ok((t, peer_ep))
+}
+
+/// Closes the peer's endpoint through its own ops.
+///
+/// # Safety
+/// NULL or a live endpoint of the peer.
+unsafe fn close_peer(peer_ep: *mut fi::fid_ep) {
+    // SAFETY: the caller's contract.
+    let Some(f) = (unsafe { peer_ep.as_mut() }) else {
+        return;
+    };
+    // SAFETY: the peer's live endpoint and its ops.
+    let rc = unsafe {
+        match (*f.fid.ops).close {
+            Some(close) => close(&mut f.fid),
+            None => -errno::ENOSYS,
+        }
+    };
+    if rc != 0 {
+        crate::fi_warn!(
+            "peer",
+            "closing the peer's transfer endpoint: {}",
+            crate::core::error::strerror(-rc)
+        );
+    }
+}
+
+unsafe extern "C" fn transfer_close(f: *mut fi::fid) -> i32 {
+    // SAFETY: the fid the owner got from `open`; the peer's endpoint goes first.
+    guarded("fi_close(peer transfer)", || unsafe {
+        CTransferEp::close(f.cast(), |t| {
+            close_peer(t.link.peer_ep.swap(null_mut(), Ordering::AcqRel));
+            t.link.peer_ops.store(null_mut(), Ordering::Release);
+            t.ep.end_peer_transfer();
+            Ok(())
+        })
+    })
+}
+
+/// Every transfer asks for its completion: the peer counts on its callbacks.
+const ALWAYS: Flags = Flags::COMPLETION;
+
+unsafe extern "C" fn t_send(
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    _dest: fi::fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: the peer's handle, buffer and descriptor (fi_msg(3)).
+    unsafe {
+        on_buf(
+            "fi_send(peer transfer)",
+            ep,
+            buf,
+            desc,
+            |t: &CTransferEp, mr, off| t.inner.ep.sendmsg(mr, off, len, context as u64, 0, ALWAYS),
+        )
+    }
+}
+
+unsafe extern "C" fn t_senddata(
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    data: u64,
+    _dest: fi::fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    let fl = ALWAYS | Flags::REMOTE_CQ_DATA;
+    // SAFETY: the peer's handle, buffer and descriptor (fi_msg(3)).
+    unsafe {
+        on_buf(
+            "fi_senddata(peer transfer)",
+            ep,
+            buf,
+            desc,
+            |t: &CTransferEp, mr, off| t.inner.ep.sendmsg(mr, off, len, context as u64, data, fl),
+        )
+    }
+}
+
+unsafe extern "C" fn t_sendv(
+    ep: *mut fi::fid_ep,
+    iov: *const libc::iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    _dest: fi::fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: the peer's handle, iov and descriptors (fi_msg(3)).
+    unsafe {
+        on_iov(
+            "fi_sendv(peer transfer)",
+            ep,
+            iov,
+            desc,
+            count,
+            |t: &CTransferEp, v| t.inner.ep.sendmsgv(v, context as u64, 0, ALWAYS),
+        )
+    }
+}
+
+unsafe extern "C" fn t_sendmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
+    let fl = Flags::from_bits_retain(flags) | ALWAYS;
+    // SAFETY: the peer's handle and message (fi_msg(3)).
+    unsafe {
+        on_msg(
+            "fi_sendmsg(peer transfer)",
+            ep,
+            msg,
+            |t: &CTransferEp, v, m| t.inner.ep.sendmsgv(v, m.context as u64, m.data, fl),
+        )
+    }
+}
+
+unsafe extern "C" fn t_inject(
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _dest: fi::fi_addr_t,
+) -> isize {
+    t_inject_with("fi_inject(peer transfer)", ep, buf, len, None)
+}
+
+unsafe extern "C" fn t_injectdata(
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    _dest: fi::fi_addr_t,
+) -> isize {
+    t_inject_with("fi_injectdata(peer transfer)", ep, buf, len, Some(data))
+}
+
+fn t_inject_with(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: Option<u64>,
+) -> isize {
+    guarded_len(what, || {
+        // SAFETY: the peer's handle and buffer (fi_msg(3)).
+        let (t, b) = unsafe {
+            (
+                CTransferEp::from_c(ep, "ep")?,
+                crate::capi::fid::bytes(buf, len, "buf")?,
+            )
+        };
+        match data {
+            None => t.inner.ep.inject(b),
+            Some(d) => t.inner.ep.injectdata(b, d),
+        }
+        .map(|()| 0)
+    })
+}
+
+unsafe extern "C" fn t_recv(
+    ep: *mut fi::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    _src: fi::fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: the peer's handle, buffer and descriptor (fi_msg(3)).
+    unsafe {
+        on_buf(
+            "fi_recv(peer transfer)",
+            ep,
+            buf,
+            desc,
+            |t: &CTransferEp, mr, off| t.inner.ep.recvmsg(mr, off, len, context as u64, ALWAYS),
+        )
+    }
+}
+
+unsafe extern "C" fn t_recvv(
+    ep: *mut fi::fid_ep,
+    iov: *const libc::iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    _src: fi::fi_addr_t,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: the peer's handle, iov and descriptors (fi_msg(3)).
+    unsafe {
+        on_iov(
+            "fi_recvv(peer transfer)",
+            ep,
+            iov,
+            desc,
+            count,
+            |t: &CTransferEp, v| t.inner.ep.recvmsgv(v, context as u64, ALWAYS),
+        )
+    }
+}
+
+unsafe extern "C" fn t_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
+    let fl = Flags::from_bits_retain(flags) | ALWAYS;
+    // SAFETY: the peer's handle and message (fi_msg(3)).
+    unsafe {
+        on_msg(
+            "fi_recvmsg(peer transfer)",
+            ep,
+            msg,
+            |t: &CTransferEp, v, m| match v {
+                &[(mr, off, len)] => t.inner.ep.recvmsg(mr, off, len, m.context as u64, fl),
+                v => t.inner.ep.recvmsgv(v, m.context as u64, fl),
+            },
+        )
+    }
+}
+
+/// `guarded` for the ext ops: kept here so the module's entry points share one style.
+pub(crate) fn open_guarded(
+    ep: *mut fi::fid_ep,
+    peer_domain: *mut fi::fid_domain,
+    peer_info: *mut fi::fi_info,
+    owner_info: *mut fi::fi_info,
+    transfer: *mut *mut fi::fid_ep,
+    peer_ep: *mut *mut fi::fid_ep,
+) -> i32 {
+    guarded("open_transfer", || {
+        if transfer.is_null() || peer_ep.is_null() {
+            return Err(Error::new(
+                errno::EINVAL,
+                "transfer and peer_ep must be non-NULL",
+            ));
+        }
+        // SAFETY: the application's objects (fi_rverbs.h).
+        let (t, p) = unsafe { open(ep, peer_domain, peer_info, owner_info) }?;
+        // SAFETY: checked non-NULL; the caller's out-pointers.
+        unsafe {
+            *transfer = t;
+            *peer_ep = p;
+        }
+        Ok(())
+    })
+}
