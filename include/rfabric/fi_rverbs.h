@@ -40,6 +40,20 @@ struct fi_rverbs_peer_ops {
 	int (*open_transfer)(struct fid_ep *ep, struct fid_domain *peer_domain,
 			     struct fi_info *peer_info, struct fi_info *owner_info,
 			     struct fid_ep **transfer, struct fid_ep **peer_ep);
+	/*
+	 * Peer domain: calls the peer's fi_domain2(peer_fabric, peer_info, peer_domain,
+	 * FI_PEER, ctx) with ctx.domain = domain (an rverbs domain, which the peer may use,
+	 * e.g. to register memory). The domain must outlive the peer's.
+	 */
+	int (*open_peer_domain)(struct fid_domain *domain, struct fid_fabric *peer_fabric,
+				struct fi_info *peer_info, struct fid_domain **peer_domain);
+	/*
+	 * Peer EQ: calls the peer's fi_eq_open(peer_fabric, attr + FI_PEER, peer_eq, ctx)
+	 * with ctx.eq = eq (an rverbs EQ, where the peer writes its events with fi_eq_write).
+	 * The EQ must outlive the peer's.
+	 */
+	int (*open_peer_eq)(struct fid_eq *eq, struct fid_fabric *peer_fabric,
+			    struct fi_eq_attr *attr, struct fid_eq **peer_eq);
 };
 
 #ifdef __cplusplus

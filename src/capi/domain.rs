@@ -239,7 +239,9 @@ unsafe extern "C" fn domain_open2(
 unsafe extern "C" fn domain_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the application passes the fid fi_domain returned.
     guarded("fi_close(domain)", || unsafe {
-        CDomain::close(f.cast(), |d| unshared(d, "domain"))
+        CDomain::close(f.cast(), |d| unshared(d, "domain"))?;
+        crate::capi::ext::release_peer_contexts(f.cast());
+        Ok(())
     })
 }
 

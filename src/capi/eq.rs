@@ -119,7 +119,9 @@ impl CEq {
 unsafe extern "C" fn eq_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the fid fi_eq_open returned.
     guarded("fi_close(eq)", || unsafe {
-        CEq::close(f.cast(), |s| unshared(&s.eq, "event queue"))
+        CEq::close(f.cast(), |s| unshared(&s.eq, "event queue"))?;
+        crate::capi::ext::release_peer_contexts(f.cast());
+        Ok(())
     })
 }
 
@@ -170,6 +172,17 @@ unsafe fn write_event(
         EqEvent::ConnReq { fid, data, .. } => (*fid, data),
         EqEvent::Connected { fid, data } => (*fid, data),
         EqEvent::Shutdown { fid } => (*fid, &[]),
+        EqEvent::Written { event: code, data } => {
+            // SAFETY: the caller's contract.
+            let out = unsafe { bytes_mut(buf, len, "buf") }?;
+            if out.len() < data.len() {
+                return Err(too_small(data.len(), len));
+            }
+            out[..data.len()].copy_from_slice(data);
+            // SAFETY: the caller's contract.
+            unsafe { event.write(*code) };
+            return Ok(data.len());
+        }
         EqEvent::JoinComplete { fid } => {
             let need = size_of::<fi::fi_eq_entry>();
             // SAFETY: the caller's contract.
@@ -351,14 +364,36 @@ unsafe extern "C" fn eq_readerr(
     })
 }
 
+/// `fi_eq_write`: an event, its bytes kept as written and read back unchanged. A peer
+/// provider sharing the EQ (fi_peer(3)) writes here too.
 unsafe extern "C" fn eq_write(
-    _eq: *mut fi::fid_eq,
-    _event: u32,
-    _buf: *const c_void,
-    _len: usize,
-    _flags: u64,
+    eq: *mut fi::fid_eq,
+    event: u32,
+    buf: *const c_void,
+    len: usize,
+    flags: u64,
 ) -> isize {
-    guarded_len("fi_eq_write", || Err(enosys("fi_eq_write")))
+    guarded_len("fi_eq_write", || {
+        // SAFETY: the caller's EQ and buffer of len bytes (fi_eq(3)).
+        let (q, data) = unsafe {
+            (
+                &CEq::from_c(eq, "eq")?.inner.eq,
+                crate::capi::fid::bytes(buf, len, "buf")?,
+            )
+        };
+        // 1.17 defines no fi_eq_write flags (its headers have no FI_ERROR).
+        if flags != 0 {
+            return Err(Error::new(
+                errno::EBADFLAGS,
+                format!("fi_eq_write flags {flags:#x}: libfabric 1.17 defines none"),
+            ));
+        }
+        q.write(EqEvent::Written {
+            event,
+            data: data.to_vec(),
+        })?;
+        Ok(len)
+    })
 }
 
 /// The text of an EQ error's `prov_errno`: a negative errno from rdma_cm, or a consumer or

@@ -27,6 +27,18 @@ pub(crate) struct PeerOps {
         *mut *mut fi::fid_ep,
         *mut *mut fi::fid_ep,
     ) -> i32,
+    open_peer_domain: unsafe extern "C" fn(
+        *mut fi::fid_domain,
+        *mut fi::fid_fabric,
+        *mut fi::fi_info,
+        *mut *mut fi::fid_domain,
+    ) -> i32,
+    open_peer_eq: unsafe extern "C" fn(
+        *mut fi::fid_eq,
+        *mut fi::fid_fabric,
+        *mut fi::fi_eq_attr,
+        *mut *mut fi::fid_eq,
+    ) -> i32,
 }
 
 static PEER_OPS: PeerOps = PeerOps {
@@ -34,7 +46,131 @@ static PEER_OPS: PeerOps = PeerOps {
     import_shm,
     import_name,
     open_transfer,
+    open_peer_domain,
+    open_peer_eq,
 };
+
+/// Peer contexts handed to peers' `fi_domain2` / `fi_eq_open`, by the owner object they
+/// name: fi_peer(3) has the owner object outlive the peer's, so each context lives until
+/// its owner closes ([`release_peer_contexts`]).
+#[allow(dead_code)] // held for the peer to read, never read here
+enum PeerContext {
+    Domain(Box<fi::fi_peer_domain_context>),
+    Eq(Box<fi::fi_peer_eq_context>),
+}
+// SAFETY: plain C structs holding the owner's own handle; only read by the peer.
+unsafe impl Send for PeerContext {}
+
+static PEER_CONTEXTS: std::sync::Mutex<Vec<(usize, PeerContext)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn keep_context(owner: usize, c: PeerContext) {
+    PEER_CONTEXTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((owner, c));
+}
+
+/// Frees the peer contexts naming `owner` (its domain or EQ is closing).
+pub(crate) fn release_peer_contexts(owner: *const c_void) {
+    PEER_CONTEXTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(o, _)| *o != owner as usize);
+}
+
+/// Whether a provider's ops table of `size` bytes has the slot at `offset`.
+fn has_slot(size: usize, offset: usize) -> bool {
+    size >= offset + size_of::<usize>()
+}
+
+/// fi_peer(3) peer domain: the owner calls the peer's `fi_domain2(FI_PEER)` with a
+/// `fi_peer_domain_context` naming the owner's domain, which the peer may then use (to
+/// register memory with the owner, for one).
+unsafe extern "C" fn open_peer_domain(
+    owner: *mut fi::fid_domain,
+    peer_fabric: *mut fi::fid_fabric,
+    peer_info: *mut fi::fi_info,
+    peer_domain: *mut *mut fi::fid_domain,
+) -> i32 {
+    guarded("open_peer_domain", || {
+        // SAFETY: the application's rverbs domain and the peer's fabric (fi_rverbs.h).
+        let domain2 = unsafe {
+            crate::capi::domain::CDomain::from_c(owner, "domain")?;
+            let f = peer_fabric
+                .as_ref()
+                .and_then(|f| f.ops.as_ref())
+                .ok_or_else(|| Error::new(errno::EINVAL, "peer_fabric is NULL"))?;
+            if has_slot(f.size, std::mem::offset_of!(fi::fi_ops_fabric, domain2)) {
+                f.domain2
+            } else {
+                None
+            }
+        }
+        .ok_or_else(|| {
+            Error::new(
+                errno::ENOSYS,
+                "the peer provider has no fi_domain2: it cannot take a peer domain",
+            )
+        })?;
+        let mut ctx = Box::new(fi::fi_peer_domain_context {
+            size: size_of::<fi::fi_peer_domain_context>(),
+            domain: owner,
+        });
+        // SAFETY: the peer's fi_domain2 with FI_PEER and its context (fi_peer(3)).
+        let rc = unsafe {
+            domain2(
+                peer_fabric,
+                peer_info,
+                peer_domain,
+                fi::FI_PEER,
+                (&raw mut *ctx).cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(Error::new(-rc, "the peer's fi_domain2(FI_PEER)"));
+        }
+        keep_context(owner as usize, PeerContext::Domain(ctx));
+        Ok(())
+    })
+}
+
+/// fi_peer(3) peer EQ: the owner calls the peer's `fi_eq_open` with `FI_PEER` in the
+/// attributes' flags and a `fi_peer_eq_context` naming the owner's EQ, where the peer then
+/// writes its events (`fi_eq_write`).
+unsafe extern "C" fn open_peer_eq(
+    owner: *mut fi::fid_eq,
+    peer_fabric: *mut fi::fid_fabric,
+    attr: *mut fi::fi_eq_attr,
+    peer_eq: *mut *mut fi::fid_eq,
+) -> i32 {
+    guarded("open_peer_eq", || {
+        // SAFETY: the application's rverbs EQ, the peer's fabric and NULL or an attr.
+        let (eq_open, mut a) = unsafe {
+            crate::capi::eq::CEq::from_c(owner, "eq")?;
+            let f = peer_fabric
+                .as_ref()
+                .and_then(|f| f.ops.as_ref())
+                .ok_or_else(|| Error::new(errno::EINVAL, "peer_fabric is NULL"))?;
+            let a = attr.as_ref().copied().unwrap_or_else(|| std::mem::zeroed());
+            (f.eq_open, a)
+        };
+        let eq_open = eq_open
+            .ok_or_else(|| Error::new(errno::ENOSYS, "the peer provider has no fi_eq_open"))?;
+        a.flags |= fi::FI_PEER;
+        let mut ctx = Box::new(fi::fi_peer_eq_context {
+            size: size_of::<fi::fi_peer_eq_context>(),
+            eq: owner,
+        });
+        // SAFETY: the peer's fi_eq_open with FI_PEER and its context (fi_peer(3)).
+        let rc = unsafe { eq_open(peer_fabric, &mut a, peer_eq, (&raw mut *ctx).cast()) };
+        if rc != 0 {
+            return Err(Error::new(-rc, "the peer's fi_eq_open(FI_PEER)"));
+        }
+        keep_context(owner as usize, PeerContext::Eq(ctx));
+        Ok(())
+    })
+}
 
 /// `fi_open_ops` of an rverbs domain.
 pub(crate) unsafe extern "C" fn domain_ops_open(

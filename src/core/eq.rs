@@ -23,6 +23,9 @@ pub enum EqEvent {
     Shutdown { fid: u64 },
     /// `FI_JOIN_COMPLETE`: a multicast join (`fi_join`) finished; `fid` is its context.
     JoinComplete { fid: u64 },
+    /// An event written with `fi_eq_write` (by the application, or a peer provider sharing
+    /// the EQ): its code and its bytes as written, read back unchanged.
+    Written { event: u32, data: Vec<u8> },
 }
 
 impl EqEvent {
@@ -32,6 +35,10 @@ impl EqEvent {
             | EqEvent::Connected { fid, .. }
             | EqEvent::Shutdown { fid }
             | EqEvent::JoinComplete { fid } => *fid,
+            // Written entries start with their fid (every fi_eq_*_entry does).
+            EqEvent::Written { data, .. } => data
+                .get(..8)
+                .map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap_or_default())),
         }
     }
 
@@ -43,6 +50,7 @@ impl EqEvent {
             EqEvent::Connected { .. } => fi::FI_CONNECTED,
             EqEvent::Shutdown { .. } => fi::FI_SHUTDOWN,
             EqEvent::JoinComplete { .. } => fi::FI_JOIN_COMPLETE,
+            EqEvent::Written { event, .. } => *event,
         }
     }
 }

@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use std::os::fd::AsFd;
+
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use rfabric_sys::cm::{event as ev, event_str, CmEvent, CmId, EventChannel};
 
 use crate::core::eq::{EqErrEntry, EqEvent, EventQueueState};
@@ -80,6 +83,8 @@ struct Inner {
 #[derive(Debug)]
 pub struct EventQueue {
     channel: Arc<EventChannel>,
+    /// Armed by `fi_eq_write`, so that a thread blocked in `sread` wakes for written events.
+    written: EventFd,
     inner: Mutex<Inner>,
     _fabric: Arc<Fabric>,
 }
@@ -125,8 +130,12 @@ impl EventQueue {
         }
         let channel = Arc::new(EventChannel::new().map_err(os_err("rdma_create_event_channel"))?);
         let size = if attr.size == 0 { 256 } else { attr.size };
+        let written =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(|e| Error::os(e as i32, "eventfd for the EQ"))?;
         Ok(Arc::new(EventQueue {
             channel,
+            written,
             inner: Mutex::new(Inner {
                 q: EventQueueState::new(size),
                 owners: HashMap::new(),
@@ -222,17 +231,26 @@ impl EventQueue {
                     PollTimeout::try_from(d - now).unwrap_or(PollTimeout::MAX)
                 }
             };
-            let mut fds = [PollFd::new(self.channel.borrow_fd(), PollFlags::POLLIN)];
+            let mut fds = [
+                PollFd::new(self.channel.borrow_fd(), PollFlags::POLLIN),
+                PollFd::new(self.written.as_fd(), PollFlags::POLLIN),
+            ];
             match poll(&mut fds, left) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(Error::os(e as i32, "poll on the rdma_cm channel")),
             }
+            // Reset it; the written event is in the queue for the next attempt.
+            let _ = self.written.read();
         }
     }
 
     /// Writes an event from the application (`fi_eq_write`).
     pub fn write(&self, event: EqEvent) -> Result<()> {
-        self.lock().q.push_event(event)
+        self.lock().q.push_event(event)?;
+        if let Err(e) = self.written.write(1) {
+            crate::fi_warn!("eq", "eventfd write: {e}");
+        }
+        Ok(())
     }
 
     fn progress(&self, g: &mut Inner) -> Result<()> {

@@ -720,6 +720,9 @@ static void peer_section(const char *self)
 	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
 	OK(fi_domain(fabric, info, &domain, NULL));
 	EXPECT(fi_open_ops(&domain->fid, "no_such_ops", 0, &bad, NULL), -FI_ENOSYS);
+	/* fi_import_fid: rverbs takes no user-owned objects (a memory monitor, say). */
+	struct fid monitor = {.fclass = FI_CLASS_MEM_MONITOR};
+	EXPECT(fi_import_fid(&domain->fid, &monitor, 0), -FI_ENOSYS);
 	OK(fi_open_ops(&domain->fid, FI_RVERBS_PEER_OPS, 0, (void **)&ops, NULL));
 	TRUE(ops->size == sizeof *ops);
 	OK(fi_cq_open(domain, &ca, &cq, NULL));
@@ -903,6 +906,43 @@ static struct fi_ops_domain off_domain_ops = {
 };
 static struct fid_domain off_domain = {.fid = {.fclass = FI_CLASS_DOMAIN}, .ops = &off_domain_ops};
 
+/* What the owner handed the offload peer: its domain and its EQ. */
+static struct fid_domain *off_owner_domain;
+static struct fid_eq *off_owner_eq;
+static struct fid_eq off_eq = {.fid = {.fclass = FI_CLASS_EQ}};
+
+static int off_domain2(struct fid_fabric *f, struct fi_info *info, struct fid_domain **d,
+		       uint64_t flags, void *context)
+{
+	struct fi_peer_domain_context *ctx = context;
+	(void)f;
+	(void)info;
+	if (flags != FI_PEER || !ctx || ctx->size < sizeof *ctx || !ctx->domain)
+		return -FI_EINVAL;
+	off_owner_domain = ctx->domain;
+	*d = &off_domain;
+	return 0;
+}
+
+static int off_eq_open(struct fid_fabric *f, struct fi_eq_attr *attr, struct fid_eq **eq,
+		       void *context)
+{
+	struct fi_peer_eq_context *ctx = context;
+	(void)f;
+	if (!attr || !(attr->flags & FI_PEER) || !ctx || ctx->size < sizeof *ctx || !ctx->eq)
+		return -FI_EINVAL;
+	off_owner_eq = ctx->eq;
+	*eq = &off_eq;
+	return 0;
+}
+
+static struct fi_ops_fabric off_fabric_ops = {
+	.size = sizeof(struct fi_ops_fabric),
+	.eq_open = off_eq_open,
+	.domain2 = off_domain2,
+};
+static struct fid_fabric off_fabric = {.fid = {.fclass = FI_CLASS_FABRIC}, .ops = &off_fabric_ops};
+
 static void transfer_section(void)
 {
 	struct msg_env m = {0};
@@ -927,7 +967,19 @@ static void transfer_section(void)
 	b.pinger = 1;
 	a.tx = m.buf + 1024, a.rx = m.buf + 2048;
 	b.tx = m.buf + 3072, b.rx = m.buf + 4096;
-	a.desc = b.desc = m.desc;
+
+	/* Peer domain: the offload peer registers its memory with the owner's domain. */
+	struct fid_domain *pd;
+	struct fid_mr *pmr;
+	OK(ops->open_peer_domain(m.domain, &off_fabric, NULL, &pd));
+	TRUE(pd == &off_domain && off_owner_domain == m.domain);
+	OK(fi_mr_reg(off_owner_domain, m.buf, 8192, FI_SEND | FI_RECV, 0, 0, 0, &pmr, NULL));
+	a.desc = b.desc = fi_mr_desc(pmr);
+	/* Peer EQ: its events land in the owner's EQ. */
+	struct fid_eq *peq;
+	struct fi_eq_attr pea = {.wait_obj = FI_WAIT_NONE};
+	OK(ops->open_peer_eq(c.eq, &off_fabric, &pea, &peq));
+	TRUE(peq == &off_eq && off_owner_eq == c.eq);
 	off_next = &a;
 	OK(ops->open_transfer(s.ep, &off_domain, NULL, m.info, &ta, &pa));
 	off_next = &b;
@@ -958,6 +1010,15 @@ static void transfer_section(void)
 	}
 	TRUE(a.received == ROUNDS && b.received == ROUNDS && a.last == ROUNDS);
 	TRUE(a.max_depth == 1 && b.max_depth == 1 && a.errors == 0 && b.errors == 0);
+	{
+		struct fi_eq_entry w = {.fid = &pb->fid, .context = &b, .data = ROUNDS}, r;
+		uint32_t ev;
+		EXPECT(fi_eq_read(c.eq, &ev, &r, sizeof r, 0), -FI_EAGAIN);
+		EXPECT(fi_eq_write(off_owner_eq, FI_NOTIFY, &w, sizeof w, 0), sizeof w);
+		EXPECT(fi_eq_sread(c.eq, &ev, &r, sizeof r, 1000, 0), sizeof r);
+		TRUE(ev == FI_NOTIFY && r.fid == &pb->fid && r.context == &b && r.data == ROUNDS);
+		EXPECT(fi_eq_write(off_owner_eq, FI_NOTIFY, &w, sizeof w, 1), -FI_EBADFLAGS);
+	}
 
 	/* The application's own traffic on the same endpoints still completes on its CQs. */
 	OK(fi_recv(s.ep, m.buf + 8192, 64, m.desc, 0, &ctx));
@@ -982,6 +1043,7 @@ static void transfer_section(void)
 	EXPECT(fi_close(&ta->fid), 0);
 	EXPECT(fi_close(&tb->fid), 0);
 	TRUE(a.closed == 1 && b.closed == 1);
+	EXPECT(fi_close(&pmr->fid), 0);
 	close_side(&c, 1);
 	close_side(&s, 0);
 	msg_env_close(&m);
