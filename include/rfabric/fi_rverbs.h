@@ -10,6 +10,7 @@
 
 #include <rdma/fabric.h>
 #include <rdma/fi_endpoint.h>
+#include <rdma/fi_collective.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,6 +55,13 @@ struct fi_rverbs_peer_ops {
 	 */
 	int (*open_peer_eq)(struct fid_eq *eq, struct fid_fabric *peer_fabric,
 			    struct fi_eq_attr *attr, struct fid_eq **peer_eq);
+	/*
+	 * Peer AV set: calls the peer's fi_av_set(peer_av, attr{.flags = FI_PEER},
+	 * peer_set, ctx) with ctx.av_set = the owner face (struct fid_peer_av_set) of set,
+	 * an rverbs AV set, whose members() lists the set's addresses.
+	 */
+	int (*open_peer_av_set)(struct fid_av_set *set, struct fid_av *peer_av,
+				struct fid_av_set **peer_set);
 };
 
 #ifdef __cplusplus

@@ -451,7 +451,7 @@ static AV_OPS: fi::fi_ops_av = fi::fi_ops_av {
     remove: Some(av_remove),
     lookup: Some(av_lookup),
     straddr: Some(av_straddr),
-    av_set: Some(n4i),
+    av_set: Some(crate::capi::avset::av_set_open),
 };
 
 unsafe extern "C" fn av_open(

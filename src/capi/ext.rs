@@ -39,6 +39,8 @@ pub(crate) struct PeerOps {
         *mut fi::fi_eq_attr,
         *mut *mut fi::fid_eq,
     ) -> i32,
+    open_peer_av_set:
+        unsafe extern "C" fn(*mut fi::fid_av_set, *mut fi::fid_av, *mut *mut fi::fid_av_set) -> i32,
 }
 
 static PEER_OPS: PeerOps = PeerOps {
@@ -48,6 +50,7 @@ static PEER_OPS: PeerOps = PeerOps {
     open_transfer,
     open_peer_domain,
     open_peer_eq,
+    open_peer_av_set,
 };
 
 /// Peer contexts handed to peers' `fi_domain2` / `fi_eq_open`, by the owner object they
@@ -57,12 +60,17 @@ static PEER_OPS: PeerOps = PeerOps {
 enum PeerContext {
     Domain(Box<fi::fi_peer_domain_context>),
     Eq(Box<fi::fi_peer_eq_context>),
+    AvSet(Box<fi::fi_peer_av_set_context>),
 }
 // SAFETY: plain C structs holding the owner's own handle; only read by the peer.
 unsafe impl Send for PeerContext {}
 
 static PEER_CONTEXTS: std::sync::Mutex<Vec<(usize, PeerContext)>> =
     std::sync::Mutex::new(Vec::new());
+
+pub(crate) fn keep_av_set_context(owner: usize, c: Box<fi::fi_peer_av_set_context>) {
+    keep_context(owner, PeerContext::AvSet(c));
+}
 
 fn keep_context(owner: usize, c: PeerContext) {
     PEER_CONTEXTS
@@ -256,4 +264,18 @@ unsafe extern "C" fn open_transfer(
     peer_ep: *mut *mut fi::fid_ep,
 ) -> i32 {
     crate::capi::transfer::open_guarded(ep, peer_domain, peer_info, owner_info, transfer, peer_ep)
+}
+
+/// fi_peer(3) peer AV set: the peer's `fi_av_set(FI_PEER)` with the owner's set.
+unsafe extern "C" fn open_peer_av_set(
+    set: *mut fi::fid_av_set,
+    peer_av: *mut fi::fid_av,
+    peer_set: *mut *mut fi::fid_av_set,
+) -> i32 {
+    guarded("open_peer_av_set", || {
+        // SAFETY: the application's rverbs AV set and the peer's AV (fi_rverbs.h).
+        let ctx = unsafe { crate::capi::avset::open_peer(set, peer_av, peer_set) }?;
+        keep_av_set_context(set as usize, ctx);
+        Ok(())
+    })
 }

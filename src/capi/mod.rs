@@ -3,6 +3,7 @@
 //! translate C calls into Rust calls. Unsafe code here is the FFI layer's: each block says
 //! why it is sound.
 
+pub(crate) mod avset;
 pub(crate) mod cq;
 pub(crate) mod domain;
 pub(crate) mod ep;

@@ -28,6 +28,7 @@
 #include <rdma/fi_ext.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <rdma/fi_collective.h>
 #include <rfabric/fi_rverbs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -403,6 +404,8 @@ static void msg_section(void)
 	printf("ok msg\n");
 }
 
+static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t *addrs);
+
 static void dgram_section(void)
 {
 	struct fi_info *h = hints_for(FI_EP_DGRAM), *info;
@@ -456,6 +459,7 @@ static void dgram_section(void)
 	len = sizeof str;
 	TRUE(fi_av_straddr(av, names[1], str, &len) == str);
 	TRUE(strncmp(str, "fi_addr_ib_ud://", 16) == 0);
+	avset_check(domain, av, addrs);
 
 	uint8_t *buf = aligned_alloc(4096, BUF), *rx = buf, *tx = buf + 32768;
 	OK(fi_mr_reg(domain, buf, BUF, FI_SEND | FI_RECV, 0, 0, 0, &mr, NULL));
@@ -942,6 +946,65 @@ static struct fi_ops_fabric off_fabric_ops = {
 	.domain2 = off_domain2,
 };
 static struct fid_fabric off_fabric = {.fid = {.fclass = FI_CLASS_FABRIC}, .ops = &off_fabric_ops};
+
+/* ---- AV sets, and a peer AV set handed to the offload peer ---- */
+
+static struct fid_peer_av_set *off_owner_set;
+static struct fid_av_set off_set = {.fid = {.fclass = FI_CLASS_AV_SET}};
+
+static int off_av_set(struct fid_av *av, struct fi_av_set_attr *attr, struct fid_av_set **set,
+		      void *context)
+{
+	struct fi_peer_av_set_context *ctx = context;
+	(void)av;
+	if (!attr || !(attr->flags & FI_PEER) || !ctx || ctx->size < sizeof *ctx || !ctx->av_set)
+		return -FI_EINVAL;
+	/* The 1.17 header types av_set as struct fi_peer_av_set *, which it never defines. */
+	off_owner_set = (struct fid_peer_av_set *)ctx->av_set;
+	*set = &off_set;
+	return 0;
+}
+
+static struct fi_ops_av off_av_ops = {.size = sizeof(struct fi_ops_av), .av_set = off_av_set};
+static struct fid_av off_av = {.fid = {.fclass = FI_CLASS_AV}, .ops = &off_av_ops};
+
+static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t *addrs)
+{
+	struct fid_av_set *set, *empty, *ps;
+	struct fi_rverbs_peer_ops *ops;
+	struct fi_av_set_attr a = {.count = 2, .start_addr = addrs[0], .end_addr = addrs[1],
+				   .stride = addrs[1] - addrs[0]};
+	struct fi_av_set_attr none = {0};
+	fi_addr_t got[4], coll;
+	size_t n;
+
+	TRUE(addrs[1] > addrs[0]);
+	OK(fi_av_set(av, &a, &set, NULL));
+	OK(fi_av_set(av, &none, &empty, NULL));
+	EXPECT(fi_av_set_insert(set, addrs[0]), -FI_EINVAL); /* already a member */
+	OK(fi_av_set_remove(set, addrs[1]));
+	EXPECT(fi_av_set_remove(set, addrs[1]), -FI_EINVAL);
+	OK(fi_av_set_insert(set, addrs[1]));
+	EXPECT(fi_av_set_insert(set, addrs[1] + 100), -FI_EINVAL); /* not in the AV */
+	EXPECT(fi_av_set_addr(set, &coll), -FI_ENOSYS);
+	OK(fi_av_set_union(empty, set));
+	OK(fi_open_ops(&domain->fid, FI_RVERBS_PEER_OPS, 0, (void **)&ops, NULL));
+	OK(ops->open_peer_av_set(empty, &off_av, &ps));
+	TRUE(ps == &off_set && off_owner_set);
+	/* members(): too small an array says how many; then the addresses. */
+	n = 1;
+	EXPECT(off_owner_set->owner_ops->members(off_owner_set, got, &n), -FI_ETOOSMALL);
+	EXPECT(n, 2);
+	n = 4;
+	OK(off_owner_set->owner_ops->members(off_owner_set, got, &n));
+	TRUE(n == 2 && got[0] == addrs[0] && got[1] == addrs[1]);
+	OK(fi_av_set_diff(empty, set));
+	n = 4;
+	OK(off_owner_set->owner_ops->members(off_owner_set, got, &n));
+	EXPECT(n, 0);
+	EXPECT(fi_close(&empty->fid), 0);
+	EXPECT(fi_close(&set->fid), 0);
+}
 
 static void transfer_section(void)
 {

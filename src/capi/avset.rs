@@ -1,0 +1,342 @@
+//! AV sets (`fi_av_set`, fi_av_set(3)) over an rverbs AV, and their owner face for peers
+//! (fi_peer(3) peer AV set): a `fid_peer_av_set` whose `members` lists the set's
+//! addresses. rverbs runs no collectives, so `fi_av_set_addr` is `-FI_ENOSYS`.
+//!
+//! The 1.17 header types `fi_peer_av_set_context.av_set` as `struct fi_peer_av_set *`, a
+//! type it never defines (the man page too); the header wins, and the pointer given is the
+//! owner's `struct fid_peer_av_set`.
+
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rfabric_sys::fabric as fi;
+
+use crate::capi::domain::CAv;
+use crate::capi::fid::{fi_ops_of, fid, guarded, no_bind, no_control, ops, put, Class, Obj};
+use crate::core::error::{errno, Error, Result};
+use crate::verbs::AddressVector;
+
+pub(crate) struct AvSet {
+    av: Arc<AddressVector>,
+    members: Mutex<Vec<u64>>,
+    /// What peers import: leads back here through its owner ops.
+    peer: Box<PeerAvSet>,
+}
+
+/// `struct fid_peer_av_set`, then the set it belongs to.
+#[repr(C)]
+pub(crate) struct PeerAvSet {
+    hdr: fi::fid_peer_av_set,
+    set: *const AvSet,
+}
+
+// SAFETY: `set` points at the AvSet that owns this box (set once, never changed); the
+// members behind it are under a mutex.
+unsafe impl Send for PeerAvSet {}
+// SAFETY: as above.
+unsafe impl Sync for PeerAvSet {}
+
+impl AvSet {
+    fn members(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The owner's `fid_peer_av_set`, for a peer's `fi_av_set(FI_PEER)`.
+    pub(crate) fn peer(&self) -> *mut fi::fid_peer_av_set {
+        std::ptr::from_ref(&self.peer.hdr).cast_mut()
+    }
+
+    fn check(&self, addr: u64) -> Result<()> {
+        self.av.with_peer(addr, |_| ()).map_err(|_| {
+            Error::new(
+                errno::EINVAL,
+                format!("fi_addr {addr} is not in the set's AV"),
+            )
+        })
+    }
+}
+
+pub(crate) type CAvSet = Obj<fi::fid_av_set, AvSet>;
+impl Class for CAvSet {
+    type Header = fi::fid_av_set;
+    const FCLASS: u32 = fi::FI_CLASS_AV_SET;
+}
+
+static AV_SET_FI_OPS: fi::fi_ops = fi_ops_of!(set_close, no_bind, no_control);
+static AV_SET_OPS: fi::fi_ops_av_set = fi::fi_ops_av_set {
+    size: size_of::<fi::fi_ops_av_set>(),
+    set_union: Some(set_union),
+    intersect: Some(set_intersect),
+    diff: Some(set_diff),
+    insert: Some(set_insert),
+    remove: Some(set_remove),
+    addr: Some(set_addr),
+};
+static PEER_AV_SET_FI_OPS: fi::fi_ops = fi_ops_of!(peer_close, no_bind, no_control);
+static AV_SET_OWNER_OPS: fi::fi_ops_av_set_owner = fi::fi_ops_av_set_owner {
+    size: size_of::<fi::fi_ops_av_set_owner>(),
+    members: Some(peer_members),
+};
+
+/// `fi_av_set`: `count` addresses from `start_addr` to `end_addr` by `stride` (none when
+/// `count` is 0).
+pub(crate) unsafe extern "C" fn av_set_open(
+    av: *mut fi::fid_av,
+    attr: *mut fi::fi_av_set_attr,
+    set: *mut *mut fi::fid_av_set,
+    context: *mut c_void,
+) -> i32 {
+    guarded("fi_av_set", || {
+        // SAFETY: the application's AV and NULL or an attr (fi_av_set(3)).
+        let (av, a) = unsafe {
+            (
+                &CAv::from_c(av, "av")?.inner,
+                attr.as_ref()
+                    .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
+            )
+        };
+        crate::capi::fid::no_peer_open(a.flags, "fi_av_set")?;
+        if a.flags != 0 {
+            return Err(Error::new(
+                errno::EBADFLAGS,
+                format!("fi_av_set flags {:#x} are not supported", a.flags),
+            ));
+        }
+        if a.comm_key_size != 0 {
+            return Err(crate::capi::fid::enosys(
+                "fi_av_set with a comm_key (collective offload)",
+            ));
+        }
+        let mut members = Vec::with_capacity(a.count);
+        if a.count > 0 {
+            if a.stride == 0 || a.end_addr < a.start_addr {
+                return Err(Error::new(
+                    errno::EINVAL,
+                    "an AV set range needs stride > 0 and start_addr <= end_addr",
+                ));
+            }
+            let mut at = a.start_addr;
+            while members.len() < a.count && at <= a.end_addr {
+                members.push(at);
+                at = match at.checked_add(a.stride) {
+                    Some(n) => n,
+                    None => break,
+                };
+            }
+        }
+        let s = CAvSet::into_raw(
+            fi::fid_av_set {
+                fid: fid(fi::FI_CLASS_AV_SET, context, &AV_SET_FI_OPS),
+                ops: ops(&AV_SET_OPS),
+            },
+            AvSet {
+                av: av.clone(),
+                members: Mutex::new(members),
+                peer: Box::new(PeerAvSet {
+                    hdr: fi::fid_peer_av_set {
+                        fid: fid(
+                            fi::FI_CLASS_AV_SET,
+                            std::ptr::null_mut(),
+                            &PEER_AV_SET_FI_OPS,
+                        ),
+                        owner_ops: ops(&AV_SET_OWNER_OPS),
+                    },
+                    set: std::ptr::null(),
+                }),
+            },
+        );
+        // SAFETY: just made: link the peer face back to its set, then check the members.
+        let r = unsafe {
+            let o = &mut *s.cast::<CAvSet>();
+            o.inner.peer.set = &raw const o.inner;
+            let m = o.inner.members().clone();
+            m.iter().try_for_each(|&x| o.inner.check(x))
+        };
+        // SAFETY: checked for NULL, writable per fi_av_set(3).
+        r.and_then(|()| unsafe { put(set, s, "set") })
+            .inspect_err(|_| {
+                // SAFETY: just made, never handed out.
+                let _ = unsafe { CAvSet::close(s, |_| Ok(())) };
+            })
+    })
+}
+
+unsafe extern "C" fn set_close(f: *mut fi::fid) -> i32 {
+    // SAFETY: the fid fi_av_set returned.
+    guarded("fi_close(av set)", || unsafe {
+        CAvSet::close(f.cast(), |_| Ok(()))?;
+        crate::capi::ext::release_peer_contexts(f.cast());
+        Ok(())
+    })
+}
+
+/// `dst` changed by what `src` holds.
+fn combine(
+    what: &str,
+    dst: *mut fi::fid_av_set,
+    src: *const fi::fid_av_set,
+    f: impl FnOnce(&mut Vec<u64>, &[u64]),
+) -> i32 {
+    guarded(what, || {
+        // SAFETY: the application's sets.
+        let (d, s) = unsafe { (CAvSet::from_c(dst, "dst")?, CAvSet::from_c(src, "src")?) };
+        if !Arc::ptr_eq(&d.inner.av, &s.inner.av) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the two AV sets belong to different AVs",
+            ));
+        }
+        if std::ptr::eq(d, s) {
+            let copy = d.inner.members().clone();
+            f(&mut d.inner.members(), &copy);
+        } else {
+            let from = s.inner.members().clone();
+            f(&mut d.inner.members(), &from);
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn set_union(dst: *mut fi::fid_av_set, src: *const fi::fid_av_set) -> i32 {
+    combine("fi_av_set_union", dst, src, |d, s| {
+        for &x in s {
+            if !d.contains(&x) {
+                d.push(x);
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn set_intersect(dst: *mut fi::fid_av_set, src: *const fi::fid_av_set) -> i32 {
+    combine("fi_av_set_intersect", dst, src, |d, s| {
+        d.retain(|x| s.contains(x))
+    })
+}
+
+unsafe extern "C" fn set_diff(dst: *mut fi::fid_av_set, src: *const fi::fid_av_set) -> i32 {
+    combine("fi_av_set_diff", dst, src, |d, s| {
+        d.retain(|x| !s.contains(x))
+    })
+}
+
+unsafe extern "C" fn set_insert(set: *mut fi::fid_av_set, addr: fi::fi_addr_t) -> i32 {
+    guarded("fi_av_set_insert", || {
+        // SAFETY: the application's set.
+        let s = &unsafe { CAvSet::from_c(set, "set") }?.inner;
+        s.check(addr)?;
+        let mut m = s.members();
+        if m.contains(&addr) {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("fi_addr {addr} is already in the set"),
+            ));
+        }
+        m.push(addr);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn set_remove(set: *mut fi::fid_av_set, addr: fi::fi_addr_t) -> i32 {
+    guarded("fi_av_set_remove", || {
+        // SAFETY: the application's set.
+        let s = &unsafe { CAvSet::from_c(set, "set") }?.inner;
+        let mut m = s.members();
+        let at = m.iter().position(|&x| x == addr).ok_or_else(|| {
+            Error::new(errno::EINVAL, format!("fi_addr {addr} is not in the set"))
+        })?;
+        m.remove(at);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn set_addr(_set: *mut fi::fid_av_set, _coll: *mut fi::fi_addr_t) -> i32 {
+    guarded("fi_av_set_addr", || {
+        Err(crate::capi::fid::enosys(
+            "fi_av_set_addr (collective addresses: rverbs runs no collectives)",
+        ))
+    })
+}
+
+/// The owner's peer face is freed with its set, not by the peer.
+unsafe extern "C" fn peer_close(_f: *mut fi::fid) -> i32 {
+    -errno::EPERM
+}
+
+/// `fi_ops_av_set_owner::members`: the set's addresses, or `-FI_ETOOSMALL` with `count`
+/// set to how many there are.
+unsafe extern "C" fn peer_members(
+    set: *mut fi::fid_peer_av_set,
+    addr: *mut fi::fi_addr_t,
+    count: *mut usize,
+) -> i32 {
+    guarded("peer av set members", || {
+        // SAFETY: the fid_peer_av_set the owner gave the peer: the first field of a
+        // PeerAvSet, told apart by its ops; its set outlives the peer's use (fi_peer(3)).
+        let s = unsafe {
+            let p = set
+                .as_ref()
+                .ok_or_else(|| Error::new(errno::EINVAL, "set is NULL"))?;
+            if !std::ptr::eq(p.fid.ops, &PEER_AV_SET_FI_OPS) {
+                return Err(Error::new(errno::EINVAL, "not an rverbs peer AV set"));
+            }
+            &*(*set.cast::<PeerAvSet>()).set
+        };
+        if count.is_null() {
+            return Err(Error::new(errno::EINVAL, "count is NULL"));
+        }
+        let m = s.members();
+        // SAFETY: checked non-NULL; the peer's in/out count.
+        let room = unsafe { count.replace(m.len()) };
+        if room < m.len() {
+            return Err(Error::new(
+                errno::ETOOSMALL,
+                format!("the set has {} members, the array room for {room}", m.len()),
+            ));
+        }
+        if !m.is_empty() {
+            // SAFETY: the peer's array of `room` >= len entries, per fi_peer(3).
+            let out = unsafe { crate::capi::fid::bytes_mut(addr.cast(), m.len() * 8, "addr")? };
+            for (o, x) in out.chunks_exact_mut(8).zip(m.iter()) {
+                o.copy_from_slice(&x.to_ne_bytes());
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Calls the peer's `fi_av_set` on its AV with `FI_PEER` and a `fi_peer_av_set_context`
+/// naming this set's owner face.
+///
+/// # Safety
+/// `set` is NULL or a live fid of this library; `peer_av` NULL or the peer's live AV.
+pub(crate) unsafe fn open_peer(
+    set: *mut fi::fid_av_set,
+    peer_av: *mut fi::fid_av,
+    peer_set: *mut *mut fi::fid_av_set,
+) -> Result<Box<fi::fi_peer_av_set_context>> {
+    // SAFETY: the caller's contract.
+    let s = &unsafe { CAvSet::from_c(set, "set") }?.inner;
+    // SAFETY: the caller's contract; the ops table's size says which slots exist.
+    let av_set = unsafe {
+        peer_av
+            .as_ref()
+            .and_then(|a| a.ops.as_ref())
+            .ok_or_else(|| Error::new(errno::EINVAL, "peer_av is NULL"))?
+            .av_set
+    }
+    .ok_or_else(|| Error::new(errno::ENOSYS, "the peer's AV has no fi_av_set"))?;
+    let mut ctx = Box::new(fi::fi_peer_av_set_context {
+        size: size_of::<fi::fi_peer_av_set_context>(),
+        av_set: s.peer().cast(),
+    });
+    // SAFETY: a zeroed attr is valid C.
+    let mut a: fi::fi_av_set_attr = unsafe { std::mem::zeroed() };
+    a.flags = fi::FI_PEER;
+    // SAFETY: the peer's fi_av_set with the context fi_peer(3) defines.
+    let rc = unsafe { av_set(peer_av, &mut a, peer_set, (&raw mut *ctx).cast()) };
+    if rc != 0 {
+        return Err(Error::new(-rc, "the peer's fi_av_set(FI_PEER)"));
+    }
+    Ok(ctx)
+}
