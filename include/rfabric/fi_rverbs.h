@@ -62,6 +62,13 @@ struct fi_rverbs_peer_ops {
 	 */
 	int (*open_peer_av_set)(struct fid_av_set *set, struct fid_av *peer_av,
 				struct fid_av_set **peer_set);
+	/*
+	 * Peer AV: calls the peer's fi_av_open(peer_domain, attr + FI_PEER, peer_av, ctx)
+	 * with ctx.av = the owner face (struct fid_peer_av: query, ep_addr) of av, an rverbs
+	 * AV, which must outlive the peer's.
+	 */
+	int (*open_peer_av)(struct fid_av *av, struct fid_domain *peer_domain,
+			    struct fi_av_attr *attr, struct fid_av **peer_av);
 };
 
 #ifdef __cplusplus

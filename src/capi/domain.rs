@@ -503,7 +503,9 @@ unsafe extern "C" fn av_open(
 unsafe extern "C" fn av_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the fid fi_av_open returned.
     guarded("fi_close(av)", || unsafe {
-        CAv::close(f.cast(), |a| unshared(a, "address vector"))
+        CAv::close(f.cast(), |a| unshared(a, "address vector"))?;
+        crate::capi::ext::release_peer_contexts(f.cast());
+        Ok(())
     })
 }
 

@@ -41,6 +41,12 @@ pub(crate) struct PeerOps {
     ) -> i32,
     open_peer_av_set:
         unsafe extern "C" fn(*mut fi::fid_av_set, *mut fi::fid_av, *mut *mut fi::fid_av_set) -> i32,
+    open_peer_av: unsafe extern "C" fn(
+        *mut fi::fid_av,
+        *mut fi::fid_domain,
+        *mut fi::fi_av_attr,
+        *mut *mut fi::fid_av,
+    ) -> i32,
 }
 
 static PEER_OPS: PeerOps = PeerOps {
@@ -51,6 +57,7 @@ static PEER_OPS: PeerOps = PeerOps {
     open_peer_domain,
     open_peer_eq,
     open_peer_av_set,
+    open_peer_av,
 };
 
 /// Peer contexts handed to peers' `fi_domain2` / `fi_eq_open`, by the owner object they
@@ -61,6 +68,7 @@ enum PeerContext {
     Domain(Box<fi::fi_peer_domain_context>),
     Eq(Box<fi::fi_peer_eq_context>),
     AvSet(Box<fi::fi_peer_av_set_context>),
+    Av(Box<crate::capi::peer::PeerAv>, Box<fi::fi_peer_av_context>),
 }
 // SAFETY: plain C structs holding the owner's own handle; only read by the peer.
 unsafe impl Send for PeerContext {}
@@ -276,6 +284,46 @@ unsafe extern "C" fn open_peer_av_set(
         // SAFETY: the application's rverbs AV set and the peer's AV (fi_rverbs.h).
         let ctx = unsafe { crate::capi::avset::open_peer(set, peer_av, peer_set) }?;
         keep_av_set_context(set as usize, ctx);
+        Ok(())
+    })
+}
+
+/// fi_peer(3) peer AV: the peer's `fi_av_open` with `FI_PEER` in the attributes' flags and
+/// a `fi_peer_av_context` naming the owner's AV as a `fid_peer_av` (`query`, `ep_addr`).
+/// The 1.17 header types that member as `struct fi_peer_av *`, which it never defines.
+unsafe extern "C" fn open_peer_av(
+    owner: *mut fi::fid_av,
+    peer_domain: *mut fi::fid_domain,
+    attr: *mut fi::fi_av_attr,
+    peer_av: *mut *mut fi::fid_av,
+) -> i32 {
+    guarded("open_peer_av", || {
+        // SAFETY: the application's rverbs AV, the peer's domain and NULL or an attr.
+        let (av, av_open, mut a) = unsafe {
+            let av = &crate::capi::domain::CAv::from_c(owner, "av")?.inner;
+            let d = peer_domain
+                .as_ref()
+                .and_then(|d| d.ops.as_ref())
+                .ok_or_else(|| Error::new(errno::EINVAL, "peer_domain is NULL"))?;
+            let a = attr.as_ref().copied().unwrap_or_else(|| std::mem::zeroed());
+            (av, d.av_open, a)
+        };
+        let av_open = av_open
+            .ok_or_else(|| Error::new(errno::ENOSYS, "the peer domain has no fi_av_open"))?;
+        let src: std::sync::Arc<dyn crate::capi::peer::PeerAvSource> = av.clone();
+        let mut p = crate::capi::peer::PeerAv::new(std::sync::Arc::downgrade(&src));
+        drop(src);
+        let mut ctx = Box::new(fi::fi_peer_av_context {
+            size: size_of::<fi::fi_peer_av_context>(),
+            av: (&raw mut p.hdr).cast(),
+        });
+        a.flags |= fi::FI_PEER;
+        // SAFETY: the peer's fi_av_open with FI_PEER and its context (fi_peer(3)).
+        let rc = unsafe { av_open(peer_domain, &mut a, peer_av, (&raw mut *ctx).cast()) };
+        if rc != 0 {
+            return Err(Error::new(-rc, "the peer's fi_av_open(FI_PEER)"));
+        }
+        keep_context(owner as usize, PeerContext::Av(p, ctx));
         Ok(())
     })
 }

@@ -402,6 +402,13 @@ impl ShmPeer {
     }
 }
 
+impl Drop for ShmPeer {
+    fn drop(&mut self) {
+        // Messages shm still holds for the engine go back to it before its endpoint closes.
+        self._srx.owner.discard_from(&raw const self._srx.hdr);
+    }
+}
+
 // SAFETY: shm's objects are opened FI_THREAD_SAFE (its default), so they may be used from
 // any thread; the raw pointers are only handed back to shm.
 unsafe impl Send for ShmPeer {}

@@ -5,11 +5,6 @@
 //! Where the man page and the header disagree, the header wins: `start_msg`/`start_tag`
 //! and `discard_msg`/`discard_tag` take the `fi_peer_rx_entry` (the man page shows the
 //! `fid_peer_srx`), and `get_tag` has no size argument.
-//!
-//! Issue 8 is under way: this owner side is tested through its C ops tables by an in-tree
-//! peer; importing libfabric's shm provider and the RDM endpoints that post to the engine
-//! come next, so outside tests nothing calls it yet.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
@@ -408,12 +403,13 @@ impl OwnerSrx {
         self.lock().min_multi_recv()
     }
 
-    /// Discards every unexpected message (closing the SRX).
-    pub(crate) fn discard_all(&self) {
+    /// Discards every unexpected message `peer` holds (its `fid_peer_srx`; the peer is
+    /// going): each goes back to it with `discard_*`.
+    pub(crate) fn discard_from(&self, peer: *const fi::fid_peer_srx) {
         loop {
             let taken = {
                 let mut g = self.lock();
-                g.first_unexpected().map(|id| {
+                g.first_unexpected(Some(peer as u64)).map(|id| {
                     let kind = g.entry(id).kind;
                     let _ = g.take_unexpected(id);
                     (id, kind)
@@ -706,7 +702,8 @@ impl PeerAvSource for crate::verbs::AddressVector {
 #[repr(C)]
 pub(crate) struct PeerAv {
     pub hdr: fi::fid_peer_av,
-    av: Arc<dyn PeerAvSource>,
+    /// Weak: the owner's AV must outlive the peer's (fi_peer(3)) and must stay closable.
+    av: std::sync::Weak<dyn PeerAvSource>,
 }
 
 static PEER_AV_FI_OPS: fi::fi_ops =
@@ -718,7 +715,7 @@ static AV_OWNER_OPS: fi::fi_ops_av_owner = fi::fi_ops_av_owner {
 };
 
 impl PeerAv {
-    pub(crate) fn new(av: Arc<dyn PeerAvSource>) -> Box<PeerAv> {
+    pub(crate) fn new(av: std::sync::Weak<dyn PeerAvSource>) -> Box<PeerAv> {
         Box::new(PeerAv {
             hdr: fi::fid_peer_av {
                 fid: fid(fi::FI_CLASS_PEER_AV, std::ptr::null_mut(), &PEER_AV_FI_OPS),
@@ -749,7 +746,10 @@ unsafe extern "C" fn peer_av_query(av: *mut fi::fid_peer_av, attr: *mut fi::fi_a
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
         };
-        let (av_type, count) = a.av.query();
+        let (av_type, count) =
+            a.av.upgrade()
+                .ok_or_else(|| Error::new(errno::EINVAL, "the owner's AV is closed"))?
+                .query();
         out.type_ = av_type;
         out.count = count;
         out.rx_ctx_bits = 0;
@@ -770,7 +770,7 @@ unsafe extern "C" fn peer_av_ep_addr(
     let _ = guarded("peer av ep_addr", || {
         // SAFETY: the fid_peer_av the owner gave this peer.
         let a = unsafe { peer_av_of(av) }?;
-        if let Some(x) = a.av.ep_addr(ep) {
+        if let Some(x) = a.av.upgrade().and_then(|av| av.ep_addr(ep)) {
             out = x;
         }
         Ok(())
@@ -1011,7 +1011,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn cancel_returns_the_receive_and_close_discards_what_waits() {
+    fn cancel_returns_the_receive_and_a_peer_going_discards_what_it_holds() {
         let _s = SERIAL.lock().unwrap();
         SEEN.lock().unwrap().clear();
         let owner = OwnerSrx::new(8);
@@ -1034,7 +1034,11 @@ pub(crate) mod tests {
             // SAFETY: queue as a peer does.
             unsafe { assert_eq!((owner_ops(&a).queue_msg.unwrap())(e), 0) };
         }
-        owner.discard_all();
+        // Another peer going takes none of a's messages; a going takes both.
+        let b = setup(&PEER_B, &owner);
+        owner.discard_from(&raw const b.hdr);
+        assert_eq!(owner.in_use(), 2);
+        owner.discard_from(&raw const a.hdr);
         let seen: Vec<_> = SEEN.lock().unwrap().iter().map(|s| s.1).collect();
         assert_eq!(seen, ["discard_msg", "discard_tag"]);
         assert_eq!(owner.in_use(), 0);
@@ -1135,7 +1139,8 @@ pub(crate) mod tests {
 
     #[test]
     fn a_peer_queries_the_owner_av_and_finds_endpoints_in_it() {
-        let mut pa = PeerAv::new(Arc::new(FakeAv));
+        let fake: Arc<dyn PeerAvSource> = Arc::new(FakeAv);
+        let mut pa = PeerAv::new(Arc::downgrade(&fake));
         let av: *mut fi::fid_peer_av = &mut pa.hdr;
         // SAFETY: the owner ops, called as a peer does; attr is a plain C struct.
         unsafe {

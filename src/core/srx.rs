@@ -512,12 +512,20 @@ impl<B: Clone> RxEngine<B> {
         Ok(())
     }
 
-    /// The first unexpected message of either kind, for draining at close.
-    pub fn first_unexpected(&self) -> Option<u32> {
-        [Kind::Msg, Kind::Tag]
-            .into_iter()
-            .map(|k| self.lists[list_of(UNEXPECTED, k)].head)
-            .find(|&h| h != NIL)
+    /// The first unexpected message of either kind held by transport `owner` (`None`:
+    /// any), for draining when it goes.
+    pub fn first_unexpected(&self, owner: Option<u64>) -> Option<u32> {
+        for k in [Kind::Msg, Kind::Tag] {
+            let mut at = self.lists[list_of(UNEXPECTED, k)].head;
+            while at != NIL {
+                let e = &self.slots[at as usize];
+                if owner.is_none_or(|o| e.owner == o) {
+                    return Some(at);
+                }
+                at = e.next;
+            }
+        }
+        None
     }
 }
 
@@ -761,9 +769,9 @@ mod tests {
         e.queue(u).unwrap();
         assert_eq!(e.peek(Kind::Tag, tagged(9, 0)), Some(u));
         assert_eq!(e.peek(Kind::Tag, tagged(8, 0)), None);
-        assert_eq!(e.first_unexpected(), Some(u));
+        assert_eq!(e.first_unexpected(None), Some(u));
         e.take_unexpected(u).unwrap();
-        assert_eq!(e.first_unexpected(), None);
+        assert_eq!(e.first_unexpected(None), None);
         e.free(u).unwrap();
         assert_eq!(e.free(u).unwrap_err().errno(), errno::EINVAL);
     }

@@ -404,7 +404,8 @@ static void msg_section(void)
 	printf("ok msg\n");
 }
 
-static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t *addrs);
+static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t *addrs,
+			struct fid_ep *ep);
 
 static void dgram_section(void)
 {
@@ -459,7 +460,7 @@ static void dgram_section(void)
 	len = sizeof str;
 	TRUE(fi_av_straddr(av, names[1], str, &len) == str);
 	TRUE(strncmp(str, "fi_addr_ib_ud://", 16) == 0);
-	avset_check(domain, av, addrs);
+	avset_check(domain, av, addrs, a);
 
 	uint8_t *buf = aligned_alloc(4096, BUF), *rx = buf, *tx = buf + 32768;
 	OK(fi_mr_reg(domain, buf, BUF, FI_SEND | FI_RECV, 0, 0, 0, &mr, NULL));
@@ -968,7 +969,28 @@ static int off_av_set(struct fid_av *av, struct fi_av_set_attr *attr, struct fid
 static struct fi_ops_av off_av_ops = {.size = sizeof(struct fi_ops_av), .av_set = off_av_set};
 static struct fid_av off_av = {.fid = {.fclass = FI_CLASS_AV}, .ops = &off_av_ops};
 
-static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t *addrs)
+/* Peer AV: the offload peer's fi_av_open with FI_PEER gets the owner's AV. */
+static struct fid_peer_av *off_owner_av;
+
+static int off_av_open(struct fid_domain *d, struct fi_av_attr *attr, struct fid_av **av,
+		       void *context)
+{
+	struct fi_peer_av_context *ctx = context;
+	(void)d;
+	if (!attr || !(attr->flags & FI_PEER) || !ctx || ctx->size < sizeof *ctx || !ctx->av)
+		return -FI_EINVAL;
+	off_owner_av = (struct fid_peer_av *)ctx->av; /* 1.17 types it struct fi_peer_av * */
+	*av = &off_av;
+	return 0;
+}
+
+static struct fi_ops_domain off_av_domain_ops = {.size = sizeof(struct fi_ops_domain),
+						 .av_open = off_av_open};
+static struct fid_domain off_av_domain = {.fid = {.fclass = FI_CLASS_DOMAIN},
+					  .ops = &off_av_domain_ops};
+
+static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t *addrs,
+			struct fid_ep *ep)
 {
 	struct fid_av_set *set, *empty, *ps;
 	struct fi_rverbs_peer_ops *ops;
@@ -998,6 +1020,16 @@ static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t 
 	n = 4;
 	OK(off_owner_set->owner_ops->members(off_owner_set, got, &n));
 	TRUE(n == 2 && got[0] == addrs[0] && got[1] == addrs[1]);
+	/* Peer AV: how many addresses, and where a local endpoint is in it. */
+	struct fid_av *pav;
+	struct fi_av_attr q = {0};
+	OK(ops->open_peer_av(av, &off_av_domain, NULL, &pav));
+	TRUE(pav == &off_av && off_owner_av);
+	OK(off_owner_av->owner_ops->query(off_owner_av, &q));
+	TRUE(q.type == FI_AV_TABLE && q.count == 2);
+	EXPECT(off_owner_av->owner_ops->ep_addr(off_owner_av, ep), addrs[0]);
+	EXPECT(off_owner_av->owner_ops->ep_addr(off_owner_av, NULL), FI_ADDR_NOTAVAIL);
+
 	OK(fi_av_set_diff(empty, set));
 	n = 4;
 	OK(off_owner_set->owner_ops->members(off_owner_set, got, &n));
