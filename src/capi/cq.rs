@@ -34,6 +34,19 @@ static CQ_OPS: fi::fi_ops_cq = fi::fi_ops_cq {
     strerror: Some(cq_strerror),
 };
 
+/// An error entry's fields into libfabric's layout; `err_data` is the caller's business.
+pub(crate) fn put_err_entry(out: &mut fi::fi_cq_err_entry, e: &crate::core::cq::CqErrEntry) {
+    out.op_context = e.op_context as *mut c_void;
+    out.flags = e.flags;
+    out.len = e.len;
+    out.buf = e.buf as *mut c_void;
+    out.data = e.data;
+    out.tag = e.tag;
+    out.olen = e.olen;
+    out.err = e.err;
+    out.prov_errno = e.prov_errno;
+}
+
 pub(crate) unsafe extern "C" fn cq_open(
     domain: *mut fi::fid_domain,
     attr: *mut fi::fi_cq_attr,
@@ -272,15 +285,7 @@ unsafe extern "C" fn cq_readerr(
             None
         };
         q.readerr_with(caller, |e, d| {
-            out.op_context = e.op_context as *mut c_void;
-            out.flags = e.flags;
-            out.len = e.len;
-            out.buf = e.buf as *mut c_void;
-            out.data = e.data;
-            out.tag = e.tag;
-            out.olen = e.olen;
-            out.err = e.err;
-            out.prov_errno = e.prov_errno;
+            put_err_entry(out, e);
             match d {
                 ErrData::Copied(n) => out.err_data_size = n,
                 ErrData::Held(b) => {

@@ -155,7 +155,7 @@ static PEP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
 
 static SRX_FI_OPS: fi::fi_ops = fi_ops_of!(srx_close, no_bind, crate::capi::fid::no_control);
 /// A shared receive context is not an endpoint of its own: only receives apply.
-static SRX_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
+pub(crate) static SRX_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     size: size_of::<fi::fi_ops_ep>(),
     cancel: Some(n2),
     getopt: Some(nosys::n5i),

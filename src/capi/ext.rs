@@ -53,7 +53,7 @@ static PEER_OPS: PeerOps = PeerOps {
     size: size_of::<PeerOps>(),
     import_shm,
     import_name,
-    open_transfer,
+    open_transfer: crate::capi::transfer::open_transfer,
     open_peer_domain,
     open_peer_eq,
     open_peer_av_set,
@@ -261,17 +261,6 @@ unsafe extern "C" fn import_close(f: *mut fi::fid) -> i32 {
     guarded("fi_close(import)", || unsafe {
         CImport::close(f, |_| Ok(()))
     })
-}
-
-unsafe extern "C" fn open_transfer(
-    ep: *mut fi::fid_ep,
-    peer_domain: *mut fi::fid_domain,
-    peer_info: *mut fi::fi_info,
-    owner_info: *mut fi::fi_info,
-    transfer: *mut *mut fi::fid_ep,
-    peer_ep: *mut *mut fi::fid_ep,
-) -> i32 {
-    crate::capi::transfer::open_guarded(ep, peer_domain, peer_info, owner_info, transfer, peer_ep)
 }
 
 /// fi_peer(3) peer AV set: the peer's `fi_av_set(FI_PEER)` with the owner's set.

@@ -503,6 +503,18 @@ impl ShmSender {
     /// Sends `data` to `dest` (tagged with `tag` when given), retrying while shm connects
     /// or its queue is full. `data` must stay untouched until [`Self::wait`] returns.
     pub fn send(&mut self, dest: u64, data: &[u8], tag: Option<u64>) -> Result<()> {
+        self.send_with(dest, data, tag, || {})
+    }
+
+    /// As [`Self::send`], calling `idle` between retries (to progress a receiver in the
+    /// same thread).
+    pub fn send_with(
+        &mut self,
+        dest: u64,
+        data: &[u8],
+        tag: Option<u64>,
+        mut idle: impl FnMut(),
+    ) -> Result<()> {
         let ep = self.ep.ep;
         let t0 = std::time::Instant::now();
         loop {
@@ -540,6 +552,7 @@ impl ShmSender {
                 ));
             }
             self.poll()?;
+            idle();
         }
     }
 
@@ -602,7 +615,7 @@ mod tests {
         owner: Arc<OwnerSrx>,
         cq: Arc<SoftCq>,
         peer: ShmPeer,
-        sender: ShmEp,
+        sender: ShmSender,
         to_peer: u64,
     }
 
@@ -614,7 +627,7 @@ mod tests {
         if unsafe { fi::fi_version() } < fi::fi_version_of(1, 18) {
             assert!(peer.peer_cq.is_none(), "1.17.0's shm refuses FI_PEER CQs");
         }
-        let sender = ShmEp::open_plain().expect("a plain shm endpoint");
+        let sender = ShmSender::open().expect("a plain shm endpoint");
         let to_peer = sender.insert(&peer.name().unwrap()).unwrap();
         Pair {
             owner,
@@ -626,60 +639,25 @@ mod tests {
     }
 
     impl Pair {
-        /// Sends `data` (tagged with `tag` when given), retrying while shm connects.
-        fn send(&self, data: &[u8], tag: Option<u64>) {
-            let ep = self.sender.ep;
-            let t0 = std::time::Instant::now();
-            loop {
-                // SAFETY: an enabled endpoint; data stays alive until the send completes
-                // (the caller waits for the receive, which comes after it).
-                let rc = unsafe {
-                    match tag {
-                        None => ((*(*ep).msg).send.unwrap())(
-                            ep,
-                            data.as_ptr().cast(),
-                            data.len(),
-                            null_mut(),
-                            self.to_peer,
-                            null_mut(),
-                        ),
-                        Some(t) => ((*(*ep).tagged).send.unwrap())(
-                            ep,
-                            data.as_ptr().cast(),
-                            data.len(),
-                            null_mut(),
-                            self.to_peer,
-                            t,
-                            null_mut(),
-                        ),
-                    }
-                };
-                if rc == 0 {
-                    return;
-                }
-                assert_eq!(rc, -(errno::EAGAIN as isize), "send failed");
-                self.poll();
-                assert!(t0.elapsed().as_secs() < 10, "send stuck in EAGAIN");
-            }
+        /// Sends `data` (tagged with `tag` when given); in one process the receiver must
+        /// progress too while shm connects.
+        fn send(&mut self, data: &[u8], tag: Option<u64>) {
+            let peer = &self.peer;
+            self.sender
+                .send_with(self.to_peer, data, tag, || {
+                    peer.progress().unwrap();
+                })
+                .expect("send");
         }
 
         /// Progresses both sides once.
-        fn poll(&self) {
-            let mut e = [0u8; 64];
-            // SAFETY: the sender's open CQ; e holds one tagged entry.
-            unsafe {
-                let cq = self.sender.cq;
-                let rc = ((*(*cq).ops).read.unwrap())(cq, e.as_mut_ptr().cast(), 1);
-                assert!(
-                    rc >= 0 || rc == -(errno::EAGAIN as isize),
-                    "sender CQ: {rc}"
-                );
-            }
+        fn poll(&mut self) {
+            self.sender.poll().expect("sender CQ");
             self.peer.progress().unwrap();
         }
 
         /// The owner CQ's next completion (10 s at most).
-        fn completion(&self) -> CqEntry {
+        fn completion(&mut self) -> CqEntry {
             let t0 = std::time::Instant::now();
             loop {
                 self.poll();
@@ -697,15 +675,11 @@ mod tests {
         }
     }
 
-    fn pattern(n: usize, seed: u8) -> Vec<u8> {
-        (0..n)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
-    }
+    use super::tests_support::pattern;
 
     #[test]
     fn shm_messages_land_in_owner_receives_posted_first_and_unexpected() {
-        let p = pair();
+        let mut p = pair();
         for (i, size) in [8usize, 200, 4000, 65536, 1 << 20].into_iter().enumerate() {
             let data = pattern(size, i as u8);
             let mut buf = vec![0u8; size];
@@ -751,7 +725,7 @@ mod tests {
 
     #[test]
     fn shm_tagged_messages_match_by_tag() {
-        let p = pair();
+        let mut p = pair();
         let (a, b) = (pattern(100, 1), pattern(5000, 2));
         p.send(&a, Some(7));
         p.send(&b, Some(9));

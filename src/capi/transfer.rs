@@ -24,11 +24,11 @@ use std::sync::{Arc, Mutex, Weak};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::ep::{on_buf, on_iov, on_msg, CEp, Ep, SRX_CM};
+use crate::capi::ep::{on_buf, on_iov, on_msg, CEp, Ep, SRX_CM, SRX_OPS};
 use crate::capi::fid::{
     fi_ops_of, fid, guarded, guarded_len, no_bind, no_control, ops, Class, Obj,
 };
-use crate::capi::nosys::{self, n1, n2, n5i};
+use crate::capi::nosys;
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
@@ -114,15 +114,7 @@ impl TransferLink {
             Err(e) => {
                 // SAFETY: a zeroed entry is valid C (NULL error data).
                 let mut ce: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
-                ce.op_context = e.op_context as *mut c_void;
-                ce.flags = e.flags;
-                ce.len = e.len;
-                ce.buf = e.buf as *mut c_void;
-                ce.data = e.data;
-                ce.tag = e.tag;
-                ce.olen = e.olen;
-                ce.err = e.err;
-                ce.prov_errno = e.prov_errno;
+                crate::capi::cq::put_err_entry(&mut ce, &e);
                 // SAFETY: as above.
                 unsafe { (ops.comperr.expect("checked at setup"))(ep, &mut ce) }
             }
@@ -164,16 +156,6 @@ impl Class for CTransferEp {
 }
 
 pub(crate) static TRANSFER_FI_OPS: fi::fi_ops = fi_ops_of!(transfer_close, no_bind, no_control);
-static TRANSFER_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
-    size: size_of::<fi::fi_ops_ep>(),
-    cancel: Some(n2),
-    getopt: Some(nosys::n5i),
-    setopt: Some(nosys::n5i),
-    tx_ctx: Some(n5i),
-    rx_ctx: Some(n5i),
-    rx_size_left: Some(n1),
-    tx_size_left: Some(n1),
-};
 static TRANSFER_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     size: size_of::<fi::fi_ops_msg>(),
     recv: Some(t_recv),
@@ -237,7 +219,8 @@ pub(crate) unsafe fn open(
     });
     let hdr = fi::fid_ep {
         fid: fid(fi::FI_CLASS_EP, null_mut(), &TRANSFER_FI_OPS),
-        ops: ops(&TRANSFER_OPS),
+        // Like an SRX's: no cancel, options or contexts of its own.
+        ops: ops(&SRX_OPS),
         cm: ops(&SRX_CM),
         msg: ops(&TRANSFER_MSG),
         rma: ops(&nosys::RMA),
@@ -523,8 +506,8 @@ unsafe extern "C" fn t_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flag
     }
 }
 
-/// `guarded` for the ext ops: kept here so the module's entry points share one style.
-pub(crate) fn open_guarded(
+/// `open_transfer` of the extension interface (fi_rverbs.h).
+pub(crate) unsafe extern "C" fn open_transfer(
     ep: *mut fi::fid_ep,
     peer_domain: *mut fi::fid_domain,
     peer_info: *mut fi::fi_info,
