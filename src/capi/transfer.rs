@@ -65,7 +65,10 @@ impl TransferLink {
     /// Delivers what waits, unless a delivery of this link is running (it takes these too).
     fn deliver(&self) {
         loop {
-            if self.delivering.swap(true, Ordering::AcqRel) {
+            // Until the peer's callbacks are known, completions wait (open delivers them).
+            if self.peer_ops.load(Ordering::Acquire).is_null()
+                || self.delivering.swap(true, Ordering::AcqRel)
+            {
                 return;
             }
             while let Some(c) = self.pop() {
@@ -90,9 +93,10 @@ impl TransferLink {
         // SAFETY: set together once the peer's fi_endpoint2 returned; the peer's endpoint and
         // ops stay valid until the link is closed, which unregisters it first.
         let Some(ops) = (unsafe { ops.as_ref() }) else {
-            crate::fi_warn!(
+            // Only once the link is closed: the peer's endpoint is gone.
+            crate::fi_info!(
                 "peer",
-                "a peer transfer completed before its link was set up"
+                "a completion for a closed peer transfer link dropped"
             );
             return;
         };
@@ -287,6 +291,8 @@ pub(crate) unsafe fn open(
     // SAFETY: as above.
     link.peer_ops
         .store(unsafe { (*ctx_ptr).peer_ops }, Ordering::Release);
+    // What completed while the peer was still setting up.
+    link.deliver();
     crate::fi_info!("peer", "peer transfer link open over an RC endpoint");
     Ok((t, peer_ep))
 }

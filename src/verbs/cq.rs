@@ -511,7 +511,8 @@ impl CompletionQueue {
             .map_err(os_err("ibv_poll_cq"))?;
         let mut n = 0;
         for (i, w) in wcs.iter().enumerate() {
-            if wr_id::is_peer(w.wr_id()) && self.to_peer(w) {
+            if wr_id::is_peer(w.wr_id()) {
+                self.to_peer(w);
                 continue;
             }
             if w.status() != st::IBV_WC_SUCCESS {
@@ -548,17 +549,11 @@ impl CompletionQueue {
     #[cold]
     fn stage(&self, wcs: &[WorkCompletion]) {
         // Peers' completions first, outside the lock: their callbacks may read this CQ.
-        let mut to_peer = 0u64;
-        for (i, w) in wcs.iter().enumerate().take(64) {
-            if wr_id::is_peer(w.wr_id()) && self.to_peer(w) {
-                to_peer |= 1 << i;
-            }
+        for w in wcs.iter().filter(|w| wr_id::is_peer(w.wr_id())) {
+            self.to_peer(w);
         }
         let mut s = self.state();
-        for (i, w) in wcs.iter().enumerate() {
-            if i < 64 && to_peer & (1 << i) != 0 {
-                continue;
-            }
+        for w in wcs.iter().filter(|w| !wr_id::is_peer(w.wr_id())) {
             if wr_id::is_owned(w.wr_id()) {
                 let r = match self.owned(w) {
                     Some(Owned::Entry(e, from)) => s.push_entry_from(e, from),
@@ -640,10 +635,9 @@ impl CompletionQueue {
         self.has_peers.store(!v.is_empty(), Ordering::SeqCst);
     }
 
-    /// Hands a peer's transfer completion to its sink; false when the queue pair has none
-    /// (the completion is then reported here like any other).
+    /// Hands a peer's transfer completion to its sink, or drops it once the link is closed.
     #[cold]
-    fn to_peer(&self, w: &WorkCompletion) -> bool {
+    fn to_peer(&self, w: &WorkCompletion) {
         let sink = self
             .transfers
             .read()
@@ -652,14 +646,15 @@ impl CompletionQueue {
             .find(|(q, _)| *q == w.qp_num())
             .and_then(|(_, s)| s.upgrade());
         let Some(sink) = sink else {
-            return false;
+            // Its link is closed: the peer's work never reaches the application's CQ.
+            crate::fi_info!("cq", "a completion of a closed peer transfer link dropped");
+            return;
         };
         if w.status() == st::IBV_WC_SUCCESS {
             sink.completion(Ok(to_entry(w)));
         } else {
             sink.completion(Err(to_err_entry(w)));
         }
-        true
     }
 
     /// Routes the completions of peers' transfers on queue pair `qp_num` to `sink`.
