@@ -164,6 +164,18 @@ impl CqState {
         self.overrun
     }
 
+    /// What a read has to look at: the staged entries, plus one for an overrun to report
+    /// (so the fast path, which skips an empty queue, still reaches it).
+    pub fn pending(&self) -> usize {
+        self.q.len() + usize::from(self.overrun)
+    }
+
+    /// Lets the queue hold `capacity` entries, when that is more than it holds now: it
+    /// grows with the device queue that feeds it.
+    pub fn grow_to(&mut self, capacity: usize) {
+        self.capacity = self.capacity.max(capacity);
+    }
+
     fn push(&mut self, s: Staged) -> Result<()> {
         if self.q.len() >= self.capacity {
             self.overrun = true;

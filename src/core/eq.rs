@@ -95,6 +95,12 @@ impl EventQueueState {
         self.entries.len()
     }
 
+    /// Whether another entry fits: sources that can wait (rdma_cm's event channel) are
+    /// read only while it does, so their events are never dropped.
+    pub fn has_room(&self) -> bool {
+        self.entries.len() < self.capacity
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -123,10 +129,15 @@ impl EventQueueState {
     /// `EOVERRUN` once events were lost.
     pub fn read(&mut self) -> Result<EqEvent> {
         match self.entries.front() {
-            None if self.overrun => Err(Error::new(
-                errno::EOVERRUN,
-                "event queue overrun: events were lost",
-            )),
+            None if self.overrun => {
+                // Said once: the queue works again after it (a flood must not leave every
+                // later read an error, nor `sread` unable to block).
+                self.overrun = false;
+                Err(Error::new(
+                    errno::EOVERRUN,
+                    "event queue overrun: events were lost (open the EQ with a larger fi_eq_attr.size)",
+                ))
+            }
             None => Err(Error::new(errno::EAGAIN, "no event")),
             Some(Entry::Error(_)) => Err(Error::new(
                 errno::EAVAIL,
@@ -273,6 +284,10 @@ mod tests {
         );
         assert!(q.read().is_ok());
         assert_eq!(q.read().unwrap_err().errno(), errno::EOVERRUN);
+        // Reported once, then the queue works again.
+        assert_eq!(q.read().unwrap_err().errno(), errno::EAGAIN);
+        q.push_event(EqEvent::Shutdown { fid: 3 }).unwrap();
+        assert!(matches!(q.read(), Ok(EqEvent::Shutdown { fid: 3 })));
     }
 
     #[test]

@@ -373,13 +373,16 @@ impl CompletionQueue {
         let cq =
             Cq::new(dev.context, size as u32, vector, channel).map_err(os_err("ibv_create_cq"))?;
         attr.size = cq.capacity() as usize;
+        // Everything staged comes from the device queue (or a peer's writes): the software
+        // queue holds at least as much, and grows with it (`reserve`).
+        let soft = attr.size.max(64);
         if attr.format == CqFormat::Unspec {
             attr.format = UNSPEC_FORMAT;
         }
         Ok(Arc::new(CompletionQueue {
             cq,
             staged: AtomicUsize::new(0),
-            state: Mutex::new(CqState::new(size.max(64))),
+            state: Mutex::new(CqState::new(soft)),
             reserved: Mutex::new(0),
             bound: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
@@ -493,7 +496,7 @@ impl CompletionQueue {
     fn read_staged<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> Result<usize> {
         let mut s = self.state();
         let r = s.read_into(out, src);
-        self.staged.store(s.len(), Ordering::Release);
+        self.staged.store(s.pending(), Ordering::Release);
         r
     }
 
@@ -567,7 +570,7 @@ impl CompletionQueue {
                 stage_one(&mut s, w);
             }
         }
-        self.staged.store(s.len(), Ordering::SeqCst);
+        self.staged.store(s.pending(), Ordering::SeqCst);
     }
 
     #[cold]
@@ -577,7 +580,7 @@ impl CompletionQueue {
             if let Err(err) = v.into_iter().try_for_each(|e| s.push_error(e)) {
                 crate::fi_warn!("cq", "{err}");
             }
-            self.staged.store(s.len(), Ordering::SeqCst);
+            self.staged.store(s.pending(), Ordering::SeqCst);
         }
         self.stage(rest);
     }
@@ -727,7 +730,7 @@ impl CompletionQueue {
         {
             let mut s = self.state();
             s.push_entry_from(entry, src)?;
-            self.staged.store(s.len(), Ordering::SeqCst);
+            self.staged.store(s.pending(), Ordering::SeqCst);
         }
         self.wake(false);
         Ok(())
@@ -738,7 +741,7 @@ impl CompletionQueue {
         {
             let mut s = self.state();
             s.push_error(entry)?;
-            self.staged.store(s.len(), Ordering::SeqCst);
+            self.staged.store(s.pending(), Ordering::SeqCst);
         }
         self.wake(false);
         Ok(())
@@ -770,7 +773,7 @@ impl CompletionQueue {
         let r = s
             .readerr()
             .ok_or_else(|| Error::new(errno::EAGAIN, "no error completion at the head"));
-        self.staged.store(s.len(), Ordering::Release);
+        self.staged.store(s.pending(), Ordering::Release);
         r
     }
 
@@ -787,7 +790,7 @@ impl CompletionQueue {
             Some((e, d)) => Ok(f(&e, d)),
             None => Err(Error::new(errno::EAGAIN, "no error completion at the head")),
         };
-        self.staged.store(s.len(), Ordering::Release);
+        self.staged.store(s.pending(), Ordering::Release);
         r
     }
 
@@ -959,6 +962,7 @@ impl CompletionQueue {
                 ));
             }
             self.cq.resize(want).map_err(os_err("ibv_resize_cq"))?;
+            self.state().grow_to(self.cq.capacity() as usize);
             crate::fi_info!(
                 "cq",
                 "grew CQ to {} entries for its endpoints",

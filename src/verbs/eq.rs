@@ -253,12 +253,17 @@ impl EventQueue {
         Ok(())
     }
 
+    /// Moves rdma_cm events into the queue while it has room; the rest wait in the event
+    /// channel (the kernel's queue) for the next read, so a flood loses nothing.
     fn progress(&self, g: &mut Inner) -> Result<()> {
-        while let Some(e) = self
-            .channel
-            .get_event()
-            .map_err(os_err("rdma_get_cm_event"))?
-        {
+        while g.q.has_room() {
+            let Some(e) = self
+                .channel
+                .get_event()
+                .map_err(os_err("rdma_get_cm_event"))?
+            else {
+                break;
+            };
             Self::translate(g, e);
         }
         Ok(())

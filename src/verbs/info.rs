@@ -107,6 +107,17 @@ fn inline_size(dev: &Device) -> Result<usize> {
 }
 
 /// The MSG endpoint info a device offers, before addresses and hints.
+/// Receive ranges an MSG info promises: what both the QP and the device's SRQ take, so an
+/// application that passes `info->rx_attr` to `fi_srx_context` gets one (rxe: 32 vs 27).
+fn rx_iov_limit(dev: &Device) -> usize {
+    let a = &dev.attr;
+    if a.max_srq == 0 {
+        a.max_sge as usize
+    } else {
+        a.max_sge.min(a.max_srq_sge) as usize
+    }
+}
+
 pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
     let a = &dev.attr;
     let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::MULTI_RECV;
@@ -132,7 +143,7 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         msg_order: RC_MSG_ORDER,
         comp_order: fi::FI_ORDER_STRICT,
         size: a.max_qp_wr as usize,
-        iov_limit: a.max_sge as usize,
+        iov_limit: rx_iov_limit(dev),
         ..Default::default()
     };
     i.ep_attr = EpAttr {

@@ -457,8 +457,11 @@ impl MsgEndpoint {
         let mut done = true;
         // A shared receive queue is not the endpoint's to flush.
         if let Some(rx) = rx.filter(|_| self.shared.srx.get().is_none()) {
-            done &=
-                qp.post_recv(marker, &[]).is_ok() && rx.flush_until(marker, wait).unwrap_or(false);
+            // Posted behind the rest, then the error state asserted again so that every
+            // device flushes it (rxe would leave it, and shutdown would wait its 2 s).
+            done &= qp.post_recv(marker, &[]).is_ok()
+                && qp.set_error().is_ok()
+                && rx.flush_until(marker, wait).unwrap_or(false);
             // The flush of a multi-receive buffer cancels what waited behind it; anything
             // still waiting (a buffer not flushed in time) is canceled here.
             let left = lock(&self.shared.multi).take_backlog();

@@ -1354,4 +1354,16 @@ impl QpHandle {
         // SAFETY: valid QP; attr initialised for the masked field.
         rc_result(unsafe { r::ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask) })
     }
+
+    /// Moves the QP to the error state (again): the device flushes what is posted. A
+    /// software device (rxe) flushes receives only when told, since posting a receive
+    /// there makes no system call: one posted after the QP failed waits for this.
+    pub fn set_error(&self) -> Result<(), i32> {
+        // SAFETY: plain data; zero is valid.
+        let mut attr: r::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = r::ibv_qp_state::IBV_QPS_ERR;
+        let mask = r::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        // SAFETY: valid QP; attr initialised for the masked field.
+        rc_result(unsafe { r::ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask) })
+    }
 }
