@@ -94,6 +94,14 @@ pub const PEP_FID: u64 = 0x9e9;
 
 /// A listener on the device's address, an ephemeral port.
 pub fn listener(info: &Info) -> (Arc<Fabric>, Arc<EventQueue>, PassiveEndpoint, SocketAddr) {
+    listener_with_backlog(info, None)
+}
+
+/// A listener whose `FI_BACKLOG` is set (`None`: the provider's default).
+pub fn listener_with_backlog(
+    info: &Info,
+    backlog: Option<i32>,
+) -> (Arc<Fabric>, Arc<EventQueue>, PassiveEndpoint, SocketAddr) {
     let fabric = Fabric::open(&info.fabric_attr).unwrap();
     let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
     let mut pinfo = getinfo(
@@ -107,6 +115,9 @@ pub fn listener(info: &Info) -> (Arc<Fabric>, Arc<EventQueue>, PassiveEndpoint, 
     pinfo.src_addr.as_mut().unwrap().set_port(0);
     let pep = PassiveEndpoint::open(&fabric, &pinfo, PEP_FID).unwrap();
     pep.bind_eq(&eq).unwrap();
+    if let Some(b) = backlog {
+        pep.set_backlog(b).unwrap();
+    }
     pep.listen().unwrap();
     let addr = pep.getname().unwrap();
     assert_ne!(addr.port(), 0, "listener got no port");
