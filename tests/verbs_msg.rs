@@ -1257,3 +1257,17 @@ fn multi_recv_packs_messages_into_one_buffer_and_releases_it() {
     let b = wait_err(&p.server_cq);
     assert_eq!((b.op_context, b.err), (21, errno::ECANCELED));
 }
+
+/// An application that passes the info's own rx attributes to `fi_srx_context` gets an
+/// SRX: the info's receive limits are ones the device's SRQ takes too (rxe: 27 ranges,
+/// where its QPs take 32).
+#[test]
+fn srx_opens_from_the_infos_own_rx_attr() {
+    let Some(info) = device_info() else { return };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let dev = domain.device().attr.clone();
+    assert!(info.rx_attr.iov_limit <= dev.max_srq_sge as usize);
+    let srx = SharedRxContext::open(&domain, &info.rx_attr).unwrap();
+    assert!(srx.size() >= info.rx_attr.size);
+}
