@@ -54,6 +54,42 @@ fn open_side(info: &Info, fabric: Arc<Fabric>, eq: Arc<EventQueue>, fid: u64) ->
     }
 }
 
+/// The two sides of an in-process pair: (client, server).
+fn sides(p: Pair) -> (Side, Side) {
+    let client = Side {
+        _fabric: p.fabric.clone(),
+        domain: p.domain.clone(),
+        eq: p.client_eq,
+        cq: p.client_cq,
+        ep: p.client,
+        _pep: None,
+    };
+    let server = Side {
+        _fabric: p.fabric,
+        domain: p.domain,
+        eq: p.server_eq,
+        cq: p.server_cq,
+        ep: p.server,
+        _pep: Some(p.pep),
+    };
+    (client, server)
+}
+
+/// Runs `cycles` of `cycle` and records what grew between the end of the first (the
+/// warm-up) and the end of the last.
+fn cycles_leak_checked(out: &mut Outcome, cycles: usize, mut cycle: impl FnMut(&mut Outcome)) {
+    let mut base = None;
+    for i in 0..cycles {
+        cycle(out);
+        if i == 0 {
+            base = Some(Resources::now());
+        }
+    }
+    if let Some(b) = base {
+        out.leaks = b.leaks_to(&Resources::now(), 16 << 10);
+    }
+}
+
 /// Connects to `addr` (the active side).
 fn connect_to(addr: &SocketAddr) -> Side {
     let info = client_info(addr);
@@ -232,9 +268,10 @@ impl Pinger {
     }
 }
 
-/// The peer half of the killed-peer case: an echo loop on a fresh connection, until
-/// SIGKILL (or 60 s, so that no orphan outlives a failed parent).
-fn echo_until_killed(side: &Side) {
+/// The far side of the echo traffic: sends each message back as it came, while
+/// `keep_going` says so. Stops at the first error (a killed peer, a failed link): the
+/// side that checks the traffic accounts for it.
+fn echo_while(side: &Side, keep_going: impl Fn() -> bool) {
     let buf =
         MemoryRegion::alloc(&side.domain, MAX_MSG * WINDOW, Flags::SEND | Flags::RECV).unwrap();
     for slot in 0..WINDOW {
@@ -242,26 +279,26 @@ fn echo_until_killed(side: &Side) {
             .recv(&buf, slot * MAX_MSG, MAX_MSG, RECV_TAG | slot as u64)
             .unwrap();
     }
-    let end = Instant::now() + Duration::from_secs(60);
     let mut cq = [CqEntry::default(); 16];
-    while Instant::now() < end {
+    while keep_going() {
         match side.cq.read(&mut cq) {
             Ok(n) => {
                 for e in &cq[..n] {
                     let slot = (e.op_context & 0xffff) as usize;
-                    if e.op_context & RECV_TAG != 0 {
+                    let r = if e.op_context & RECV_TAG != 0 {
                         side.ep
                             .send(&buf, slot * MAX_MSG, e.len, SEND_TAG | slot as u64)
-                            .unwrap();
                     } else {
                         side.ep
                             .recv(&buf, slot * MAX_MSG, MAX_MSG, RECV_TAG | slot as u64)
-                            .unwrap();
+                    };
+                    if r.is_err() {
+                        return;
                     }
                 }
             }
             Err(e) if e.is_again() => {}
-            Err(e) => panic!("victim: {e}: {:?}", side.cq.readerr()),
+            Err(_) => return,
         }
     }
 }
@@ -281,7 +318,9 @@ fn victim_echo_peer() {
         }
     };
     println!("VICTIM CONNECTED");
-    echo_until_killed(&side);
+    // Until SIGKILL, or 60 s so that no orphan outlives a failed parent.
+    let end = Instant::now() + Duration::from_secs(60);
+    echo_while(&side, || Instant::now() < end);
 }
 
 /// Waits for a line of the child's stdout starting with `marker`; returns its rest.
@@ -405,14 +444,9 @@ fn killed_peers(case: &str, survivor_listens: bool) {
         },
         Duration::from_secs(10),
     );
-    let mut base = None;
-    for i in 0..cycles {
-        killed_peer_cycle(&info, survivor_listens, &mut rng, &mut out);
-        if i == 0 {
-            base = Some(Resources::now());
-        }
-    }
-    out.leaks = base.unwrap().leaks_to(&Resources::now(), 16 << 10);
+    cycles_leak_checked(&mut out, cycles, |out| {
+        killed_peer_cycle(&info, survivor_listens, &mut rng, out)
+    });
     out.finish();
 }
 
@@ -743,14 +777,9 @@ fn connection_request_flood_accounts_for_every_connect() {
         "hundreds of connects at once on one listener, EQs unread",
         Duration::from_secs(30),
     );
-    let mut base = None;
-    for round in 0..prof.pick(2, 5) {
-        connreq_flood_round(&info, clients, &mut out);
-        if round == 0 {
-            base = Some(Resources::now());
-        }
-    }
-    out.leaks = base.unwrap().leaks_to(&Resources::now(), 16 << 10);
+    cycles_leak_checked(&mut out, prof.pick(2, 5), |out| {
+        connreq_flood_round(&info, clients, out)
+    });
     out.finish();
 }
 
@@ -919,26 +948,13 @@ fn soak_open_close_and_traffic_stay_flat() {
 /// Echo traffic of random sizes on one pair for `secs`, every byte checked; returns how
 /// many messages came back. Everything it opened is closed when it returns.
 fn sustained_echo(info: &Info, secs: u64, out: &mut Outcome) -> u64 {
-    let p = connect_pair(info);
+    let (side, server_side) = sides(connect_pair(info));
     let mut rng = Rng::for_case("soak");
-    let side = Side {
-        _fabric: p.fabric.clone(),
-        domain: p.domain.clone(),
-        eq: p.client_eq.clone(),
-        cq: p.client_cq.clone(),
-        ep: p.client,
-        _pep: None,
-    };
     let echo = std::thread::spawn({
-        let server_side = Side {
-            _fabric: p.fabric.clone(),
-            domain: p.domain.clone(),
-            eq: p.server_eq.clone(),
-            cq: p.server_cq.clone(),
-            ep: p.server,
-            _pep: Some(p.pep),
-        };
-        move || echo_for(&server_side, Duration::from_secs(secs + 5))
+        move || {
+            let end = Instant::now() + Duration::from_secs(secs + 5);
+            echo_while(&server_side, || Instant::now() < end)
+        }
     });
     let mut ping = Pinger::new(&side.domain);
     for slot in 0..WINDOW {
@@ -961,39 +977,6 @@ fn sustained_echo(info: &Info, secs: u64, out: &mut Outcome) -> u64 {
     echo.join().unwrap();
     drop(side);
     ping.next_echo
-}
-
-/// The echo loop of `echo_until_killed`, for a fixed time.
-fn echo_for(side: &Side, d: Duration) {
-    let buf =
-        MemoryRegion::alloc(&side.domain, MAX_MSG * WINDOW, Flags::SEND | Flags::RECV).unwrap();
-    for slot in 0..WINDOW {
-        side.ep
-            .recv(&buf, slot * MAX_MSG, MAX_MSG, RECV_TAG | slot as u64)
-            .unwrap();
-    }
-    let end = Instant::now() + d;
-    let mut cq = [CqEntry::default(); 16];
-    while Instant::now() < end {
-        match side.cq.read(&mut cq) {
-            Ok(n) => {
-                for e in &cq[..n] {
-                    let slot = (e.op_context & 0xffff) as usize;
-                    if e.op_context & RECV_TAG != 0 {
-                        side.ep
-                            .send(&buf, slot * MAX_MSG, e.len, SEND_TAG | slot as u64)
-                            .unwrap();
-                    } else {
-                        side.ep
-                            .recv(&buf, slot * MAX_MSG, MAX_MSG, RECV_TAG | slot as u64)
-                            .unwrap();
-                    }
-                }
-            }
-            Err(e) if e.is_again() => {}
-            Err(e) => panic!("echo: {e}: {:?}", side.cq.readerr()),
-        }
-    }
 }
 
 /// Opens and closes one of everything; returns how many objects that was.
@@ -1071,40 +1054,6 @@ fn ip_link(netdev: &str, state: &str) {
     );
 }
 
-/// Echo that stops at the first error instead of failing: the surviving side accounts.
-fn echo_tolerant(side: &Side, stop: &std::sync::atomic::AtomicBool) {
-    use std::sync::atomic::Ordering;
-    let buf =
-        MemoryRegion::alloc(&side.domain, MAX_MSG * WINDOW, Flags::SEND | Flags::RECV).unwrap();
-    for slot in 0..WINDOW {
-        side.ep
-            .recv(&buf, slot * MAX_MSG, MAX_MSG, RECV_TAG | slot as u64)
-            .unwrap();
-    }
-    let mut cq = [CqEntry::default(); 16];
-    while !stop.load(Ordering::Relaxed) {
-        match side.cq.read(&mut cq) {
-            Ok(n) => {
-                for e in &cq[..n] {
-                    let slot = (e.op_context & 0xffff) as usize;
-                    let r = if e.op_context & RECV_TAG != 0 {
-                        side.ep
-                            .send(&buf, slot * MAX_MSG, e.len, SEND_TAG | slot as u64)
-                    } else {
-                        side.ep
-                            .recv(&buf, slot * MAX_MSG, MAX_MSG, RECV_TAG | slot as u64)
-                    };
-                    if r.is_err() {
-                        return;
-                    }
-                }
-            }
-            Err(e) if e.is_again() => {}
-            Err(_) => return,
-        }
-    }
-}
-
 /// The link under the device goes down during traffic and comes back: RC either carries
 /// on (every byte in order, retried) or reports error completions for what it could not
 /// deliver; nothing hangs and nothing is lost.
@@ -1123,28 +1072,12 @@ fn link_down_and_up_during_traffic_loses_nothing() {
     );
     let mut outcomes = (0, 0);
     for _ in 0..prof.pick(4, 40) {
-        let p = connect_pair(&info);
+        let (side, server) = sides(connect_pair(&info));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let server = Side {
-            _fabric: p.fabric.clone(),
-            domain: p.domain.clone(),
-            eq: p.server_eq.clone(),
-            cq: p.server_cq.clone(),
-            ep: p.server,
-            _pep: Some(p.pep),
-        };
         let echo = std::thread::spawn({
             let stop = stop.clone();
-            move || echo_tolerant(&server, &stop)
+            move || echo_while(&server, || !stop.load(std::sync::atomic::Ordering::Relaxed))
         });
-        let side = Side {
-            _fabric: p.fabric.clone(),
-            domain: p.domain.clone(),
-            eq: p.client_eq.clone(),
-            cq: p.client_cq.clone(),
-            ep: p.client,
-            _pep: None,
-        };
         let mut ping = Pinger::new(&side.domain);
         for slot in 0..WINDOW {
             assert!(ping.post_recv(&side.ep, slot, &mut out));
