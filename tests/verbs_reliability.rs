@@ -15,293 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use reliability::traffic::*;
 use reliability::*;
 use rfabric::core::cq::CqEntry;
 use rfabric::core::eq::EqEvent;
 use rfabric::verbs::*;
 use rfabric::*;
-
-/// Largest message the echo traffic sends, and how many are in flight at once.
-const MAX_MSG: usize = 16 << 10;
-const WINDOW: usize = 16;
-const RECV_TAG: u64 = 1 << 40;
-const SEND_TAG: u64 = 2 << 40;
-
-/// One side of a connection in its own objects, as an application would hold it.
-struct Side {
-    _fabric: Arc<Fabric>,
-    domain: Arc<Domain>,
-    eq: Arc<EventQueue>,
-    cq: Arc<CompletionQueue>,
-    ep: MsgEndpoint,
-    _pep: Option<PassiveEndpoint>,
-}
-
-fn open_side(info: &Info, fabric: Arc<Fabric>, eq: Arc<EventQueue>, fid: u64) -> Side {
-    let domain = Domain::open(&fabric, info).unwrap();
-    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
-    let ep = MsgEndpoint::open(&domain, info, fid).unwrap();
-    ep.bind_eq(&eq).unwrap();
-    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
-    ep.enable().unwrap();
-    Side {
-        _fabric: fabric,
-        domain,
-        eq,
-        cq,
-        ep,
-        _pep: None,
-    }
-}
-
-/// The two sides of an in-process pair: (client, server).
-fn sides(p: Pair) -> (Side, Side) {
-    let client = Side {
-        _fabric: p.fabric.clone(),
-        domain: p.domain.clone(),
-        eq: p.client_eq,
-        cq: p.client_cq,
-        ep: p.client,
-        _pep: None,
-    };
-    let server = Side {
-        _fabric: p.fabric,
-        domain: p.domain,
-        eq: p.server_eq,
-        cq: p.server_cq,
-        ep: p.server,
-        _pep: Some(p.pep),
-    };
-    (client, server)
-}
-
-/// Runs `cycles` of `cycle` and records what grew between the end of the first (the
-/// warm-up) and the end of the last.
-fn cycles_leak_checked(out: &mut Outcome, cycles: usize, mut cycle: impl FnMut(&mut Outcome)) {
-    let mut base = None;
-    for i in 0..cycles {
-        cycle(out);
-        if i == 0 {
-            base = Some(Resources::now());
-        }
-    }
-    if let Some(b) = base {
-        out.leaks = b.leaks_to(&Resources::now(), 16 << 10);
-    }
-}
-
-/// Connects to `addr` (the active side).
-fn connect_to(addr: &SocketAddr) -> Side {
-    let info = client_info(addr);
-    let fabric = Fabric::open(&info.fabric_attr).unwrap();
-    let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
-    let side = open_side(&info, fabric, eq, CLIENT_FID);
-    side.ep.connect(b"").unwrap();
-    match next_event(&side.eq) {
-        EqEvent::Connected { .. } => side,
-        other => panic!("expected FI_CONNECTED, got {other:?}"),
-    }
-}
-
-/// Accepts the next request on a listener (the passive side); `before` posts receives.
-fn accept_next(
-    fabric: Arc<Fabric>,
-    eq: Arc<EventQueue>,
-    pep: PassiveEndpoint,
-    before: impl FnOnce(&Side),
-) -> Side {
-    let EqEvent::ConnReq { info, .. } = next_event(&eq) else {
-        panic!("expected FI_CONNREQ")
-    };
-    let mut side = open_side(&info, fabric, eq, SERVER_FID);
-    side._pep = Some(pep);
-    before(&side);
-    side.ep.accept(b"").unwrap();
-    match next_event(&side.eq) {
-        EqEvent::Connected { .. } => side,
-        other => panic!("expected FI_CONNECTED, got {other:?}"),
-    }
-}
-
-/// The bytes of message `seq`: its number first, then a pattern of its own.
-fn message(seq: u64, len: usize) -> Vec<u8> {
-    let mut m = pattern(len, seq as u8);
-    let n = len.min(8);
-    m[..n].copy_from_slice(&seq.to_le_bytes()[..n]);
-    m
-}
-
-/// Echo traffic from the surviving side: messages of random sizes go out, come back
-/// from the peer, and are checked byte by byte; every operation posted is tracked until
-/// its completion (success or error) is read.
-struct Pinger {
-    tx: MemoryRegion,
-    rx: MemoryRegion,
-    /// Posted and not yet completed: context -> when it was posted.
-    outstanding: HashMap<u64, Instant>,
-    /// Receive slots free to post, send slots free to use.
-    next_send: u64,
-    next_echo: u64,
-    lens: HashMap<u64, usize>,
-    send_failed: bool,
-}
-
-impl Pinger {
-    fn new(domain: &Arc<Domain>) -> Pinger {
-        Pinger {
-            tx: MemoryRegion::alloc(domain, MAX_MSG * WINDOW, Flags::SEND).unwrap(),
-            rx: MemoryRegion::alloc(domain, MAX_MSG * WINDOW, Flags::RECV).unwrap(),
-            outstanding: HashMap::new(),
-            next_send: 0,
-            next_echo: 0,
-            lens: HashMap::new(),
-            send_failed: false,
-        }
-    }
-
-    fn post_recv(&mut self, ep: &MsgEndpoint, slot: usize, out: &mut Outcome) -> bool {
-        let ctx = RECV_TAG | slot as u64;
-        match ep.recv(&self.rx, slot * MAX_MSG, MAX_MSG, ctx) {
-            Ok(()) => {
-                out.posted += 1;
-                self.outstanding.insert(ctx, Instant::now());
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    fn post_send(&mut self, ep: &MsgEndpoint, rng: &mut Rng, out: &mut Outcome) -> bool {
-        let seq = self.next_send;
-        let slot = (seq as usize) % WINDOW;
-        let len = rng.range(1, MAX_MSG as u64) as usize;
-        self.tx
-            .write_at(slot * MAX_MSG, &message(seq, len))
-            .unwrap();
-        let ctx = SEND_TAG | seq;
-        match ep.send(&self.tx, slot * MAX_MSG, len, ctx) {
-            Ok(()) => {
-                out.posted += 1;
-                self.outstanding.insert(ctx, Instant::now());
-                self.lens.insert(seq, len);
-                self.next_send += 1;
-                true
-            }
-            Err(_) => {
-                self.send_failed = true;
-                false
-            }
-        }
-    }
-
-    /// Reads what the CQ has: checks echoes, reposts their slots and sends the next
-    /// message while `more` allows. Returns how many completions it read.
-    fn poll(
-        &mut self,
-        side: &Side,
-        rng: &mut Rng,
-        more: bool,
-        out: &mut Outcome,
-        fault_at: Option<Instant>,
-    ) -> usize {
-        let mut buf = [CqEntry::default(); 16];
-        let mut done = Vec::new();
-        match side.cq.read(&mut buf) {
-            Ok(n) => done.extend(buf[..n].iter().map(|e| Ok(*e))),
-            Err(e) if e.is_again() => {}
-            Err(e) if e.errno() == errno::EAVAIL => {
-                let err = side.cq.readerr().unwrap();
-                done.push(Err(err));
-            }
-            Err(e) => out.problem(format!("cq read: {e}")),
-        }
-        let n = done.len();
-        for c in done {
-            let (ctx, ok) = match &c {
-                Ok(e) => (e.op_context, true),
-                Err(e) => (e.op_context, false),
-            };
-            let Some(posted) = self.outstanding.remove(&ctx) else {
-                out.problem(format!("completion for {ctx:#x}, which is not outstanding"));
-                continue;
-            };
-            // How long it waited under the fault: since the fault, or since it was
-            // posted if that came later.
-            if let Some(t) = fault_at {
-                out.waited(posted.max(t).elapsed());
-            }
-            if ok {
-                out.succeeded += 1;
-            } else {
-                out.failed += 1;
-                let e = c.as_ref().unwrap_err();
-                if fault_at.is_none() {
-                    out.problem(format!("error completion before any fault: {e:?}"));
-                }
-                continue;
-            }
-            let e = c.unwrap();
-            if ctx & RECV_TAG != 0 {
-                let slot = (ctx & 0xffff) as usize;
-                let seq = self.next_echo;
-                self.next_echo += 1;
-                match self.lens.remove(&seq) {
-                    Some(len) if len == e.len => {
-                        let mut got = vec![0u8; len];
-                        self.rx.read_at(slot * MAX_MSG, &mut got).unwrap();
-                        if got == message(seq, len) {
-                            out.bytes_verified += len as u64;
-                        } else {
-                            out.problem(format!("echo {seq}: bytes differ"));
-                        }
-                    }
-                    other => {
-                        out.problem(format!("echo {seq}: {} bytes, expected {other:?}", e.len))
-                    }
-                }
-                if more && self.post_recv(&side.ep, slot, out) {
-                    self.post_send(&side.ep, rng, out);
-                }
-            }
-        }
-        n
-    }
-}
-
-/// The far side of the echo traffic: sends each message back as it came, while
-/// `keep_going` says so. Stops at the first error (a killed peer, a failed link): the
-/// side that checks the traffic accounts for it.
-fn echo_while(side: &Side, keep_going: impl Fn() -> bool) {
-    let buf =
-        MemoryRegion::alloc(&side.domain, MAX_MSG * WINDOW, Flags::SEND | Flags::RECV).unwrap();
-    for slot in 0..WINDOW {
-        side.ep
-            .recv(&buf, slot * MAX_MSG, MAX_MSG, RECV_TAG | slot as u64)
-            .unwrap();
-    }
-    let mut cq = [CqEntry::default(); 16];
-    while keep_going() {
-        match side.cq.read(&mut cq) {
-            Ok(n) => {
-                for e in &cq[..n] {
-                    let slot = (e.op_context & 0xffff) as usize;
-                    let r = if e.op_context & RECV_TAG != 0 {
-                        side.ep
-                            .send(&buf, slot * MAX_MSG, e.len, SEND_TAG | slot as u64)
-                    } else {
-                        side.ep
-                            .recv(&buf, slot * MAX_MSG, MAX_MSG, RECV_TAG | slot as u64)
-                    };
-                    if r.is_err() {
-                        return;
-                    }
-                }
-            }
-            Err(e) if e.is_again() => {}
-            Err(_) => return,
-        }
-    }
-}
 
 /// Child process of `killed_peers_lose_nothing`: the echo peer, as the active side
 /// (`RFABRIC_RELIABILITY_CONNECT=addr`) or as a listener that prints its address.
@@ -320,7 +39,7 @@ fn victim_echo_peer() {
     println!("VICTIM CONNECTED");
     // Until SIGKILL, or 60 s so that no orphan outlives a failed parent.
     let end = Instant::now() + Duration::from_secs(60);
-    echo_while(&side, || Instant::now() < end);
+    let _ = echo_while(&side, || Instant::now() < end);
 }
 
 /// Waits for a line of the child's stdout starting with `marker`; returns its rest.
@@ -953,7 +672,7 @@ fn sustained_echo(info: &Info, secs: u64, out: &mut Outcome) -> u64 {
     let echo = std::thread::spawn({
         move || {
             let end = Instant::now() + Duration::from_secs(secs + 5);
-            echo_while(&server_side, || Instant::now() < end)
+            echo_while(&server_side, || Instant::now() < end).ok();
         }
     });
     let mut ping = Pinger::new(&side.domain);
@@ -1076,7 +795,7 @@ fn link_down_and_up_during_traffic_loses_nothing() {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let echo = std::thread::spawn({
             let stop = stop.clone();
-            move || echo_while(&server, || !stop.load(std::sync::atomic::Ordering::Relaxed))
+            move || echo_while(&server, || !stop.load(std::sync::atomic::Ordering::Relaxed)).ok()
         });
         let mut ping = Pinger::new(&side.domain);
         for slot in 0..WINDOW {

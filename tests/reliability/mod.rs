@@ -6,6 +6,8 @@
 //! `RFABRIC_RELIABILITY_OUT` (what `scripts/reliability` makes its table from).
 #![allow(dead_code, unreachable_pub)]
 
+pub mod traffic;
+
 use std::io::Write;
 use std::time::{Duration, Instant};
 
