@@ -55,7 +55,9 @@ fn netem(netdev: &str, spec: Option<&str>) {
             cmd.args(s.split_whitespace());
         }
         None => {
+            // Nothing to delete is fine (node 0 of a one-sided case added none).
             cmd.args(["qdisc", "del", "dev", netdev, "root"]);
+            cmd.stderr(std::process::Stdio::null());
         }
     }
     let st = cmd.status().expect("tc (iproute2)");
@@ -102,6 +104,8 @@ struct Case {
     messages: u64,
     max_len: usize,
     bound: Duration,
+    /// The link stays down past RC's retry budget: sends must fail with `FI_ETIMEDOUT`.
+    expect_timeout: bool,
 }
 
 fn lossy_case(c: Case) {
@@ -114,6 +118,7 @@ fn lossy_case(c: Case) {
         messages,
         max_len,
         bound,
+        expect_timeout,
     } = c;
     let Some(n) = node() else {
         eprintln!("skipped: a two-node case (run by ci/vm-run-2node)");
@@ -204,6 +209,17 @@ fn lossy_case(c: Case) {
     if !lifted {
         netem(&n.netdev, None);
     }
+    if expect_timeout && ping.timed_out == 0 {
+        out.problem(
+            "the link stayed down past the retry budget, yet no send failed with FI_ETIMEDOUT",
+        );
+    }
+    if !expect_timeout && out.failed > 0 {
+        out.problem(format!(
+            "{} operations failed on a link that never stayed down",
+            out.failed
+        ));
+    }
     side.ep.shutdown().ok();
     eprintln!(
         "[{case}] {} messages sent, {} echoed whole, {} operations failed, {:.1} s",
@@ -226,6 +242,7 @@ fn rc_delivers_everything_at_1_percent_loss() {
         messages: 400,
         max_len: 16 << 10,
         bound: Duration::from_secs(60),
+        expect_timeout: false,
     });
 }
 
@@ -240,6 +257,7 @@ fn rc_delivers_everything_at_10_percent_loss() {
         messages: 150,
         max_len: 4 << 10,
         bound: Duration::from_secs(90),
+        expect_timeout: false,
     });
 }
 
@@ -254,6 +272,7 @@ fn rc_delivers_everything_through_corruption() {
         messages: 400,
         max_len: 16 << 10,
         bound: Duration::from_secs(60),
+        expect_timeout: false,
     });
 }
 
@@ -268,6 +287,7 @@ fn rc_delivers_everything_in_order_through_reordering() {
         messages: 300,
         max_len: 16 << 10,
         bound: Duration::from_secs(60),
+        expect_timeout: false,
     });
 }
 
@@ -282,6 +302,7 @@ fn rc_delivers_everything_over_a_50ms_link() {
         messages: 200,
         max_len: 16 << 10,
         bound: Duration::from_secs(60),
+        expect_timeout: false,
     });
 }
 
@@ -296,19 +317,35 @@ fn rc_recovers_from_a_one_second_blackout() {
         messages: 200,
         max_len: 16 << 10,
         bound: Duration::from_secs(60),
+        expect_timeout: false,
     });
 }
 
+/// With `FI_RVERBS_RETRY_COUNT` below 7 (rxe retries forever at 7), a blackout longer
+/// than the retry budget fails the sends with `FI_ETIMEDOUT` and flushes the rest.
 #[test]
 fn rc_reports_a_blackout_past_its_retry_budget_in_time() {
+    // One test thread per node, and the knob is read when connecting: no one else reads it.
+    std::env::set_var("FI_RVERBS_RETRY_COUNT", "3");
+    let _restore = Restore("FI_RVERBS_RETRY_COUNT");
     lossy_case(Case {
-        name: "blackout 40 s",
+        name: "blackout 30 s, retry count 3",
         port: 7477,
         spec: "loss 100%",
         both: false,
-        for_a_while: Some(Duration::from_secs(40)),
+        for_a_while: Some(Duration::from_secs(30)),
         messages: 200,
         max_len: 16 << 10,
-        bound: Duration::from_secs(45),
+        bound: Duration::from_secs(30),
+        expect_timeout: true,
     });
+}
+
+/// Unsets an environment variable when dropped.
+struct Restore(&'static str);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        std::env::remove_var(self.0);
+    }
 }

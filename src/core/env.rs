@@ -43,6 +43,11 @@ pub const KNOBS: &[Knob] = &[
         help: "IB code (0-31) of the receiver-not-ready delay an RC endpoint asks senders to wait",
     },
     Knob {
+        name: "FI_RVERBS_RETRY_COUNT",
+        default: "7",
+        help: "transport retries (0-7) before a send to a silent peer fails with FI_ETIMEDOUT (rxe: 7 retries forever)",
+    },
+    Knob {
         name: "FI_RVERBS_CM_TIMEOUT_MS",
         default: "2000",
         help: "address and route resolution timeout of rdma_cm",

@@ -149,6 +149,19 @@ fn min_rnr_timer() -> u8 {
         .unwrap_or(12) as u8
 }
 
+/// `FI_RVERBS_RETRY_COUNT`: transport retries (0-7) before a send to a peer that stopped
+/// answering fails with `FI_ETIMEDOUT`. 7, as perftest and libfabric's verbs provider use;
+/// rxe treats 7 as "forever", so on SoftRoCE a dead link fails RC only below 7.
+fn retry_count() -> Result<u8> {
+    match crate::core::env::get_usize_or("FI_RVERBS_RETRY_COUNT", 7)? {
+        v @ 0..=7 => Ok(v as u8),
+        v => Err(Error::new(
+            errno::EINVAL,
+            format!("FI_RVERBS_RETRY_COUNT={v}: the transport counts 0 to 7 retries"),
+        )),
+    }
+}
+
 /// A connected endpoint (`fi_endpoint` with `FI_EP_MSG`).
 #[derive(Debug)]
 pub struct MsgEndpoint {
@@ -398,8 +411,9 @@ impl MsgEndpoint {
     /// Starts connecting; `FI_CONNECTED` (or an error entry) arrives on the EQ (`fi_connect`).
     pub fn connect(&self, data: &[u8]) -> Result<()> {
         let enc = encode_cm_data(data, CONNECT_PRIVATE_DATA_MAX)?;
+        let retry = retry_count()?;
         self.begin_connecting()?;
-        self.shared.id.connect(&enc, 1).map_err(|e| {
+        self.shared.id.connect(&enc, 1, retry).map_err(|e| {
             self.shared.state.store(IDLE, Ordering::Release);
             Error::os(e, "rdma_connect")
         })
@@ -408,10 +422,11 @@ impl MsgEndpoint {
     /// Accepts the request this endpoint was opened on (`fi_accept`).
     pub fn accept(&self, data: &[u8]) -> Result<()> {
         let enc = encode_cm_data(data, ACCEPT_PRIVATE_DATA_MAX.min(CONNECT_PRIVATE_DATA_MAX))?;
+        let retry = retry_count()?;
         self.begin_connecting()?;
         self.shared
             .id
-            .accept(&enc, 1)
+            .accept(&enc, 1, retry)
             .map_err(os_err("rdma_accept"))
     }
 

@@ -472,35 +472,36 @@ impl CmId {
         self.qp.get()
     }
 
-    fn conn_param(data: &[u8]) -> r::rdma_conn_param {
+    fn conn_param(data: &[u8], retry_count: u8) -> r::rdma_conn_param {
         // SAFETY: plain data; zero is valid.
         let mut p: r::rdma_conn_param = unsafe { std::mem::zeroed() };
         p.private_data = data.as_ptr().cast();
         p.private_data_len = data.len().min(255) as u8;
         p.responder_resources = 1;
         p.initiator_depth = 1;
-        p.retry_count = 7;
+        // Transport retries before a send fails with a retry-exceeded error (3 bits).
+        p.retry_count = retry_count.min(7);
         // 7 means retry forever on receiver-not-ready: a slow receiver never loses a message.
         p.rnr_retry_count = 7;
         p
     }
 
-    pub fn connect(&self, private_data: &[u8], rd_atomic: u8) -> Result<(), i32> {
+    pub fn connect(&self, private_data: &[u8], rd_atomic: u8, retry_count: u8) -> Result<(), i32> {
         if private_data.len() > CONNECT_PRIVATE_DATA_MAX {
             return Err(libc::EINVAL);
         }
-        let mut p = Self::conn_param(private_data);
+        let mut p = Self::conn_param(private_data, retry_count);
         p.responder_resources = rd_atomic;
         p.initiator_depth = rd_atomic;
         // SAFETY: valid id; p points at private_data, alive for the call.
         check(unsafe { r::rdma_connect(self.id.as_ptr(), &mut p) })
     }
 
-    pub fn accept(&self, private_data: &[u8], rd_atomic: u8) -> Result<(), i32> {
+    pub fn accept(&self, private_data: &[u8], rd_atomic: u8, retry_count: u8) -> Result<(), i32> {
         if private_data.len() > ACCEPT_PRIVATE_DATA_MAX {
             return Err(libc::EINVAL);
         }
-        let mut p = Self::conn_param(private_data);
+        let mut p = Self::conn_param(private_data, retry_count);
         p.responder_resources = rd_atomic;
         p.initiator_depth = rd_atomic;
         // SAFETY: valid id; p points at private_data, alive for the call.

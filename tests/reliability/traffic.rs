@@ -140,6 +140,8 @@ pub struct Pinger {
     pub send_failed: bool,
     /// Largest message it sends (at most `MAX_MSG`).
     pub max_len: usize,
+    /// Error completions that said `FI_ETIMEDOUT` (the transport gave up retrying).
+    pub timed_out: u64,
 }
 
 impl Pinger {
@@ -153,6 +155,7 @@ impl Pinger {
             lens: HashMap::new(),
             send_failed: false,
             max_len: MAX_MSG,
+            timed_out: 0,
         }
     }
 
@@ -232,6 +235,9 @@ impl Pinger {
             } else {
                 out.failed += 1;
                 let e = c.as_ref().unwrap_err();
+                if e.err == errno::ETIMEDOUT {
+                    self.timed_out += 1;
+                }
                 if fault_at.is_none() {
                     out.problem(format!("error completion before any fault: {e:?}"));
                 }
