@@ -867,3 +867,284 @@ fn link_down_and_up_during_traffic_loses_nothing() {
     );
     out.finish();
 }
+
+/// Many threads on one datagram endpoint's CQ: four senders each stamp their datagrams
+/// with who they are, and four threads read the receiver's CQ with `fi_cq_readfrom` and
+/// post its receives again, all at once. Every datagram's `FI_SOURCE` address must be
+/// the sender it names, its bytes whole, and every receive posted must come back.
+#[test]
+fn concurrent_readers_of_one_datagram_cq_keep_fi_source() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let Some(_) = device_info() else { return };
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Dgram;
+    hints.caps = Flags::SOURCE;
+    let info = getinfo(None, None, Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    let prof = Profile::get();
+    let per_sender = prof.pick(5000u64, 100_000);
+    let mut out = Outcome::new(
+        "concurrent DGRAM readers",
+        "4 threads reading one CQ with readfrom and reposting, 4 senders",
+        Duration::from_secs(10),
+    );
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
+    let rcq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let rx = DgramEndpoint::open(&domain, &info).unwrap();
+    rx.bind_cq(&rcq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    rx.bind_av(&av).unwrap();
+    rx.enable().unwrap();
+    let to_rx = av.insert(&rx.getname().unwrap().to_bytes()).unwrap();
+    let senders: Vec<_> = (0..4u64)
+        .map(|_| {
+            let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+            let ep = DgramEndpoint::open(&domain, &info).unwrap();
+            ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+            ep.bind_av(&av).unwrap();
+            ep.enable().unwrap();
+            let addr = av.insert(&ep.getname().unwrap().to_bytes()).unwrap();
+            (ep, cq, addr)
+        })
+        .collect();
+    const SLOT: usize = 64;
+    let depth = 256usize;
+    let buf = MemoryRegion::alloc(&domain, depth * SLOT, Flags::RECV).unwrap();
+    for slot in 0..depth {
+        rx.recv(&buf, slot * SLOT, SLOT, slot as u64).unwrap();
+    }
+    let posted = AtomicU64::new(depth as u64);
+    let received = AtomicU64::new(0);
+    let wrong = AtomicU64::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let sender_addrs: Vec<u64> = senders.iter().map(|s| s.2).collect();
+    std::thread::scope(|sc| {
+        for _ in 0..4 {
+            sc.spawn(|| {
+                // One entry a read: the most reads, so the most chances to overtake.
+                let mut e = [CqEntry::default(); 1];
+                let mut src = [0u64; 1];
+                let mut bytes = [0u8; 16];
+                while !done.load(Ordering::Relaxed) {
+                    match rcq.readfrom(&mut e, &mut src) {
+                        Ok(n) => {
+                            for (c, from) in e[..n].iter().zip(&src[..n]) {
+                                let slot = c.op_context as usize;
+                                buf.read_at(slot * SLOT, &mut bytes).unwrap();
+                                let who = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+                                let seq = u64::from_le_bytes(bytes[8..].try_into().unwrap());
+                                let whole = c.len == 16 && who < 4 && seq < per_sender;
+                                if !whole || sender_addrs[who as usize] != *from {
+                                    wrong.fetch_add(1, Ordering::Relaxed);
+                                }
+                                received.fetch_add(1, Ordering::Relaxed);
+                                // Posted again at once: the posts race with the other readers.
+                                if rx.recv(&buf, slot * SLOT, SLOT, slot as u64).is_ok() {
+                                    posted.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        Err(err) if err.is_again() => {}
+                        Err(err) => panic!("readfrom: {err}: {:?}", rcq.readerr()),
+                    }
+                }
+            });
+        }
+        let mut sent = 0u64;
+        for seq in 0..per_sender {
+            for (i, (ep, cq, _)) in senders.iter().enumerate() {
+                let d = [(i as u64).to_le_bytes(), seq.to_le_bytes()].concat();
+                ep.inject(&d, to_rx).unwrap();
+                sent += 1;
+                let _ = cq.read(&mut [CqEntry::default(); 4]);
+            }
+            if seq % 32 == 31 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let t = Instant::now();
+        while received.load(Ordering::Relaxed) < sent && t.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        done.store(true, Ordering::Relaxed);
+        out.faults = 1;
+        eprintln!(
+            "[concurrent DGRAM readers] {sent} datagrams sent, {} received, {} dropped by the device",
+            received.load(Ordering::Relaxed),
+            sent - received.load(Ordering::Relaxed)
+        );
+    });
+    // Every receive posted comes back: received, or canceled when the endpoint closes.
+    let outstanding = posted.load(Ordering::Relaxed) - received.load(Ordering::Relaxed);
+    out.posted = posted.load(Ordering::Relaxed);
+    out.succeeded = received.load(Ordering::Relaxed);
+    out.bytes_verified = 16 * (out.succeeded - wrong.load(Ordering::Relaxed));
+    if wrong.load(Ordering::Relaxed) > 0 {
+        out.problem(format!(
+            "{} of {} datagrams read with the wrong FI_SOURCE or length",
+            wrong.load(Ordering::Relaxed),
+            out.succeeded
+        ));
+    }
+    // The receives still posted are the ones kept posted: closing the endpoint discards
+    // them (fi_endpoint(3)), counted as such.
+    if outstanding != depth as u64 {
+        out.problem(format!(
+            "{outstanding} receives outstanding, {depth} kept posted"
+        ));
+    }
+    out.failed += outstanding;
+    out.finish();
+}
+
+/// Many threads on one MSG endpoint and its CQ at once: two post sends, two read the CQ
+/// (`read`, `readerr`, `trywait` in turn), while the peer checks every message; then the
+/// endpoint is shut down under them. Each send completes exactly once.
+#[test]
+fn concurrent_posters_and_readers_of_one_endpoint_lose_nothing() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let Some(info) = device_info() else { return };
+    let prof = Profile::get();
+    let per_thread = prof.pick(3000u64, 100_000);
+    let mut out = Outcome::new(
+        "concurrent MSG threads",
+        "2 posting and 2 reading threads on one endpoint and CQ, then shutdown",
+        Duration::from_secs(10),
+    );
+    let p = connect_pair_cq(
+        &info,
+        &CqAttr {
+            wait_obj: WaitObj::Fd,
+            ..Default::default()
+        },
+    );
+    const LEN: usize = 32;
+    let depth = 256usize;
+    let rbuf = MemoryRegion::alloc(&p.domain, depth * LEN, Flags::RECV).unwrap();
+    for slot in 0..depth {
+        p.server.recv(&rbuf, slot * LEN, LEN, slot as u64).unwrap();
+    }
+    let tbuf = MemoryRegion::alloc(&p.domain, 2 * LEN, Flags::SEND).unwrap();
+    let completed = Mutex::new(std::collections::HashSet::new());
+    let (posted, dup, errors) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let (received, bad) = (AtomicU64::new(0), AtomicU64::new(0));
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        // The peer: checks each message and posts its receive again.
+        sc.spawn(|| {
+            let mut e = [CqEntry::default(); 8];
+            let mut m = [0u8; LEN];
+            while received.load(Ordering::Relaxed) < 2 * per_thread && !stop.load(Ordering::Relaxed)
+            {
+                if let Ok(n) = p.server_cq.read(&mut e) {
+                    for c in &e[..n] {
+                        let slot = c.op_context as usize;
+                        rbuf.read_at(slot * LEN, &mut m).unwrap();
+                        let who = m[0] as u64;
+                        let seq = u64::from_le_bytes(m[8..16].try_into().unwrap());
+                        if c.len != LEN || who > 1 || m[16..] != message(seq, LEN)[16..] {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                        }
+                        received.fetch_add(1, Ordering::Relaxed);
+                        p.server.recv(&rbuf, slot * LEN, LEN, slot as u64).unwrap();
+                    }
+                }
+            }
+        });
+        for t in 0..2u64 {
+            let (posted, tbuf, client) = (&posted, &tbuf, &p.client);
+            sc.spawn(move || {
+                // Each poster its own buffer half, reused at once: 32 bytes go inline, so
+                // the buffer is free when the send returns.
+                let mut seq = 0;
+                while seq < per_thread {
+                    let mut m = message(seq, LEN);
+                    m[0] = t as u8;
+                    m[8..16].copy_from_slice(&seq.to_le_bytes());
+                    tbuf.write_at(t as usize * LEN, &m).unwrap();
+                    match client.send(tbuf, t as usize * LEN, LEN, (t << 32) | seq) {
+                        Ok(()) => {
+                            posted.fetch_add(1, Ordering::Relaxed);
+                            seq += 1;
+                        }
+                        Err(e) if e.is_again() => std::thread::yield_now(),
+                        Err(e) => panic!("send: {e}"),
+                    }
+                }
+            });
+        }
+        for r in 0..2 {
+            let (completed, dup, errors, stop, cq) =
+                (&completed, &dup, &errors, &stop, &p.client_cq);
+            sc.spawn(move || {
+                let mut e = [CqEntry::default(); 4];
+                let mut turn = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    turn += 1;
+                    if r == 1 && turn % 16 == 0 {
+                        let _ = cq.trywait();
+                    }
+                    match cq.read(&mut e) {
+                        Ok(n) => {
+                            let mut c = completed.lock().unwrap();
+                            for x in &e[..n] {
+                                if !c.insert(x.op_context) {
+                                    dup.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        Err(err) if err.errno() == errno::EAVAIL => {
+                            if let Ok(x) = cq.readerr() {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                if !completed.lock().unwrap().insert(x.op_context) {
+                                    dup.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        Err(_) => {}
+                    }
+                }
+            });
+        }
+        // Wait for the posters' messages to arrive, then shut down under the readers.
+        let t = Instant::now();
+        while received.load(Ordering::Relaxed) < 2 * per_thread
+            && t.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        p.client.shutdown().unwrap();
+        let t = Instant::now();
+        while (completed.lock().unwrap().len() as u64) < posted.load(Ordering::Relaxed)
+            && t.elapsed() < out.bound
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        out.waited(t.elapsed());
+        stop.store(true, Ordering::Relaxed);
+    });
+    out.faults = 1;
+    out.posted = posted.load(Ordering::Relaxed);
+    out.failed = errors.load(Ordering::Relaxed);
+    out.succeeded = completed.lock().unwrap().len() as u64 - out.failed;
+    out.bytes_verified =
+        (received.load(Ordering::Relaxed) - bad.load(Ordering::Relaxed)) * LEN as u64;
+    if dup.load(Ordering::Relaxed) > 0 {
+        out.problem(format!(
+            "{} completions read twice",
+            dup.load(Ordering::Relaxed)
+        ));
+    }
+    if bad.load(Ordering::Relaxed) > 0 || received.load(Ordering::Relaxed) != 2 * per_thread {
+        out.problem(format!(
+            "{} of {} messages arrived, {} of them wrong",
+            received.load(Ordering::Relaxed),
+            2 * per_thread,
+            bad.load(Ordering::Relaxed)
+        ));
+    }
+    out.finish();
+}
