@@ -188,14 +188,30 @@ unsafe fn string(s: *const c_char) -> Result<String> {
         .map_err(|_| Error::new(errno::EINVAL, "a name in the hints is not UTF-8"))
 }
 
+/// Longer than any address format rverbs knows (a `sockaddr_storage` is 128 bytes): a
+/// length past it is refused before anything is read, since no buffer of that size was
+/// meant (a C caller's `SIZE_MAX` would otherwise become a slice past `isize::MAX`).
+const MAX_ADDRLEN: usize = 4096;
+
+fn check_addrlen(len: usize) -> Result<()> {
+    if len > MAX_ADDRLEN {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("an address length of {len} bytes: no address format is that long"),
+        ));
+    }
+    Ok(())
+}
+
 /// An address from C memory (NULL or 0 bytes: none).
 ///
 /// # Safety
-/// `p` is NULL or points at `len` readable bytes.
+/// `p` is NULL or points at `len` readable bytes (a `len` over `MAX_ADDRLEN` is refused).
 unsafe fn addr(p: *const libc::c_void, len: usize) -> Result<Option<std::net::SocketAddr>> {
     if p.is_null() || len == 0 {
         return Ok(None);
     }
+    check_addrlen(len)?;
     // SAFETY: the caller's contract.
     let b = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
     parse_sockaddr(b).map(Some)
@@ -209,6 +225,7 @@ unsafe fn ud_name(p: *const libc::c_void, len: usize, what: &str) -> Result<()> 
     if p.is_null() || len == 0 {
         return Ok(());
     }
+    check_addrlen(len)?;
     // SAFETY: the caller's contract.
     let b = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
     crate::verbs::UdName::parse(b)
@@ -389,6 +406,28 @@ mod tests {
             && a.ep_attr == b.ep_attr
             && a.domain_attr == b.domain_attr
             && a.fabric_attr == b.fabric_attr
+    }
+
+    #[test]
+    fn address_lengths_past_any_address_are_refused_before_reading() {
+        let mut byte = 0u8;
+        for len in [MAX_ADDRLEN + 1, 1 << 40, isize::MAX as usize, usize::MAX] {
+            // SAFETY: plain data; zero is valid.
+            let mut h: fi::fi_info = unsafe { std::mem::zeroed() };
+            h.addr_format = fi::FI_SOCKADDR_IN;
+            h.src_addr = (&mut byte as *mut u8).cast();
+            h.src_addrlen = len;
+            // SAFETY: the length lies, and from_c must refuse it without reading.
+            let e = unsafe { from_c(&h) }.unwrap_err();
+            assert_eq!(e.errno(), errno::EINVAL, "src_addrlen {len}");
+            h.src_addrlen = 0;
+            h.addr_format = fi::FI_ADDR_IB_UD;
+            h.dest_addr = (&mut byte as *mut u8).cast();
+            h.dest_addrlen = len;
+            // SAFETY: as above.
+            let e = unsafe { from_c(&h) }.unwrap_err();
+            assert_eq!(e.errno(), errno::EINVAL, "dest_addrlen {len}");
+        }
     }
 
     #[test]
