@@ -349,3 +349,202 @@ impl Drop for Restore {
         std::env::remove_var(self.0);
     }
 }
+
+/// A datagram of `len` bytes numbered `seq`: its number, its length, then a pattern, and
+/// an FNV-1a sum of all of it in the last 8 bytes.
+fn datagram(seq: u64, len: usize) -> Vec<u8> {
+    let mut d = pattern(len, seq as u8);
+    d[..8].copy_from_slice(&seq.to_le_bytes());
+    d[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+    let sum = fnv(&d[..len - 8]);
+    d[len - 8..].copy_from_slice(&sum.to_le_bytes());
+    d
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Whether `d` is a whole datagram as [`datagram`] made it; its number if so.
+fn check_datagram(d: &[u8]) -> Option<u64> {
+    if d.len() < 24 {
+        return None;
+    }
+    let seq = u64::from_le_bytes(d[..8].try_into().ok()?);
+    let len = u64::from_le_bytes(d[8..16].try_into().ok()?) as usize;
+    let sum = u64::from_le_bytes(d[d.len() - 8..].try_into().ok()?);
+    (len == d.len() && sum == fnv(&d[..len - 8])).then_some(seq)
+}
+
+/// UD under loss, corruption and reordering at once: node 0 receives, node 1 sends. The
+/// link may drop datagrams, but every one that arrives is whole (the device checks each
+/// packet), none twice, and node 1's sends all complete. Names and the final counts go
+/// over a TCP connection beside the link.
+#[test]
+fn ud_never_delivers_a_corrupt_datagram() {
+    use std::io::{Read, Write};
+    let Some(n) = node() else {
+        eprintln!("skipped: a two-node case (run by ci/vm-run-2node)");
+        return;
+    };
+    let spec = "loss 10% corrupt 1% delay 2ms reorder 25% 50%";
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Dgram;
+    let info = getinfo(None, None, Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let ep = DgramEndpoint::open(&domain, &info).unwrap();
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let mtu = info.ep_attr.max_msg_size;
+    let count = Profile::get().pick(3000u64, 100_000);
+    let port = 7478;
+    netem(&n.netdev, Some(spec));
+    if n.index == 0 {
+        let listener = std::net::TcpListener::bind((n.own.as_str(), port)).unwrap();
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(&ep.getname().unwrap().to_bytes()).unwrap();
+        let depth = 256.min(info.rx_attr.size);
+        let buf = MemoryRegion::alloc(&domain, depth * mtu, Flags::RECV).unwrap();
+        for slot in 0..depth {
+            ep.recv(&buf, slot * mtu, mtu, slot as u64).unwrap();
+        }
+        s.set_nonblocking(true).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        let (mut whole, mut corrupt, mut twice, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+        let mut done = [0u8; 8];
+        let mut got = 0;
+        let mut e = [rfabric::core::cq::CqEntry::default(); 16];
+        let mut quiet_since: Option<Instant> = None;
+        let start = Instant::now();
+        loop {
+            match cq.read(&mut e) {
+                Ok(k) => {
+                    for c in &e[..k] {
+                        let slot = c.op_context as usize;
+                        let mut d = vec![0u8; c.len];
+                        buf.read_at(slot * mtu, &mut d).unwrap();
+                        match check_datagram(&d) {
+                            Some(seq) if seen.insert(seq) => {
+                                whole += 1;
+                                bytes += d.len() as u64;
+                            }
+                            Some(_) => twice += 1,
+                            None => corrupt += 1,
+                        }
+                        ep.recv(&buf, slot * mtu, mtu, slot as u64).unwrap();
+                    }
+                    quiet_since = None;
+                }
+                Err(err) if err.is_again() => {}
+                Err(err) => panic!("cq: {err}: {:?}", cq.readerr()),
+            }
+            if got < 8 {
+                match s.read(&mut done[got..]) {
+                    Ok(k) => got += k,
+                    Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(err) => panic!("control connection: {err}"),
+                }
+            } else if quiet_since.get_or_insert_with(Instant::now).elapsed()
+                > Duration::from_secs(1)
+            {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(300),
+                "node 1 never finished"
+            );
+        }
+        netem(&n.netdev, None);
+        s.set_nonblocking(false).unwrap();
+        for v in [whole, corrupt, twice, bytes] {
+            s.write_all(&v.to_le_bytes()).unwrap();
+        }
+        return;
+    }
+    let addr = format!("{}:{port}", n.peer);
+    let start = Instant::now();
+    let mut s = loop {
+        match std::net::TcpStream::connect(&addr) {
+            Ok(s) => break s,
+            Err(_) if start.elapsed() < Duration::from_secs(90) => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Err(err) => panic!("node 0 never listened on {addr}: {err}"),
+        }
+    };
+    let mut name = [0u8; UdName::LEN];
+    s.read_exact(&mut name).unwrap();
+    let to = av.insert(&name).unwrap();
+    let mut rng = Rng::for_case("UD lossy link");
+    let mut out = Outcome::new(
+        "UD lossy link",
+        &format!("netem {spec}"),
+        Duration::from_secs(10),
+    );
+    out.faults = 1;
+    let tx = MemoryRegion::alloc(&domain, 64 * mtu, Flags::SEND).unwrap();
+    let mut e = [rfabric::core::cq::CqEntry::default(); 16];
+    let mut outstanding = 0u64;
+    for seq in 0..count {
+        let len = rng.range(24, mtu as u64) as usize;
+        let slot = (seq % 64) as usize;
+        while outstanding >= 64 {
+            match cq.read(&mut e) {
+                Ok(k) => {
+                    outstanding -= k as u64;
+                    out.succeeded += k as u64;
+                }
+                Err(err) if err.is_again() => {}
+                Err(err) => panic!("send cq: {err}: {:?}", cq.readerr()),
+            }
+        }
+        tx.write_at(slot * mtu, &datagram(seq, len)).unwrap();
+        ep.send(&tx, slot * mtu, len, to, seq).unwrap();
+        out.posted += 1;
+        outstanding += 1;
+        if seq % 16 == 15 {
+            // Paced, so the receiver's queue does not run dry: loss is the link's.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let t = Instant::now();
+    while outstanding > 0 && t.elapsed() < out.bound {
+        if let Ok(k) = cq.read(&mut e) {
+            outstanding -= k as u64;
+            out.succeeded += k as u64;
+        }
+    }
+    out.waited(t.elapsed());
+    netem(&n.netdev, None);
+    s.write_all(&count.to_le_bytes()).unwrap();
+    let mut r = [0u8; 32];
+    s.read_exact(&mut r).unwrap();
+    let v: Vec<u64> = r
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let (whole, corrupt, twice, bytes) = (v[0], v[1], v[2], v[3]);
+    out.bytes_verified = bytes;
+    if corrupt > 0 || twice > 0 {
+        out.problem(format!(
+            "{corrupt} corrupt and {twice} duplicated datagrams delivered"
+        ));
+    }
+    if whole == 0 {
+        out.problem("no datagram arrived at all");
+    }
+    eprintln!(
+        "[UD lossy link] {count} datagrams sent, {whole} arrived whole ({:.1} %), {corrupt} corrupt, {twice} twice",
+        whole as f64 * 100.0 / count as f64
+    );
+    out.fault = format!("netem {spec}: {whole} of {count} datagrams delivered, all whole");
+    out.finish();
+}
