@@ -257,7 +257,35 @@ fn shutdown_is_seen_by_the_peer_and_cancels_its_posted_receives() {
         p.server_cq.strerror(e.prov_errno),
         "Work Request Flushed Error"
     );
-    // The side that shut down gets no FI_SHUTDOWN of its own.
+    // The side that shut down gets its own FI_SHUTDOWN too, once (as libfabric's verbs
+    // provider does: applications wait for it after fi_shutdown).
+    match next_event(&p.client_eq) {
+        EqEvent::Shutdown { fid } => assert_eq!(fid, CLIENT_FID),
+        other => panic!("expected the local FI_SHUTDOWN, got {other:?}"),
+    }
+    p.server.shutdown().unwrap();
+    assert_eq!(p.client_eq.sread(300).unwrap_err().errno(), errno::EAGAIN);
+    assert_eq!(p.server_eq.sread(300).unwrap_err().errno(), errno::EAGAIN);
+}
+
+/// A server that accepts, shuts the connection down itself and waits on its EQ, as
+/// applications written against libfabric's verbs provider do: FI_SHUTDOWN arrives on
+/// both sides, once each.
+#[test]
+fn a_server_that_shuts_down_first_gets_its_own_fi_shutdown() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    p.server.shutdown().unwrap();
+    match next_event(&p.server_eq) {
+        EqEvent::Shutdown { fid } => assert_eq!(fid, SERVER_FID),
+        other => panic!("expected FI_SHUTDOWN at the server, got {other:?}"),
+    }
+    match next_event(&p.client_eq) {
+        EqEvent::Shutdown { fid } => assert_eq!(fid, CLIENT_FID),
+        other => panic!("expected FI_SHUTDOWN at the client, got {other:?}"),
+    }
+    p.client.shutdown().unwrap();
+    assert_eq!(p.server_eq.sread(300).unwrap_err().errno(), errno::EAGAIN);
     assert_eq!(p.client_eq.sread(300).unwrap_err().errno(), errno::EAGAIN);
 }
 

@@ -328,7 +328,7 @@ impl EventQueue {
             },
             ev::RDMA_CM_EVENT_DISCONNECTED => match owner_fid(g, e.id) {
                 Some((fid, ep)) => {
-                    // fi_cm(3): FI_SHUTDOWN reports the peer's disconnect, not our own.
+                    // FI_SHUTDOWN once per endpoint, for the peer's disconnect or our own.
                     if let Some(ep) = &ep {
                         if !ep.mark_disconnected() {
                             return;

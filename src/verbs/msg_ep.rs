@@ -45,6 +45,8 @@ pub(crate) struct EpShared {
     /// Dropped first: the QP goes before the CQs and PD it uses.
     id: CmId,
     state: AtomicU8,
+    /// `FI_SHUTDOWN` was written for this endpoint: once, whichever side disconnected.
+    shutdown_reported: AtomicBool,
     caps: OnceLock<QpCaps>,
     /// The shared receive context receives come from, when one is bound.
     srx: OnceLock<Arc<SharedRxContext>>,
@@ -95,9 +97,12 @@ impl EpShared {
         self.caps.get().map_or(0, |c| c.max_recv_wr as usize)
     }
 
-    /// Records a disconnect; true when the peer started it (so `FI_SHUTDOWN` is due).
+    /// Records a disconnect, which rdma_cm reports on both sides whoever began it; true the
+    /// first time, when `FI_SHUTDOWN` is due. libfabric's verbs provider reports it on both
+    /// sides too, and applications wait for it after their own `fi_shutdown`.
     pub(crate) fn mark_disconnected(&self) -> bool {
-        self.state.swap(PEER_SHUTDOWN, Ordering::AcqRel) != LOCAL_SHUTDOWN
+        self.state.swap(PEER_SHUTDOWN, Ordering::AcqRel);
+        !self.shutdown_reported.swap(true, Ordering::AcqRel)
     }
 
     pub(crate) fn disconnect_quietly(&self) {
@@ -226,6 +231,7 @@ impl MsgEndpoint {
             shared: Arc::new(EpShared {
                 id,
                 state: AtomicU8::new(IDLE),
+                shutdown_reported: AtomicBool::new(false),
                 caps: OnceLock::new(),
                 srx: OnceLock::new(),
                 signalling: Signalling::default(),

@@ -391,6 +391,13 @@ static void msg_section(void)
 		EXPECT(ev, FI_SHUTDOWN);
 		TRUE(cm.fid == &s.ep->fid);
 		EXPECT(fi_eq_read(m.peq, &ev, &cm, sizeof cm, 0), -FI_EAGAIN);
+
+		/* The side that shut down gets FI_SHUTDOWN too, once, as with libfabric's verbs
+		 * provider: an application that calls fi_shutdown and waits does not hang. */
+		EXPECT(fi_eq_sread(c.eq, &ev, &cm, sizeof cm, 10000, 0), sizeof cm);
+		EXPECT(ev, FI_SHUTDOWN);
+		TRUE(cm.fid == &c.ep->fid);
+		EXPECT(fi_eq_read(c.eq, &ev, &cm, sizeof cm, 0), -FI_EAGAIN);
 	}
 
 	/* closing in use is refused; then everything closes in order */
