@@ -276,13 +276,15 @@ fn a_server_that_shuts_down_first_gets_its_own_fi_shutdown() {
     let Some(info) = device_info() else { return };
     let p = connect_pair(&info);
     p.server.shutdown().unwrap();
-    match next_event(&p.server_eq) {
-        EqEvent::Shutdown { fid } => assert_eq!(fid, SERVER_FID),
-        other => panic!("expected FI_SHUTDOWN at the server, got {other:?}"),
-    }
+    // The client reads its EQ first, as its own process would: rdma_cm answers the
+    // disconnect there, and that answer is what the server's own event waits for.
     match next_event(&p.client_eq) {
         EqEvent::Shutdown { fid } => assert_eq!(fid, CLIENT_FID),
         other => panic!("expected FI_SHUTDOWN at the client, got {other:?}"),
+    }
+    match next_event(&p.server_eq) {
+        EqEvent::Shutdown { fid } => assert_eq!(fid, SERVER_FID),
+        other => panic!("expected FI_SHUTDOWN at the server, got {other:?}"),
     }
     p.client.shutdown().unwrap();
     assert_eq!(p.server_eq.sread(300).unwrap_err().errno(), errno::EAGAIN);
@@ -1298,4 +1300,93 @@ fn srx_opens_from_the_infos_own_rx_attr() {
     assert!(info.rx_attr.iov_limit <= dev.max_srq_sge as usize);
     let srx = SharedRxContext::open(&domain, &info.rx_attr).unwrap();
     assert!(srx.size() >= info.rx_attr.size);
+}
+
+/// fi_getinfo(3) on the device, every combination of the eight mr_mode bits, and every
+/// domain capability and ordering bit: each answer holds only mr_mode bits the hints
+/// offered and every capability and ordering bit they asked for, or the answer is
+/// `-FI_ENODATA`.
+#[test]
+fn getinfo_answers_honour_the_hints_bit_by_bit() {
+    let Some(_) = device_info() else { return };
+    let bits = [
+        MrMode::LOCAL,
+        MrMode::RAW,
+        MrMode::VIRT_ADDR,
+        MrMode::ALLOCATED,
+        MrMode::PROV_KEY,
+        MrMode::MMU_NOTIFY,
+        MrMode::RMA_EVENT,
+        MrMode::ENDPOINT,
+    ];
+    let mut answered = 0;
+    for combo in 1u32..256 {
+        let offered = bits
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| combo & (1 << k) != 0)
+            .fold(MrMode::empty(), |m, (_, b)| m | *b);
+        let mut h = Info::default();
+        h.domain_attr.mr_mode = offered;
+        match getinfo(None, None, Flags::empty(), Some(&h)) {
+            Ok(v) => {
+                answered += 1;
+                for i in &v {
+                    assert!(
+                        offered.contains(i.domain_attr.mr_mode),
+                        "{:?} answered for {offered:?}",
+                        i.domain_attr.mr_mode
+                    );
+                }
+            }
+            Err(e) => {
+                assert_eq!(e.errno(), errno::ENODATA, "{offered:?}");
+                assert!(!offered.contains(MrMode::LOCAL), "{offered:?} refused: {e}");
+            }
+        }
+    }
+    assert_eq!(
+        answered, 128,
+        "every combination with FI_MR_LOCAL is answered"
+    );
+    for caps in [
+        Flags::LOCAL_COMM,
+        Flags::REMOTE_COMM,
+        Flags::SHARED_AV,
+        Flags::LOCAL_COMM | Flags::REMOTE_COMM | Flags::SHARED_AV,
+    ] {
+        let mut h = Info::default();
+        h.domain_attr.caps = caps;
+        match getinfo(None, None, Flags::empty(), Some(&h)) {
+            Ok(v) => assert!(
+                v.iter().all(|i| i.domain_attr.caps.contains(caps)),
+                "{caps:?}"
+            ),
+            Err(e) => assert_eq!(e.errno(), errno::ENODATA, "{caps:?}"),
+        }
+    }
+    for bit in 0..13 {
+        for rx in [false, true] {
+            let mut h = Info::default();
+            if rx {
+                h.rx_attr.msg_order = 1 << bit;
+            } else {
+                h.tx_attr.msg_order = 1 << bit;
+            }
+            match getinfo(None, None, Flags::empty(), Some(&h)) {
+                Ok(v) => assert!(
+                    v.iter().all(|i| {
+                        let o = if rx {
+                            i.rx_attr.msg_order
+                        } else {
+                            i.tx_attr.msg_order
+                        };
+                        o & (1 << bit) != 0
+                    }),
+                    "order bit {bit} rx {rx}"
+                ),
+                Err(e) => assert_eq!(e.errno(), errno::ENODATA, "order bit {bit} rx {rx}"),
+            }
+        }
+    }
 }

@@ -239,6 +239,15 @@ impl Info {
         if order != 0 {
             return Some(format!("tx_attr.msg_order bits {order:#x} not guaranteed"));
         }
+        let order = h.rx_attr.msg_order & !self.rx_attr.msg_order;
+        if order != 0 {
+            return Some(format!("rx_attr.msg_order bits {order:#x} not guaranteed"));
+        }
+        let domain_caps = Flags::LOCAL_COMM | Flags::REMOTE_COMM | Flags::SHARED_AV;
+        let missing = (h.domain_attr.caps & domain_caps) - self.domain_attr.caps;
+        if !missing.is_empty() {
+            return Some(format!("domain capabilities {missing:?} not supported"));
+        }
         None
     }
 
@@ -310,8 +319,9 @@ mod tests {
             ..Default::default()
         };
         i.domain_attr.name = "rxe0".into();
-        i.domain_attr.mr_mode =
-            MrMode::LOCAL | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY;
+        i.domain_attr.mr_mode = MrMode::LOCAL;
+        i.domain_attr.caps = Flags::LOCAL_COMM | Flags::REMOTE_COMM;
+        i.rx_attr.msg_order = RC_MSG_ORDER;
         i.domain_attr.data_progress = Progress::Manual;
         i.domain_attr.cq_data_size = 4;
         i.fabric_attr = FabricAttr {
@@ -320,6 +330,96 @@ mod tests {
             ..Default::default()
         };
         i
+    }
+
+    /// fi_getinfo(3): an answer satisfies the hints bit by bit. Every combination of the
+    /// eight mr_mode bits: refused without FI_MR_LOCAL, else answered with bits the
+    /// application set only.
+    #[test]
+    fn every_mr_mode_combination_is_answered_with_offered_bits_only() {
+        let bits = [
+            MrMode::LOCAL,
+            MrMode::RAW,
+            MrMode::VIRT_ADDR,
+            MrMode::ALLOCATED,
+            MrMode::PROV_KEY,
+            MrMode::MMU_NOTIFY,
+            MrMode::RMA_EVENT,
+            MrMode::ENDPOINT,
+        ];
+        for combo in 1u32..256 {
+            let offered_bits = bits
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| combo & (1 << k) != 0)
+                .fold(MrMode::empty(), |m, (_, b)| m | *b);
+            let mut h = Info::default();
+            h.domain_attr.mr_mode = offered_bits;
+            let o = offered();
+            match o.mismatch(&h) {
+                None => {
+                    assert!(offered_bits.contains(MrMode::LOCAL), "{offered_bits:?}");
+                    let got = o.narrowed(&h).domain_attr.mr_mode;
+                    assert!(offered_bits.contains(got), "{got:?} for {offered_bits:?}");
+                }
+                Some(why) => {
+                    assert!(
+                        !offered_bits.contains(MrMode::LOCAL),
+                        "{offered_bits:?}: {why}"
+                    );
+                    assert!(why.contains("mr_mode"), "{why}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_domain_capability_asked_is_in_the_answer_or_refused() {
+        let caps = [Flags::LOCAL_COMM, Flags::REMOTE_COMM, Flags::SHARED_AV];
+        for combo in 0u32..8 {
+            let asked = caps
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| combo & (1 << k) != 0)
+                .fold(Flags::empty(), |m, (_, c)| m | *c);
+            let mut h = Info::default();
+            h.domain_attr.caps = asked;
+            let o = offered();
+            match o.mismatch(&h) {
+                None => assert!(o.narrowed(&h).domain_attr.caps.contains(asked), "{asked:?}"),
+                Some(why) => {
+                    assert!(asked.contains(Flags::SHARED_AV), "{asked:?}: {why}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_ordering_bit_asked_is_in_the_answer_or_refused() {
+        for bit in 0..13 {
+            for rx in [false, true] {
+                let mut h = Info::default();
+                let order = 1u64 << bit;
+                if rx {
+                    h.rx_attr.msg_order = order;
+                } else {
+                    h.tx_attr.msg_order = order;
+                }
+                let o = offered();
+                let ours = if rx {
+                    o.rx_attr.msg_order
+                } else {
+                    o.tx_attr.msg_order
+                };
+                match o.mismatch(&h) {
+                    None => assert!(ours & order != 0, "bit {bit:#x} rx {rx}"),
+                    Some(why) => {
+                        assert!(ours & order == 0, "bit {bit:#x} rx {rx}: {why}");
+                        assert!(why.contains("msg_order"), "{why}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -165,7 +165,10 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         data_progress: Progress::Manual,
         resource_mgmt: ResourceMgmt::Enabled,
         av_type: AvType::Unspec,
-        mr_mode: MrMode::LOCAL | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY,
+        // What rverbs needs of registrations: descriptors on every data call. With no RMA
+        // yet, VIRT_ADDR, ALLOCATED and PROV_KEY constrain nothing, and an answer may hold
+        // only bits the application offered.
+        mr_mode: MrMode::LOCAL,
         mr_key_size: 4,
         cq_data_size: 4,
         cq_cnt: a.max_cq as usize,
