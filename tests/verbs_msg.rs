@@ -1390,3 +1390,76 @@ fn getinfo_answers_honour_the_hints_bit_by_bit() {
         }
     }
 }
+
+/// A multi-receive buffer posted with plain `fi_recv` on an endpoint whose default receive
+/// flags hold `FI_MULTI_RECV` (as fabtests' multi_recv test posts it), read in every CQ
+/// format that has `buf`: each completion says where its message landed, and the buffer
+/// is released with the last message placed in it.
+#[test]
+fn multi_recv_from_default_flags_says_where_each_message_landed_in_every_format() {
+    use rfabric::core::cq::CqDataEntry;
+    let Some(info) = device_info() else { return };
+    for format in [CqFormat::Data, CqFormat::Tagged] {
+        let p = connect_pair_full(
+            &info,
+            &PairOpts {
+                cq_attr: CqAttr {
+                    format,
+                    ..Default::default()
+                },
+                rx_op_flags: Flags::MULTI_RECV,
+                ..Default::default()
+            },
+            b"",
+            b"",
+            |_, _, _| {},
+        );
+        p.server.setopt(EpOpt::MinMultiRecv, 600).unwrap();
+        let rx = MemoryRegion::alloc(&p.domain, 4096, Flags::RECV).unwrap();
+        let tx = MemoryRegion::alloc(&p.domain, 4096, Flags::SEND).unwrap();
+        p.server.recv(&rx, 0, 2000, 77).unwrap();
+        for i in 0..3u8 {
+            tx.write_at(i as usize * 500, &pattern(500, i)).unwrap();
+            p.client.send(&tx, i as usize * 500, 500, i as u64).unwrap();
+        }
+        // 2000 - 3 x 500 = 500 < 600: released with the third message.
+        for i in 0..3u64 {
+            let (buf, len, flags, ctx) = match format {
+                CqFormat::Data => {
+                    let mut e = [CqDataEntry::default(); 1];
+                    let start = std::time::Instant::now();
+                    loop {
+                        match p.server_cq.read(&mut e) {
+                            Ok(1) => break,
+                            Err(err) if err.is_again() => {}
+                            other => panic!("read: {other:?}"),
+                        }
+                        assert!(start.elapsed().as_secs() < 10, "no completion");
+                    }
+                    (e[0].buf, e[0].len, e[0].flags, e[0].op_context)
+                }
+                _ => {
+                    let e = wait_one(&p.server_cq);
+                    (e.buf, e.len, e.flags, e.op_context)
+                }
+            };
+            assert_eq!((ctx, len), (77, 500), "{format:?} message {i}");
+            assert_eq!(
+                buf,
+                rx.addr() + i * 500,
+                "{format:?}: where message {i} landed"
+            );
+            let mut got = vec![0u8; 500];
+            rx.read_at(i as usize * 500, &mut got).unwrap();
+            assert_eq!(got, pattern(500, i as u8));
+            assert_eq!(
+                Flags::from_bits_retain(flags).contains(Flags::MULTI_RECV),
+                i == 2,
+                "{format:?}: released with the last message only"
+            );
+        }
+        for _ in 0..3 {
+            wait_one(&p.client_cq);
+        }
+    }
+}

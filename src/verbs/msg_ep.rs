@@ -887,10 +887,16 @@ impl MsgEndpoint {
             })
     }
 
-    /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`).
+    /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`), with the
+    /// endpoint's default flags: `FI_MULTI_RECV` there makes it a multi-receive buffer, as
+    /// fabtests' multi_recv test and others post theirs.
     #[inline]
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
-        self.post_recv(mr, offset, len, context, self.shared.info.rx_attr.op_flags)
+        let flags = self.shared.info.rx_attr.op_flags;
+        if flags.contains(Flags::MULTI_RECV) {
+            return self.recvmsg(mr, offset, len, context, flags);
+        }
+        self.post_recv(mr, offset, len, context, flags)
     }
 
     /// `fi_recvmsg`: a receive with per-operation flags: `FI_COMPLETION` under selective

@@ -176,6 +176,8 @@ pub struct PairOpts {
     pub tx_size: usize,
     /// `fi_setname` on the client (after binding its EQ) before it is enabled.
     pub client_name: Option<SocketAddr>,
+    /// `rx_attr.op_flags` of both endpoints' infos (the default flags of `fi_recv`).
+    pub rx_op_flags: Flags,
 }
 
 pub fn connect_pair_full(
@@ -198,6 +200,7 @@ pub fn connect_pair_full(
     if opts.tx_size != 0 {
         cinfo.tx_attr.size = opts.tx_size;
     }
+    cinfo.rx_attr.op_flags |= opts.rx_op_flags;
     let mut client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&client_eq).unwrap();
     if let Some(a) = &opts.client_name {
@@ -219,6 +222,7 @@ pub fn connect_pair_full(
     if opts.tx_size != 0 {
         sinfo.tx_attr.size = opts.tx_size;
     }
+    sinfo.rx_attr.op_flags |= opts.rx_op_flags;
     let server = MsgEndpoint::open(&domain, &sinfo, SERVER_FID).unwrap();
     server.bind_eq(&server_eq).unwrap();
     server.bind_cq(&server_cq, bind).unwrap();
