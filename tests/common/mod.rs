@@ -49,6 +49,22 @@ pub fn wait_one(cq: &CompletionQueue) -> CqEntry {
     }
 }
 
+/// Reads one completion in the CQ's own format `E`, polling up to 10 s.
+pub fn wait_one_as<E: rfabric::core::cq::FormatEntry>(cq: &CompletionQueue) -> E {
+    let mut out = [E::default(); 1];
+    let start = std::time::Instant::now();
+    loop {
+        match cq.read(&mut out) {
+            Ok(1) => return out[0],
+            Ok(_) => {}
+            Err(e) if e.is_again() => {}
+            Err(e) => panic!("cq read: {e}: {:?}", cq.readerr()),
+        }
+        assert!(start.elapsed().as_secs() < 10, "no completion within 10 s");
+        std::hint::spin_loop();
+    }
+}
+
 /// Reads one error completion, polling up to 10 s.
 pub fn wait_err(cq: &CompletionQueue) -> rfabric::core::cq::CqErrEntry {
     let mut out = [CqEntry::default(); 1];
