@@ -510,3 +510,65 @@ fn the_mutex_cond_wait_object_is_broadcast_for_completions() {
         );
     });
 }
+
+/// What the system has available, from /proc/meminfo (KiB).
+fn mem_available_kib() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn rss_kib() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// As fabtests' CQ test does: open `domain_attr.cq_cnt` CQs of the provider's default size
+/// with `FI_WAIT_UNSPEC`, falling back to `FI_WAIT_NONE` when a wait object cannot be made
+/// (file descriptors run out: a clean `-FI_EMFILE`, nothing else). Every one opens, and an
+/// idle CQ costs little: what it costs is printed, for the README.
+#[test]
+fn as_many_cqs_as_cq_cnt_open_and_an_idle_one_costs_little() {
+    let Some(info) = device_info() else { return };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let want = info.domain_attr.cq_cnt;
+    assert!(want > 0);
+    let (avail, rss) = (mem_available_kib(), rss_kib());
+    let mut cqs = Vec::with_capacity(want);
+    let mut fallbacks = 0;
+    for _ in 0..want {
+        let cq = match CompletionQueue::open(&domain, &attr(CqFormat::Context, WaitObj::Unspec)) {
+            Ok(cq) => cq,
+            Err(e) => {
+                assert!(
+                    [errno::EMFILE, errno::ENOMEM].contains(&e.errno()),
+                    "fi_cq_open failed with {e}, not a clean -FI_EMFILE/-FI_ENOMEM"
+                );
+                fallbacks += 1;
+                CompletionQueue::open(&domain, &attr(CqFormat::Context, WaitObj::None))
+                    .unwrap_or_else(|e| panic!("CQ {} of {want}: {e}", cqs.len() + 1))
+            }
+        };
+        cqs.push(cq);
+    }
+    let sys_kib = avail.saturating_sub(mem_available_kib()) as f64 / want as f64;
+    let rss_per = rss_kib().saturating_sub(rss) as f64 / want as f64;
+    println!(
+        "IDLE CQ: {want} CQs open ({fallbacks} without a wait object: descriptors ran out); \
+         an idle CQ costs {sys_kib:.1} KiB of system memory, {rss_per:.1} KiB resident in the process"
+    );
+    // A generous ceiling (the issue saw a 6 GiB VM killed): 64 KiB of the system each.
+    assert!(sys_kib < 64.0, "an idle CQ costs {sys_kib:.1} KiB");
+    // They still work: the last one reads empty.
+    let mut e = [CqContextEntry::default(); 1];
+    assert!(cqs.last().unwrap().read(&mut e).unwrap_err().is_again());
+    drop(cqs);
+}

@@ -145,7 +145,8 @@ pub struct CqState {
 impl CqState {
     pub fn new(capacity: usize) -> Self {
         CqState {
-            q: VecDeque::with_capacity(capacity.min(4096)),
+            // Grows as entries are staged (a cold path), so an idle CQ holds no memory here.
+            q: VecDeque::new(),
             capacity: capacity.max(1),
             overrun: false,
             held_err_data: Vec::new(),

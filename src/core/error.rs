@@ -13,6 +13,7 @@ pub mod errno {
     pub const EIO: i32 = fi::FI_EIO;
     pub const EAGAIN: i32 = fi::FI_EAGAIN;
     pub const ENOMEM: i32 = fi::FI_ENOMEM;
+    pub const EMFILE: i32 = fi::FI_EMFILE;
     pub const EACCES: i32 = fi::FI_EACCES;
     pub const EBUSY: i32 = fi::FI_EBUSY;
     pub const ENODEV: i32 = fi::FI_ENODEV;

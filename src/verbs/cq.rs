@@ -49,6 +49,9 @@ pub const UNSPEC_FORMAT: CqFormat = CqFormat::Tagged;
 
 const POLL_BATCH: usize = 16;
 
+/// Device entries of a CQ no endpoint is bound to yet.
+const IDLE_DEPTH: usize = 64;
+
 /// The wait machinery of a CQ that supports blocking reads.
 #[derive(Debug)]
 enum Waiter {
@@ -370,12 +373,15 @@ impl CompletionQueue {
             }
             _ => (None, None),
         };
+        // The device queue starts small and grows with the endpoints bound to it
+        // (`reserve`): an idle CQ costs little, so `domain_attr.cq_cnt` of them can be open.
+        let depth = size.clamp(1, IDLE_DEPTH);
         let cq =
-            Cq::new(dev.context, size as u32, vector, channel).map_err(os_err("ibv_create_cq"))?;
-        attr.size = cq.capacity() as usize;
-        // Everything staged comes from the device queue (or a peer's writes): the software
-        // queue holds at least as much, and grows with it (`reserve`).
-        let soft = attr.size.max(64);
+            Cq::new(dev.context, depth as u32, vector, channel).map_err(os_err("ibv_create_cq"))?;
+        attr.size = size;
+        // What is staged (errors, flushes, peers' writes) is held up to the CQ's size, or
+        // the device queue's when that grew past it; memory is taken only as it is used.
+        let soft = size.max(cq.capacity() as usize).max(64);
         if attr.format == CqFormat::Unspec {
             attr.format = UNSPEC_FORMAT;
         }

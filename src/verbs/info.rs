@@ -107,6 +107,18 @@ fn inline_size(dev: &Device) -> Result<usize> {
 }
 
 /// The MSG endpoint info a device offers, before addresses and hints.
+/// CQs a process can actually open (`domain_attr.cq_cnt`): the device's `max_cq` (a
+/// million on rxe), bounded by the process's memory maps, since each CQ maps its queue
+/// (rxe: one map; `vm.max_map_count`, 65530 by default, is reached first). A quarter of
+/// them is left to CQs; the rest serve QPs, libraries and the heap.
+fn cq_budget(max_cq: usize) -> usize {
+    let maps = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(65530);
+    max_cq.min(maps / 4).max(1)
+}
+
 /// Receive ranges an MSG info promises: what both the QP and the device's SRQ take, so an
 /// application that passes `info->rx_attr` to `fi_srx_context` gets one (rxe: 32 vs 27).
 fn rx_iov_limit(dev: &Device) -> usize {
@@ -171,7 +183,7 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         mr_mode: MrMode::LOCAL,
         mr_key_size: 4,
         cq_data_size: 4,
-        cq_cnt: a.max_cq as usize,
+        cq_cnt: cq_budget(a.max_cq as usize),
         ep_cnt: a.max_qp as usize,
         tx_ctx_cnt: a.max_qp as usize,
         rx_ctx_cnt: a.max_qp as usize,
