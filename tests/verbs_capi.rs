@@ -168,6 +168,11 @@ fn c_program_connects_and_moves_data_through_libfabric() {
 }
 
 #[test]
+fn c_program_gets_answers_that_honour_its_hints() {
+    run_capi_section("hints");
+}
+
+#[test]
 fn c_program_imports_shm_as_a_peer_of_the_software_srx() {
     run_capi_section("peer");
 }

@@ -183,9 +183,14 @@ static void msg_env_close(struct msg_env *m)
 	free(m->buf);
 }
 
+/* The CQ format of the pairs connect_pair makes, and default receive flags its server
+ * endpoint gets (rx_attr.op_flags of the connection request's info). */
+static enum fi_cq_format pair_format = FI_CQ_FORMAT_DATA;
+static uint64_t pair_rx_op_flags;
+
 static void open_cq(struct fid_domain *d, struct fid_cq **cq)
 {
-	struct fi_cq_attr a = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
+	struct fi_cq_attr a = {.format = pair_format, .wait_obj = FI_WAIT_NONE};
 	OK(fi_cq_open(d, &a, cq, NULL));
 }
 
@@ -217,6 +222,7 @@ static void connect_pair(struct msg_env *m, struct side *s, struct side *c, stru
 	TRUE(memcmp(cm->data, "hello", 5) == 0);
 	s->eq = m->peq;
 	open_cq(m->domain, &s->cq);
+	cm->info->rx_attr->op_flags |= pair_rx_op_flags;
 	OK(fi_endpoint(m->domain, cm->info, &s->ep, s));
 	OK(fi_ep_bind(s->ep, &m->peq->fid, 0));
 	OK(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV));
@@ -345,6 +351,51 @@ static void msg_section(void)
 			cq_expect(c.cq, &ctx[9], FI_SEND, 0, NULL);
 		}
 		EXPECT(got, 3);
+	}
+
+	/* multi-receive posted with plain fi_recv on an endpoint whose rx_attr.op_flags hold
+	 * FI_MULTI_RECV (as fabtests' multi_recv does), in both formats that carry buf: each
+	 * completion says where its message landed; the last one releases the buffer */
+	{
+		enum fi_cq_format formats[] = {FI_CQ_FORMAT_DATA, FI_CQ_FORMAT_TAGGED};
+		for (int f = 0; f < 2; f++) {
+			struct side s3 = {0}, c3 = {0};
+			size_t min = 300;
+			pair_format = formats[f];
+			pair_rx_op_flags = FI_MULTI_RECV;
+			connect_pair(&m, &s3, &c3, NULL);
+			pair_format = FI_CQ_FORMAT_DATA;
+			pair_rx_op_flags = 0;
+			OK(fi_setopt(&s3.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min));
+			OK(fi_recv(s3.ep, rx, 1024, m.desc, 0, &ctx[13]));
+			for (int i = 0; i < 3; i++) {
+				struct fi_cq_tagged_entry t;
+				fill(tx + i * 300, 300, (uint8_t)(20 + i));
+				OK(fi_send(c3.ep, tx + i * 300, 300, m.desc, 0, &ctx[14]));
+				time_t end = time(NULL) + 10;
+				long r;
+				while ((r = fi_cq_read(s3.cq, &t, 1)) == -FI_EAGAIN)
+					TRUE(time(NULL) <= end);
+				EXPECT(r, 1);
+				/* fi_cq_data_entry is the head of fi_cq_tagged_entry */
+				TRUE(t.op_context == &ctx[13] && t.len == 300);
+				TRUE(t.buf == rx + i * 300);
+				check(t.buf, 300, (uint8_t)(20 + i));
+				TRUE(!!(t.flags & FI_MULTI_RECV) == (i == 2));
+				while ((r = fi_cq_read(c3.cq, &t, 1)) == -FI_EAGAIN)
+					TRUE(time(NULL) <= end);
+				EXPECT(r, 1);
+			}
+			close_side(&c3, 1);
+			close_side(&s3, 0);
+		}
+	}
+
+	/* fi_srx_context with the info's own rx attributes */
+	{
+		struct fid_ep *srx;
+		OK(fi_srx_context(m.domain, m.info->rx_attr, &srx, NULL));
+		EXPECT(fi_close(&srx->fid), 0);
 	}
 
 	/* a shared receive context behind a second connection */
@@ -1153,6 +1204,62 @@ static void transfer_section(void)
 	printf("ok transfer\n");
 }
 
+/* fi_getinfo through libfabric answers with what the hints asked, bit by bit: every
+ * combination of the eight mr_mode bits (answers hold only bits offered; without
+ * FI_MR_LOCAL, -FI_ENODATA), domain capabilities and rx ordering bits. */
+static void hints_section(void)
+{
+	static const uint64_t bits[] = {FI_MR_LOCAL,	  FI_MR_RAW,	   FI_MR_VIRT_ADDR,
+					FI_MR_ALLOCATED,  FI_MR_PROV_KEY,  FI_MR_MMU_NOTIFY,
+					FI_MR_RMA_EVENT,  FI_MR_ENDPOINT};
+	int answered = 0;
+	for (int combo = 1; combo < 256; combo++) {
+		uint64_t offered = 0;
+		for (int k = 0; k < 8; k++)
+			if (combo & (1 << k))
+				offered |= bits[k];
+		struct fi_info *h = hints_for(FI_EP_MSG), *info = NULL;
+		h->domain_attr->mr_mode = (int)offered;
+		int r = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info);
+		if (r == 0) {
+			answered++;
+			for (struct fi_info *i = info; i; i = i->next)
+				if ((uint64_t)i->domain_attr->mr_mode & ~offered)
+					FAIL("mr_mode %#x answered for %#lx", i->domain_attr->mr_mode,
+					     (unsigned long)offered);
+			fi_freeinfo(info);
+		} else {
+			EXPECT(r, -FI_ENODATA);
+			TRUE(!(offered & FI_MR_LOCAL));
+		}
+		fi_freeinfo(h);
+	}
+	EXPECT(answered, 128);
+	{
+		struct fi_info *h = hints_for(FI_EP_MSG), *info = NULL;
+		h->domain_attr->caps = FI_SHARED_AV;
+		EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info), -FI_ENODATA);
+		h->domain_attr->caps = FI_LOCAL_COMM | FI_REMOTE_COMM;
+		OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+		TRUE((info->domain_attr->caps & (FI_LOCAL_COMM | FI_REMOTE_COMM)) ==
+		     (FI_LOCAL_COMM | FI_REMOTE_COMM));
+		fi_freeinfo(info);
+		for (int b = 0; b < 13; b++) {
+			h->domain_attr->caps = 0;
+			h->rx_attr->msg_order = 1ULL << b;
+			int r = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info);
+			if (r == 0) {
+				TRUE(info->rx_attr->msg_order & (1ULL << b));
+				fi_freeinfo(info);
+			} else {
+				EXPECT(r, -FI_ENODATA);
+			}
+		}
+		fi_freeinfo(h);
+	}
+	printf("ok hints\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
@@ -1163,6 +1270,8 @@ int main(int argc, char **argv)
 		dgram_section();
 	if (!only || !strcmp(only, "bad"))
 		bad_section();
+	if (!only || !strcmp(only, "hints"))
+		hints_section();
 	if (only && !strcmp(only, "peer"))
 		peer_section(argv[0]);
 	if (only && !strcmp(only, "shm-send") && argc > 2)
