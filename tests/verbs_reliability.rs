@@ -248,8 +248,7 @@ fn qp_error_mid_traffic_flushes_in_order() {
         "message longer than its receive (QP to error)",
         Duration::from_secs(5),
     );
-    let mut base = None;
-    for round in 0..prof.pick(10, 200) {
+    cycles_leak_checked(&mut out, prof.pick(10, 200), |out| {
         let p = connect_pair(&info);
         let n = rng.range(4, 48) as usize;
         let bad = rng.range(0, n as u64 - 1) as usize;
@@ -276,8 +275,8 @@ fn qp_error_mid_traffic_flushes_in_order() {
         let rx_got = drain(&p.server_cq, n, out.bound);
         let tx_got = drain(&p.client_cq, n, out.bound);
         out.waited(t.elapsed());
-        account_in_order("receives", &rx_posted, &rx_got, &mut out);
-        account_in_order("sends", &tx_posted, &tx_got, &mut out);
+        account_in_order("receives", &rx_posted, &rx_got, out);
+        account_in_order("sends", &tx_posted, &tx_got, out);
         // Before the bad one, every message arrived whole; from it on, none did.
         for (ctx, r) in &rx_got {
             let i = (*ctx & 0xffff) as usize;
@@ -304,12 +303,7 @@ fn qp_error_mid_traffic_flushes_in_order() {
                 out.problem(format!("send {i} before the bad one failed"));
             }
         }
-        drop(p);
-        if round == 0 {
-            base = Some(Resources::now());
-        }
-    }
-    out.leaks = base.unwrap().leaks_to(&Resources::now(), 16 << 10);
+    });
     out.finish();
 }
 

@@ -34,22 +34,11 @@ pub fn next_event(eq: &EventQueue) -> EqEvent {
 
 /// Reads one completion, polling up to 10 s. Error completions fail the test.
 pub fn wait_one(cq: &CompletionQueue) -> CqEntry {
-    let mut out = [CqEntry::default(); 1];
-    let start = std::time::Instant::now();
-    loop {
-        match cq.read(&mut out) {
-            Ok(1) => return out[0],
-            Ok(_) => {}
-            Err(e) if e.is_again() => {}
-            Err(e) if e.errno() == errno::EAVAIL => panic!("error completion: {:?}", cq.readerr()),
-            Err(e) => panic!("cq read: {e}"),
-        }
-        assert!(start.elapsed().as_secs() < 10, "no completion within 10 s");
-        std::hint::spin_loop();
-    }
+    wait_one_as(cq)
 }
 
-/// Reads one completion in the CQ's own format `E`, polling up to 10 s.
+/// Reads one completion in the CQ's own format `E`, polling up to 10 s. Error completions
+/// fail the test.
 pub fn wait_one_as<E: rfabric::core::cq::FormatEntry>(cq: &CompletionQueue) -> E {
     let mut out = [E::default(); 1];
     let start = std::time::Instant::now();
@@ -58,7 +47,8 @@ pub fn wait_one_as<E: rfabric::core::cq::FormatEntry>(cq: &CompletionQueue) -> E
             Ok(1) => return out[0],
             Ok(_) => {}
             Err(e) if e.is_again() => {}
-            Err(e) => panic!("cq read: {e}: {:?}", cq.readerr()),
+            Err(e) if e.errno() == errno::EAVAIL => panic!("error completion: {:?}", cq.readerr()),
+            Err(e) => panic!("cq read: {e}"),
         }
         assert!(start.elapsed().as_secs() < 10, "no completion within 10 s");
         std::hint::spin_loop();
