@@ -13,29 +13,27 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rfabric_sys::fabric as fi;
 
 use crate::capi::domain::CAv;
-use crate::capi::fid::{fi_ops_of, fid, guarded, no_bind, no_control, ops, put, Class, Obj};
+use crate::capi::fid::{fi_ops_of, fid, guarded, no_bind, no_control, ops, put, Class, Obj, Owned};
 use crate::core::error::{errno, Error, Result};
 use crate::verbs::AddressVector;
 
 pub(crate) struct AvSet {
     av: Arc<AddressVector>,
-    members: Mutex<Vec<u64>>,
-    /// What peers import: leads back here through its owner ops.
-    peer: Box<PeerAvSet>,
+    members: Arc<Mutex<Vec<u64>>>,
+    /// What peers import, over the same members; retired with the set, so a peer that
+    /// asks after the set closed gets `-FI_EINVAL`.
+    peer: Owned<PeerAvSet>,
 }
 
-/// `struct fid_peer_av_set`, then the set it belongs to.
-#[repr(C)]
-pub(crate) struct PeerAvSet {
-    hdr: fi::fid_peer_av_set,
-    set: *const AvSet,
+/// `struct fid_peer_av_set`, then the members of the set it belongs to.
+pub(crate) type PeerAvSet = Obj<fi::fid_peer_av_set, Arc<Mutex<Vec<u64>>>>;
+impl Class for PeerAvSet {
+    type Header = fi::fid_peer_av_set;
+    const FCLASS: u32 = fi::FI_CLASS_AV_SET;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &PEER_AV_SET_FI_OPS
+    }
 }
-
-// SAFETY: `set` points at the AvSet that owns this box (set once, never changed); the
-// members behind it are under a mutex.
-unsafe impl Send for PeerAvSet {}
-// SAFETY: as above.
-unsafe impl Sync for PeerAvSet {}
 
 impl AvSet {
     fn members(&self) -> MutexGuard<'_, Vec<u64>> {
@@ -44,7 +42,7 @@ impl AvSet {
 
     /// The owner's `fid_peer_av_set`, for a peer's `fi_av_set(FI_PEER)`.
     pub(crate) fn peer(&self) -> *mut fi::fid_peer_av_set {
-        std::ptr::from_ref(&self.peer.hdr).cast_mut()
+        self.peer.raw()
     }
 
     fn check(&self, addr: u64) -> Result<()> {
@@ -61,6 +59,9 @@ pub(crate) type CAvSet = Obj<fi::fid_av_set, AvSet>;
 impl Class for CAvSet {
     type Header = fi::fid_av_set;
     const FCLASS: u32 = fi::FI_CLASS_AV_SET;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &AV_SET_FI_OPS
+    }
 }
 
 static AV_SET_FI_OPS: fi::fi_ops = fi_ops_of!(set_close, no_bind, no_control);
@@ -125,6 +126,7 @@ pub(crate) unsafe extern "C" fn av_set_open(
                 };
             }
         }
+        let members = Arc::new(Mutex::new(members));
         let s = CAvSet::into_raw(
             fi::fid_av_set {
                 fid: fid(fi::FI_CLASS_AV_SET, context, &AV_SET_FI_OPS),
@@ -132,9 +134,9 @@ pub(crate) unsafe extern "C" fn av_set_open(
             },
             AvSet {
                 av: av.clone(),
-                members: Mutex::new(members),
-                peer: Box::new(PeerAvSet {
-                    hdr: fi::fid_peer_av_set {
+                members: members.clone(),
+                peer: Owned::new(
+                    fi::fid_peer_av_set {
                         fid: fid(
                             fi::FI_CLASS_AV_SET,
                             std::ptr::null_mut(),
@@ -142,14 +144,13 @@ pub(crate) unsafe extern "C" fn av_set_open(
                         ),
                         owner_ops: ops(&AV_SET_OWNER_OPS),
                     },
-                    set: std::ptr::null(),
-                }),
+                    members,
+                ),
             },
         );
-        // SAFETY: just made: link the peer face back to its set, then check the members.
+        // SAFETY: just made, open.
         let r = unsafe {
-            let o = &mut *s.cast::<CAvSet>();
-            o.inner.peer.set = &raw const o.inner;
+            let o = CAvSet::from_c(s, "set")?;
             let m = o.inner.members().clone();
             m.iter().try_for_each(|&x| o.inner.check(x))
         };
@@ -166,7 +167,6 @@ unsafe extern "C" fn set_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the fid fi_av_set returned.
     guarded("fi_close(av set)", || unsafe {
         CAvSet::close(f.cast(), |_| Ok(()))?;
-        crate::capi::ext::release_peer_contexts(f.cast());
         Ok(())
     })
 }
@@ -271,21 +271,13 @@ unsafe extern "C" fn peer_members(
     count: *mut usize,
 ) -> i32 {
     guarded("peer av set members", || {
-        // SAFETY: the fid_peer_av_set the owner gave the peer: the first field of a
-        // PeerAvSet, told apart by its ops; its set outlives the peer's use (fi_peer(3)).
-        let s = unsafe {
-            let p = set
-                .as_ref()
-                .ok_or_else(|| Error::new(errno::EINVAL, "set is NULL"))?;
-            if !std::ptr::eq(p.fid.ops, &PEER_AV_SET_FI_OPS) {
-                return Err(Error::new(errno::EINVAL, "not an rverbs peer AV set"));
-            }
-            &*(*set.cast::<PeerAvSet>()).set
-        };
+        // SAFETY: the fid_peer_av_set the owner gave the peer (its ops are checked: a
+        // closed set's is a tombstone).
+        let s = unsafe { PeerAvSet::from_c(set, "set") }?;
         if count.is_null() {
             return Err(Error::new(errno::EINVAL, "count is NULL"));
         }
-        let m = s.members();
+        let m = s.inner.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: checked non-NULL; the peer's in/out count.
         let room = unsafe { count.replace(m.len()) };
         if room < m.len() {
@@ -310,13 +302,14 @@ unsafe extern "C" fn peer_members(
 ///
 /// # Safety
 /// `set` is NULL or a live fid of this library; `peer_av` NULL or the peer's live AV.
-pub(crate) unsafe fn open_peer(
+pub(crate) unsafe fn open_peer<'a>(
     set: *mut fi::fid_av_set,
     peer_av: *mut fi::fid_av,
     peer_set: *mut *mut fi::fid_av_set,
-) -> Result<Box<fi::fi_peer_av_set_context>> {
+) -> Result<(&'a CAvSet, Box<fi::fi_peer_av_set_context>)> {
     // SAFETY: the caller's contract.
-    let s = &unsafe { CAvSet::from_c(set, "set") }?.inner;
+    let c = unsafe { CAvSet::from_c(set, "set") }?;
+    let s = &c.inner;
     // SAFETY: the caller's contract; the ops table's size says which slots exist.
     let av_set = unsafe {
         peer_av
@@ -338,5 +331,5 @@ pub(crate) unsafe fn open_peer(
     if rc != 0 {
         return Err(Error::new(-rc, "the peer's fi_av_set(FI_PEER)"));
     }
-    Ok(ctx)
+    Ok((c, ctx))
 }

@@ -20,6 +20,9 @@ pub(crate) type CCq = Obj<fi::fid_cq, Arc<CompletionQueue>>;
 impl Class for CCq {
     type Header = fi::fid_cq;
     const FCLASS: u32 = fi::FI_CLASS_CQ;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &CQ_FI_OPS
+    }
 }
 
 static CQ_FI_OPS: fi::fi_ops = fi_ops_of!(cq_close, no_bind, cq_control);

@@ -23,12 +23,18 @@ pub(crate) type CFabric = Obj<fi::fid_fabric, Arc<Fabric>>;
 impl Class for CFabric {
     type Header = fi::fid_fabric;
     const FCLASS: u32 = fi::FI_CLASS_FABRIC;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &FABRIC_FI_OPS
+    }
 }
 
 pub(crate) type CDomain = Obj<fi::fid_domain, Arc<Domain>>;
 impl Class for CDomain {
     type Header = fi::fid_domain;
     const FCLASS: u32 = fi::FI_CLASS_DOMAIN;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &DOMAIN_FI_OPS
+    }
 }
 
 /// A registration of application memory. Its `mem_desc` (`fi_mr_desc`) is its own address,
@@ -37,12 +43,18 @@ pub(crate) type CMr = Obj<fi::fid_mr, MemoryRegion>;
 impl Class for CMr {
     type Header = fi::fid_mr;
     const FCLASS: u32 = fi::FI_CLASS_MR;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &MR_FI_OPS
+    }
 }
 
 pub(crate) type CAv = Obj<fi::fid_av, Arc<AddressVector>>;
 impl Class for CAv {
     type Header = fi::fid_av;
     const FCLASS: u32 = fi::FI_CLASS_AV;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &AV_FI_OPS
+    }
 }
 
 /// `EBUSY` while children (which hold the object alive) are open: fi_close order matters.
@@ -240,7 +252,6 @@ unsafe extern "C" fn domain_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the application passes the fid fi_domain returned.
     guarded("fi_close(domain)", || unsafe {
         CDomain::close(f.cast(), |d| unshared(d, "domain"))?;
-        crate::capi::ext::release_peer_contexts(f.cast());
         Ok(())
     })
 }
@@ -504,7 +515,6 @@ unsafe extern "C" fn av_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the fid fi_av_open returned.
     guarded("fi_close(av)", || unsafe {
         CAv::close(f.cast(), |a| unshared(a, "address vector"))?;
-        crate::capi::ext::release_peer_contexts(f.cast());
         Ok(())
     })
 }

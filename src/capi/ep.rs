@@ -15,8 +15,8 @@ use crate::capi::cq::CCq;
 use crate::capi::domain::{from_c_nonnull, mr_of, unshared, CAv, CDomain, CFabric};
 use crate::capi::eq::{connreq_of, CConnReq, CEq};
 use crate::capi::fid::{
-    bytes, bytes_mut, check_class, enosys, fi_ops_of, fid, guarded, guarded_len, live_insert,
-    live_remove, no_bind, ops, put, Class, Obj,
+    bytes, bytes_mut, enosys, fi_ops_of, fid, guarded, guarded_len, has_ops, no_bind, ops, put,
+    Class, Obj,
 };
 use crate::capi::nosys::{self, n1, n1i, n2, n2i, n3i, n4i, n5i, n6, n7};
 use crate::core::addr::parse_sockaddr;
@@ -44,9 +44,8 @@ pub(crate) type CEp = Obj<fi::fid_ep, EpState>;
 impl Class for CEp {
     type Header = fi::fid_ep;
     const FCLASS: u32 = fi::FI_CLASS_EP;
-    fn owns(f: &fi::fid) -> bool {
-        // A peer's transfer endpoint is an endpoint too, of another layout.
-        !std::ptr::eq(f.ops, &crate::capi::transfer::TRANSFER_FI_OPS)
+    fn fi_ops() -> &'static fi::fi_ops {
+        &EP_FI_OPS
     }
 }
 
@@ -54,14 +53,17 @@ pub(crate) type CPep = Obj<fi::fid_pep, Mutex<PassiveEndpoint>>;
 impl Class for CPep {
     type Header = fi::fid_pep;
     const FCLASS: u32 = fi::FI_CLASS_PEP;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &PEP_FI_OPS
+    }
 }
 
 pub(crate) type CSrx = Obj<fi::fid_ep, Arc<SharedRxContext>>;
 impl Class for CSrx {
     type Header = fi::fid_ep;
     const FCLASS: u32 = fi::FI_CLASS_SRX_CTX;
-    fn owns(f: &fi::fid) -> bool {
-        std::ptr::eq(f.ops, &SRX_FI_OPS)
+    fn fi_ops() -> &'static fi::fi_ops {
+        &SRX_FI_OPS
     }
 }
 
@@ -69,6 +71,9 @@ pub(crate) type CMc = Obj<fi::fid_mc, Multicast>;
 impl Class for CMc {
     type Header = fi::fid_mc;
     const FCLASS: u32 = fi::FI_CLASS_MC;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &MC_FI_OPS
+    }
 }
 
 impl CEp {
@@ -239,7 +244,6 @@ pub(crate) unsafe extern "C" fn endpoint_open(
                 connreq: handle,
             })
         })?;
-        live_insert(p.cast());
         // SAFETY: checked for NULL above, writable per fi_endpoint(3).
         unsafe { *ep = p };
         Ok(())
@@ -270,7 +274,6 @@ unsafe extern "C" fn ep_close(f: *mut fi::fid) -> i32 {
         unsafe {
             let e = CEp::from_c(f.cast(), "ep")?;
             let req = e.inner.connreq;
-            live_remove(f.cast());
             CEp::close(f.cast(), |_| Ok(()))?;
             if !req.is_null() {
                 let _ = CConnReq::close(req, |_| Ok(()));
@@ -358,7 +361,6 @@ pub(crate) unsafe extern "C" fn pep_open(
         let p = CPep::try_into_raw_with(hdr, |at| {
             Ok(Mutex::new(PassiveEndpoint::open(&f.inner, &i, at)?))
         })?;
-        live_insert(p.cast());
         // SAFETY: checked for NULL above, writable per fi_passive_ep(3).
         unsafe { *pep = p };
         Ok(())
@@ -374,7 +376,6 @@ unsafe extern "C" fn pep_close(f: *mut fi::fid) -> i32 {
         // SAFETY: the fid fi_passive_ep returned (class checked by close).
         unsafe {
             CPep::from_c(f.cast(), "pep")?;
-            live_remove(f.cast());
             CPep::close(f.cast(), |_| Ok(()))
         }
     })
@@ -592,7 +593,7 @@ unsafe extern "C" fn cm_setname(f: fi::fid_t, addr: *mut c_void, addrlen: usize)
         let sa = parse_sockaddr(unsafe { bytes(addr, addrlen, "addr") }?)?;
         // SAFETY: the application's fid; each branch checks the class.
         unsafe {
-            if check_class(f, fi::FI_CLASS_PEP, "fid").is_ok() {
+            if has_ops(f, &PEP_FI_OPS) {
                 return pep_lock(CPep::from_c(f.cast(), "pep")?).setname(&sa);
             }
             let e = CEp::from_c(f.cast(), "fid")?;
@@ -616,7 +617,7 @@ unsafe extern "C" fn cm_getname(f: fi::fid_t, addr: *mut c_void, addrlen: *mut u
         unsafe {
             let len = &mut *addrlen;
             let buf = bytes_mut(addr, *len, "addr")?;
-            if check_class(f, fi::FI_CLASS_PEP, "fid").is_ok() {
+            if has_ops(f, &PEP_FI_OPS) {
                 return pep_lock(CPep::from_c(f.cast(), "pep")?).getname_into(buf, len);
             }
             match CEp::from_c(f.cast(), "fid")?.ep() {
@@ -761,7 +762,6 @@ unsafe extern "C" fn ep_join(
         };
         let p =
             CMc::try_into_raw_with(hdr, |at| g.join(&group, Flags::from_bits_retain(flags), at))?;
-        live_insert(p.cast());
         // SAFETY: checked for NULL above, writable per fi_join(3).
         unsafe { *mc = p };
         Ok(())
@@ -784,15 +784,15 @@ pub(crate) unsafe fn dgram_name(ep: *mut fi::fid_ep) -> Option<crate::verbs::UdN
 /// Called when `FI_JOIN_COMPLETE` for `fid` is read: `fi_mc_addr` reads `fid_mc.fi_addr`
 /// directly, so the group's address is written there.
 pub(crate) fn join_completed(fid: u64) {
-    crate::capi::fid::with_live(fid, |p| {
-        // SAFETY: a live fid (with_live holds it open); the class is checked.
-        if let Ok(m) = unsafe { CMc::from_c(p.cast(), "mc") } {
-            if let Ok(a) = m.inner.mc_addr() {
-                // SAFETY: the header is ours; C only reads fi_addr.
-                unsafe { (*p.cast::<fi::fid_mc>()).fi_addr = a };
-            }
+    let p = fid as *mut fi::fid_mc;
+    // SAFETY: provider events name handles of ours, open or tombstones (readable); the
+    // ops are checked.
+    if let Ok(m) = unsafe { CMc::from_c(p, "mc") } {
+        if let Ok(a) = m.inner.mc_addr() {
+            // SAFETY: the header is ours; C only reads fi_addr.
+            unsafe { (*p).fi_addr = a };
         }
-    });
+    }
 }
 
 unsafe extern "C" fn mc_close(f: *mut fi::fid) -> i32 {
@@ -800,7 +800,6 @@ unsafe extern "C" fn mc_close(f: *mut fi::fid) -> i32 {
         // SAFETY: the fid fi_join returned (class checked by close).
         unsafe {
             CMc::from_c(f.cast(), "mc")?;
-            live_remove(f.cast());
             CMc::close(f.cast(), |_| Ok(()))
         }
     })

@@ -9,7 +9,7 @@ use rfabric_sys::fabric as fi;
 
 use crate::capi::domain::{unshared, CFabric};
 use crate::capi::fid::{
-    bytes_mut, enosys, fi_ops_of, fid, guarded, guarded_len, live_context, no_bind, ops, put,
+    bytes_mut, enosys, fi_ops_of, fid, guarded, guarded_len, no_bind, open_context, ops, put,
     strerror_out, Class, Obj,
 };
 use crate::capi::info::to_c;
@@ -30,6 +30,9 @@ pub(crate) type CEq = Obj<fi::fid_eq, EqState>;
 impl Class for CEq {
     type Header = fi::fid_eq;
     const FCLASS: u32 = fi::FI_CLASS_EQ;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &EQ_FI_OPS
+    }
 }
 
 /// The `fi_info.handle` of a connection request: accepted by opening an endpoint on the
@@ -38,6 +41,9 @@ pub(crate) type CConnReq = Obj<fi::fid, Handle>;
 impl Class for CConnReq {
     type Header = fi::fid;
     const FCLASS: u32 = fi::FI_CLASS_CONNREQ;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &CONNREQ_FI_OPS
+    }
 }
 
 static EQ_FI_OPS: fi::fi_ops = fi_ops_of!(eq_close, no_bind, eq_control);
@@ -120,7 +126,6 @@ unsafe extern "C" fn eq_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the fid fi_eq_open returned.
     guarded("fi_close(eq)", || unsafe {
         CEq::close(f.cast(), |s| unshared(&s.eq, "event queue"))?;
-        crate::capi::ext::release_peer_contexts(f.cast());
         Ok(())
     })
 }
@@ -193,7 +198,7 @@ unsafe fn write_event(
             crate::capi::ep::join_completed(*fid);
             let e = fi::fi_eq_entry {
                 fid: *fid as fi::fid_t,
-                context: live_context(*fid),
+                context: open_context(*fid),
                 data: 0,
             };
             // SAFETY: out holds at least one fi_eq_entry; unaligned to be safe.
@@ -319,7 +324,7 @@ unsafe extern "C" fn eq_sread(
 /// `out` is a valid entry whose `err_data` has `err_data_size` writable bytes when set.
 unsafe fn write_err(e: &EqErrEntry, out: &mut fi::fi_eq_err_entry, keep: &Mutex<Vec<u8>>) {
     out.fid = e.fid as fi::fid_t;
-    out.context = live_context(e.fid);
+    out.context = open_context(e.fid);
     out.data = e.data;
     out.err = e.err;
     out.prov_errno = e.prov_errno;

@@ -60,40 +60,12 @@ static PEER_OPS: PeerOps = PeerOps {
     open_peer_av,
 };
 
-/// Peer contexts handed to peers' `fi_domain2` / `fi_eq_open`, by the owner object they
-/// name: fi_peer(3) has the owner object outlive the peer's, so each context lives until
-/// its owner closes ([`release_peer_contexts`]).
-#[allow(dead_code)] // held for the peer to read, never read here
-enum PeerContext {
-    Domain(Box<fi::fi_peer_domain_context>),
-    Eq(Box<fi::fi_peer_eq_context>),
-    AvSet(Box<fi::fi_peer_av_set_context>),
-    Av(Box<crate::capi::peer::PeerAv>, Box<fi::fi_peer_av_context>),
-}
-// SAFETY: plain C structs holding the owner's own handle; only read by the peer.
-unsafe impl Send for PeerContext {}
-
-static PEER_CONTEXTS: std::sync::Mutex<Vec<(usize, PeerContext)>> =
-    std::sync::Mutex::new(Vec::new());
-
-pub(crate) fn keep_av_set_context(owner: usize, c: Box<fi::fi_peer_av_set_context>) {
-    keep_context(owner, PeerContext::AvSet(c));
-}
-
-fn keep_context(owner: usize, c: PeerContext) {
-    PEER_CONTEXTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push((owner, c));
-}
-
-/// Frees the peer contexts naming `owner` (its domain or EQ is closing).
-pub(crate) fn release_peer_contexts(owner: *const c_void) {
-    PEER_CONTEXTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|(o, _)| *o != owner as usize);
-}
+/// A context handed to a peer's open (fi_peer(3)), kept by the owner object it names until
+/// that object closes ([`crate::capi::fid::Obj::keep_for_peer`]).
+struct Kept<T>(#[allow(dead_code)] T); // held for the peer to read, never read here
+                                       // SAFETY: plain C structs holding the owner's own handle, and the owner's `fid_peer_av`;
+                                       // only read by the peer.
+unsafe impl<T> Send for Kept<T> {}
 
 /// Whether a provider's ops table of `size` bytes has the slot at `offset`.
 fn has_slot(size: usize, offset: usize) -> bool {
@@ -111,19 +83,20 @@ unsafe extern "C" fn open_peer_domain(
 ) -> i32 {
     guarded("open_peer_domain", || {
         // SAFETY: the application's rverbs domain and the peer's fabric (fi_rverbs.h).
-        let domain2 = unsafe {
-            crate::capi::domain::CDomain::from_c(owner, "domain")?;
+        let (dom, domain2) = unsafe {
+            let dom = crate::capi::domain::CDomain::from_c(owner, "domain")?;
             let f = peer_fabric
                 .as_ref()
                 .and_then(|f| f.ops.as_ref())
                 .ok_or_else(|| Error::new(errno::EINVAL, "peer_fabric is NULL"))?;
-            if has_slot(f.size, std::mem::offset_of!(fi::fi_ops_fabric, domain2)) {
+            let d2 = if has_slot(f.size, std::mem::offset_of!(fi::fi_ops_fabric, domain2)) {
                 f.domain2
             } else {
                 None
-            }
-        }
-        .ok_or_else(|| {
+            };
+            (dom, d2)
+        };
+        let domain2 = domain2.ok_or_else(|| {
             Error::new(
                 errno::ENOSYS,
                 "the peer provider has no fi_domain2: it cannot take a peer domain",
@@ -146,7 +119,7 @@ unsafe extern "C" fn open_peer_domain(
         if rc != 0 {
             return Err(Error::new(-rc, "the peer's fi_domain2(FI_PEER)"));
         }
-        keep_context(owner as usize, PeerContext::Domain(ctx));
+        dom.keep_for_peer(Box::new(Kept(ctx)));
         Ok(())
     })
 }
@@ -162,14 +135,14 @@ unsafe extern "C" fn open_peer_eq(
 ) -> i32 {
     guarded("open_peer_eq", || {
         // SAFETY: the application's rverbs EQ, the peer's fabric and NULL or an attr.
-        let (eq_open, mut a) = unsafe {
-            crate::capi::eq::CEq::from_c(owner, "eq")?;
+        let (eq, eq_open, mut a) = unsafe {
+            let eq = crate::capi::eq::CEq::from_c(owner, "eq")?;
             let f = peer_fabric
                 .as_ref()
                 .and_then(|f| f.ops.as_ref())
                 .ok_or_else(|| Error::new(errno::EINVAL, "peer_fabric is NULL"))?;
             let a = attr.as_ref().copied().unwrap_or_else(|| std::mem::zeroed());
-            (f.eq_open, a)
+            (eq, f.eq_open, a)
         };
         let eq_open = eq_open
             .ok_or_else(|| Error::new(errno::ENOSYS, "the peer provider has no fi_eq_open"))?;
@@ -183,7 +156,7 @@ unsafe extern "C" fn open_peer_eq(
         if rc != 0 {
             return Err(Error::new(-rc, "the peer's fi_eq_open(FI_PEER)"));
         }
-        keep_context(owner as usize, PeerContext::Eq(ctx));
+        eq.keep_for_peer(Box::new(Kept(ctx)));
         Ok(())
     })
 }
@@ -216,8 +189,8 @@ type CImport = Obj<fi::fid, ShmImport>;
 impl Class for CImport {
     type Header = fi::fid;
     const FCLASS: u32 = fi::FI_CLASS_UNSPEC;
-    fn owns(f: &fi::fid) -> bool {
-        std::ptr::eq(f.ops, &IMPORT_FI_OPS)
+    fn fi_ops() -> &'static fi::fi_ops {
+        &IMPORT_FI_OPS
     }
 }
 
@@ -271,8 +244,8 @@ unsafe extern "C" fn open_peer_av_set(
 ) -> i32 {
     guarded("open_peer_av_set", || {
         // SAFETY: the application's rverbs AV set and the peer's AV (fi_rverbs.h).
-        let ctx = unsafe { crate::capi::avset::open_peer(set, peer_av, peer_set) }?;
-        keep_av_set_context(set as usize, ctx);
+        let (s, ctx) = unsafe { crate::capi::avset::open_peer(set, peer_av, peer_set) }?;
+        s.keep_for_peer(Box::new(Kept(ctx)));
         Ok(())
     })
 }
@@ -288,8 +261,8 @@ unsafe extern "C" fn open_peer_av(
 ) -> i32 {
     guarded("open_peer_av", || {
         // SAFETY: the application's rverbs AV, the peer's domain and NULL or an attr.
-        let (av, av_open, mut a) = unsafe {
-            let av = &crate::capi::domain::CAv::from_c(owner, "av")?.inner;
+        let (c_av, av_open, mut a) = unsafe {
+            let av = crate::capi::domain::CAv::from_c(owner, "av")?;
             let d = peer_domain
                 .as_ref()
                 .and_then(|d| d.ops.as_ref())
@@ -299,12 +272,12 @@ unsafe extern "C" fn open_peer_av(
         };
         let av_open = av_open
             .ok_or_else(|| Error::new(errno::ENOSYS, "the peer domain has no fi_av_open"))?;
-        let src: std::sync::Arc<dyn crate::capi::peer::PeerAvSource> = av.clone();
-        let mut p = crate::capi::peer::PeerAv::new(std::sync::Arc::downgrade(&src));
+        let src: std::sync::Arc<dyn crate::capi::peer::PeerAvSource> = c_av.inner.clone();
+        let p = crate::capi::peer::peer_av(std::sync::Arc::downgrade(&src));
         drop(src);
         let mut ctx = Box::new(fi::fi_peer_av_context {
             size: size_of::<fi::fi_peer_av_context>(),
-            av: (&raw mut p.hdr).cast(),
+            av: p.raw().cast(),
         });
         a.flags |= fi::FI_PEER;
         // SAFETY: the peer's fi_av_open with FI_PEER and its context (fi_peer(3)).
@@ -312,7 +285,7 @@ unsafe extern "C" fn open_peer_av(
         if rc != 0 {
             return Err(Error::new(-rc, "the peer's fi_av_open(FI_PEER)"));
         }
-        keep_context(owner as usize, PeerContext::Av(p, ctx));
+        c_av.keep_for_peer(Box::new(Kept((p, ctx))));
         Ok(())
     })
 }

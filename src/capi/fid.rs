@@ -2,8 +2,11 @@
 //! followed by the Rust object it stands for, the checks that turn a C handle back into
 //! that object, and the wrappers that keep errors and panics on our side of the boundary.
 
+use std::collections::VecDeque;
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
 
 use rfabric_sys::fabric as fi;
 
@@ -11,31 +14,41 @@ use crate::core::error::{errno, Error, Result};
 
 /// A C object: the libfabric header the application sees, then our state. `repr(C)` puts
 /// the header at offset 0, so a `*mut H` handed out is also a `*mut Obj<H, T>`.
+///
+/// Closing drops the state but keeps the memory for a while as a tombstone whose ops table
+/// is [`CLOSED_FI_OPS`] (see [`retire`]): a handle used after `fi_close`, or closed twice,
+/// meets that table and gets `-FI_EINVAL`, and no new object can take its address meanwhile.
 #[repr(C)]
 pub(crate) struct Obj<H, T> {
     pub(crate) hdr: H,
     pub(crate) inner: T,
+    /// What peers were handed that names this object (fi_peer(3) contexts, `fid_peer_av`s):
+    /// kept until it closes, as fi_peer(3) has owner objects outlive their peers.
+    peers: Mutex<Vec<Box<dyn Send>>>,
 }
 
-/// A Rust object with a C face: its `fid` class tells handles apart.
-pub(crate) trait Class: Sized {
+/// A Rust object with a C face.
+pub(crate) trait Class: Sized + Retire {
     type Header;
     const FCLASS: u32;
-    /// For classes with two kinds of object (the verbs SRX and the software one): whether
-    /// this fid, already of class `FCLASS`, is of this kind (told apart by its ops).
-    fn owns(_f: &fi::fid) -> bool {
-        true
-    }
+    /// The `fi_ops` table that only objects of this type carry: what proves a handle ours
+    /// (DESIGN.md decision 10), where the class is only what a handle claims to be.
+    fn fi_ops() -> &'static fi::fi_ops;
 }
 
 impl<H, T> Obj<H, T>
 where
     Obj<H, T>: Class<Header = H>,
 {
-    /// Boxes the object and returns its C handle; `fid(&mut hdr)` must fill the header's
-    /// `struct fid` (class, context, ops).
+    /// Boxes the object and returns its C handle; the header's `struct fid` must carry
+    /// [`Class::fi_ops`].
     pub(crate) fn into_raw(hdr: H, inner: T) -> *mut H {
-        Box::into_raw(Box::new(Obj { hdr, inner })).cast::<H>()
+        Box::into_raw(Box::new(Obj {
+            hdr,
+            inner,
+            peers: Mutex::default(),
+        }))
+        .cast::<H>()
     }
 
     /// As [`Self::into_raw`], for objects that report their own C handle (as the `fid` of
@@ -45,60 +58,243 @@ where
         let mut b = Box::<Self>::new_uninit();
         let at = b.as_mut_ptr();
         let inner = make(at as u64)?;
-        b.write(Obj { hdr, inner });
+        b.write(Obj {
+            hdr,
+            inner,
+            peers: Mutex::default(),
+        });
         // SAFETY: fully written just above.
         Ok(Box::into_raw(unsafe { b.assume_init() }).cast::<H>())
     }
 
-    /// The object behind a C handle, after checking it is one of ours of this class.
+    /// The object behind a C handle, once its ops table proves it one of ours of this
+    /// type: NULL, closed, foreign (another provider's object of the same class) and
+    /// wrong-class handles are `-FI_EINVAL`.
     ///
     /// # Safety
-    /// `p` is NULL or points at a live `struct fid` (what libfabric's API requires).
+    /// `p` is NULL or points at a readable `struct fid` (what libfabric's API requires; a
+    /// closed handle of ours stays readable as a tombstone).
+    #[inline]
     pub(crate) unsafe fn from_c<'a>(p: *const H, what: &str) -> Result<&'a Self> {
-        // SAFETY: every header starts with `struct fid`; the caller's contract.
-        unsafe { check_class(p.cast::<fi::fid>(), Self::FCLASS, what)? };
-        // SAFETY: non-NULL (checked) and a live fid (the caller's contract).
-        if !Self::owns(unsafe { &*p.cast::<fi::fid>() }) {
-            return Err(Error::new(
-                errno::EINVAL,
-                format!("{what} is not an rverbs object of the kind expected"),
-            ));
+        let f = p.cast::<fi::fid>();
+        // SAFETY: the caller's contract.
+        let ops = unsafe { ops_of(f, what)? };
+        // SAFETY: as above (the class too, for a header rewritten by the application).
+        if !std::ptr::eq(ops, Self::fi_ops()) || unsafe { (*f).fclass } != Self::FCLASS as usize {
+            // SAFETY: as above.
+            return Err(unsafe { not_ours(f, ops, Self::FCLASS, what) });
         }
-        // SAFETY: the class (and kind) matched, so `into_raw` made this fid for this type.
+        // SAFETY: only `into_raw` of this type puts this ops table in a header, and a
+        // closed object no longer carries it.
         Ok(unsafe { &*p.cast::<Self>() })
     }
 
-    /// Takes the object back from C (`fi_close`), after `busy` had its say.
+    /// Keeps `b` (something handed to a peer that names this object) until it closes.
+    pub(crate) fn keep_for_peer(&self, b: Box<dyn Send>) {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+    }
+
+    /// Takes the object back from C (`fi_close`), after `busy` had its say: its state is
+    /// dropped and the handle becomes a tombstone ([`retire`]). A second close, or one
+    /// racing this one, is `-FI_EINVAL`.
     ///
     /// # Safety
-    /// `p` came from `into_raw` of this type and is not used by C again.
+    /// `p` is NULL or a readable `struct fid`; no call on this object runs meanwhile.
     pub(crate) unsafe fn close(p: *mut H, busy: impl FnOnce(&T) -> Result<()>) -> Result<()> {
         // SAFETY: as `from_c`.
         let o = unsafe { Self::from_c(p, "fid")? };
         busy(&o.inner)?;
-        // SAFETY: made by Box::into_raw in into_raw; C gives it up with fi_close.
-        drop(unsafe { Box::from_raw(p.cast::<Self>()) });
-        Ok(())
+        // SAFETY: ours (checked) and not used by the caller again.
+        unsafe { retire::<Self>(p.cast(), Self::fi_ops()) }
     }
 }
 
-/// Checks that `p` is non-NULL and of class `fclass`.
+/// The ops table of every closed handle of ours: each call is `-FI_EINVAL`.
+pub(crate) static CLOSED_FI_OPS: fi::fi_ops = fi_ops_of!(closed_close, closed_bind, closed_control);
+
+fn closed_error(what: &str) -> Error {
+    Error::new(
+        errno::EINVAL,
+        format!(
+            "{what} on a handle that was already closed (use after fi_close, or a double close)"
+        ),
+    )
+}
+
+unsafe extern "C" fn closed_close(_f: *mut fi::fid) -> i32 {
+    guarded("fi_close", || Err(closed_error("fi_close")))
+}
+unsafe extern "C" fn closed_bind(_f: *mut fi::fid, _b: *mut fi::fid, _flags: u64) -> i32 {
+    guarded("fi_bind", || Err(closed_error("fi_bind")))
+}
+unsafe extern "C" fn closed_control(_f: *mut fi::fid, _cmd: i32, _arg: *mut c_void) -> i32 {
+    guarded("fi_control", || Err(closed_error("fi_control")))
+}
+
+/// The ops table of the `struct fid` at `f`, read atomically (a close may swap it).
 ///
 /// # Safety
-/// `p` is NULL or points at a live `struct fid`.
-pub(crate) unsafe fn check_class(p: *const fi::fid, fclass: u32, what: &str) -> Result<()> {
-    if p.is_null() {
+/// `f` is NULL or a readable `struct fid`.
+#[inline]
+pub(crate) unsafe fn ops_of(f: *const fi::fid, what: &str) -> Result<*const fi::fi_ops> {
+    if f.is_null() {
         return Err(Error::new(errno::EINVAL, format!("{what} is NULL")));
     }
+    // SAFETY: readable (the caller's contract) and pointer-aligned as a `struct fid`; our
+    // own writes of this field are atomic (retire).
+    let ops = unsafe { AtomicPtr::from_ptr((&raw const (*f).ops).cast_mut()) };
+    Ok(ops.load(Ordering::Acquire).cast_const())
+}
+
+/// Whether the fid at `f` carries `ops` (so is an open object of the type that table
+/// belongs to).
+///
+/// # Safety
+/// `f` is NULL or a readable `struct fid`.
+pub(crate) unsafe fn has_ops(f: *const fi::fid, ops: &'static fi::fi_ops) -> bool {
     // SAFETY: the caller's contract.
-    let class = unsafe { (*p).fclass };
+    matches!(unsafe { ops_of(f, "fid") }, Ok(o) if std::ptr::eq(o, ops))
+}
+
+/// Why the fid at `f`, carrying `ops`, is not an open object of class `fclass` of ours.
+///
+/// # Safety
+/// `f` is a readable `struct fid`.
+#[cold]
+pub(crate) unsafe fn not_ours(
+    f: *const fi::fid,
+    ops: *const fi::fi_ops,
+    fclass: u32,
+    what: &str,
+) -> Error {
+    if std::ptr::eq(ops, &CLOSED_FI_OPS) {
+        return closed_error(what);
+    }
+    // SAFETY: the caller's contract.
+    let class = unsafe { (*f).fclass };
     if class != fclass as usize {
-        return Err(Error::new(
+        Error::new(
             errno::EINVAL,
             format!("{what} is a fid of class {class}, not {fclass}: not an rverbs object of the kind expected"),
-        ));
+        )
+    } else {
+        Error::new(
+            errno::EINVAL,
+            format!("{what} has the class expected ({fclass}) but not rverbs' ops: another provider's object, or not a handle"),
+        )
+    }
+}
+
+/// How many closed handles stay tombstones before their memory is reused: a stale handle
+/// is recognised through the next `QUARANTINE` closes of the process.
+pub(crate) const QUARANTINE: usize = 16384;
+
+type Tombstone = (usize, unsafe fn(usize));
+
+/// Closed handles, oldest first, with how to free each.
+static TOMBSTONES: Mutex<VecDeque<Tombstone>> = Mutex::new(VecDeque::new());
+
+/// Closes the object of type `O` at `p` that carries `live`: swaps its ops to
+/// [`CLOSED_FI_OPS`] (only one of racing closers wins), drops its state and what it kept
+/// for peers, and keeps its memory as a tombstone for the next [`QUARANTINE`] closes.
+///
+/// # Safety
+/// `p` is a readable `struct fid`; if it carries `live`, it was made by `O`'s `into_raw`.
+pub(crate) unsafe fn retire<O: Retire>(p: *mut fi::fid, live: &'static fi::fi_ops) -> Result<()> {
+    // SAFETY: a readable fid (the caller's contract), written atomically by us.
+    let ops = unsafe { AtomicPtr::from_ptr(&raw mut (*p).ops) };
+    ops.compare_exchange(
+        std::ptr::from_ref(live).cast_mut(),
+        std::ptr::from_ref(&CLOSED_FI_OPS).cast_mut(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    )
+    .map_err(|_| closed_error("fi_close"))?;
+    // SAFETY: this call won the swap, so it alone drops the state, once.
+    unsafe { O::drop_state(p.cast()) };
+    let evicted = {
+        let mut t = TOMBSTONES.lock().unwrap_or_else(|e| e.into_inner());
+        t.push_back((p as usize, O::free as unsafe fn(usize)));
+        if t.len() > QUARANTINE {
+            t.pop_front()
+        } else {
+            None
+        }
+    };
+    if let Some((old, free)) = evicted {
+        // SAFETY: a tombstone of `free`'s type, evicted once.
+        unsafe { free(old) };
     }
     Ok(())
+}
+
+/// A handle rverbs made for a peer and keeps itself (`fid_peer_srx`, `fid_peer_cq`,
+/// `fid_peer_av`): closed ([`retire`]d) when dropped, so a peer that uses it later meets a
+/// tombstone, not freed memory.
+pub(crate) struct Owned<O: Class>(std::ptr::NonNull<O::Header>);
+
+// SAFETY: an owner of the object, as a Box would be; the object is Send/Sync itself.
+unsafe impl<O: Class + Send> Send for Owned<O> {}
+// SAFETY: as above.
+unsafe impl<O: Class + Sync> Sync for Owned<O> {}
+
+impl<H, T> Owned<Obj<H, T>>
+where
+    Obj<H, T>: Class<Header = H>,
+{
+    pub(crate) fn new(hdr: H, inner: T) -> Self {
+        // SAFETY: Box::into_raw is never NULL.
+        Owned(unsafe { std::ptr::NonNull::new_unchecked(Obj::into_raw(hdr, inner)) })
+    }
+
+    /// The C handle, for the peer.
+    pub(crate) fn raw(&self) -> *mut H {
+        self.0.as_ptr()
+    }
+}
+
+impl<H, T> std::ops::Deref for Owned<Obj<H, T>>
+where
+    Obj<H, T>: Class<Header = H>,
+{
+    type Target = Obj<H, T>;
+    fn deref(&self) -> &Self::Target {
+        // SAFETY: open while owned (only Drop retires it).
+        unsafe { &*self.0.as_ptr().cast() }
+    }
+}
+
+impl<O: Class> Drop for Owned<O> {
+    fn drop(&mut self) {
+        // SAFETY: made by Obj::into_raw of `O`, retired only here.
+        let _ = unsafe { retire::<O>(self.0.as_ptr().cast(), O::fi_ops()) };
+    }
+}
+
+/// The two halves of freeing an [`Obj`]: its state at close, its memory at eviction.
+pub(crate) trait Retire {
+    /// # Safety
+    /// Once, at close, with nothing using the state.
+    unsafe fn drop_state(p: *mut u8);
+    /// # Safety
+    /// Once, after `drop_state`.
+    unsafe fn free(p: usize);
+}
+
+impl<H, T> Retire for Obj<H, T> {
+    unsafe fn drop_state(p: *mut u8) {
+        let o = p.cast::<Self>();
+        // SAFETY: the caller's contract: dropped once, and nothing uses the state.
+        unsafe {
+            std::ptr::drop_in_place(&raw mut (*o).inner);
+            std::ptr::drop_in_place(&raw mut (*o).peers);
+        }
+    }
+    unsafe fn free(p: usize) {
+        // SAFETY: made by Box::into_raw of this type (so with this layout); its fields
+        // were dropped by drop_state, so only the memory is left.
+        unsafe { std::alloc::dealloc(p as *mut u8, std::alloc::Layout::new::<Self>()) };
+    }
 }
 
 /// The `struct fid` of a new object.
@@ -342,37 +538,17 @@ pub(crate) unsafe fn strerror_out(text: &str, buf: *mut c_char, len: usize) -> *
     })
 }
 
-/// The C objects that events name (endpoints, passive endpoints, multicast joins), so an
-/// event read after its object was closed is not followed to freed memory.
-static LIVE: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
-
-pub(crate) fn live_insert(p: *const c_void) {
-    LIVE.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(p as usize);
-}
-
-pub(crate) fn live_remove(p: *const c_void) {
-    let mut l = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(i) = l.iter().position(|&x| x == p as usize) {
-        l.swap_remove(i);
+/// The `context` of the object of ours at `p` that an event names, NULL once it is closed.
+/// Provider events only name endpoints, passive endpoints and joins, and an EQ forgets an
+/// object's events when it closes; a late one meets a tombstone ([`retire`]).
+pub(crate) fn open_context(p: u64) -> *mut c_void {
+    let f = p as *const fi::fid;
+    // SAFETY: `p` is NULL or a handle of ours, open or a tombstone, so readable.
+    match unsafe { ops_of(f, "fid") } {
+        // SAFETY: as above.
+        Ok(o) if !std::ptr::eq(o, &CLOSED_FI_OPS) => unsafe { (*f).context },
+        _ => std::ptr::null_mut(),
     }
-}
-
-/// Runs `f` on the fid at `p` if it is still open, holding it open meanwhile (closing
-/// removes an object from the live list under the same lock before freeing it).
-pub(crate) fn with_live<R>(p: u64, f: impl FnOnce(*mut fi::fid) -> R) -> Option<R> {
-    let l = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-    if p == 0 || !l.contains(&(p as usize)) {
-        return None;
-    }
-    Some(f(p as *mut fi::fid))
-}
-
-/// The `context` of the live fid at `p` (NULL when it was closed).
-pub(crate) fn live_context(p: u64) -> *mut c_void {
-    // SAFETY: with_live hands over an open object, which starts with `struct fid`.
-    with_live(p, |f| unsafe { (*f).context }).unwrap_or(std::ptr::null_mut())
 }
 
 #[cfg(test)]
@@ -409,19 +585,83 @@ mod tests {
         assert_eq!(unsafe { CStr::from_ptr(q) }.to_str().unwrap(), "local");
     }
 
+    struct Thing(#[allow(dead_code)] std::sync::Arc<()>);
+    type CThing = Obj<fi::fid, Thing>;
+    static THING_FI_OPS: fi::fi_ops = fi_ops_of!(no_close, no_bind, no_control);
+    unsafe extern "C" fn no_close(_f: *mut fi::fid) -> i32 {
+        0
+    }
+    impl Class for CThing {
+        type Header = fi::fid;
+        const FCLASS: u32 = fi::FI_CLASS_CQ;
+        fn fi_ops() -> &'static fi::fi_ops {
+            &THING_FI_OPS
+        }
+    }
+
     #[test]
-    fn closed_objects_are_not_followed() {
-        let mut f = fi::fid {
-            fclass: fi::FI_CLASS_EP as usize,
-            context: 0x1234 as *mut c_void,
-            ops: std::ptr::null_mut(),
-        };
-        let p = (&raw mut f).cast::<c_void>();
-        assert!(live_context(p as u64).is_null());
-        live_insert(p);
-        assert_eq!(live_context(p as u64), 0x1234 as *mut c_void);
-        live_remove(p);
-        assert!(live_context(p as u64).is_null());
-        assert!(live_context(0).is_null());
+    fn handles_are_proven_by_their_ops_and_closed_ones_stay_tombstones() {
+        let alive = std::sync::Arc::new(());
+        let p = CThing::into_raw(
+            fid(fi::FI_CLASS_CQ, 0x1234 as *mut c_void, &THING_FI_OPS),
+            Thing(alive.clone()),
+        );
+        // SAFETY: a handle just made.
+        unsafe {
+            assert!(CThing::from_c(p, "thing").is_ok());
+            assert_eq!(open_context(p as u64), 0x1234 as *mut c_void);
+            // Same class, another table: a foreign object. Plain data with the class: not ours.
+            static FOREIGN_FI_OPS: fi::fi_ops = fi_ops_of!(no_close, no_bind, no_control);
+            let foreign = fid(fi::FI_CLASS_CQ, std::ptr::null_mut(), &FOREIGN_FI_OPS);
+            let e = CThing::from_c(&raw const foreign, "cq").err().unwrap();
+            assert!(e.to_string().contains("another provider's"), "{e}");
+            let wrong = fid(fi::FI_CLASS_EQ, std::ptr::null_mut(), &FOREIGN_FI_OPS);
+            let e = CThing::from_c(&raw const wrong, "cq").err().unwrap();
+            assert!(e.to_string().contains("of the kind expected"), "{e}");
+            let data = [fi::FI_CLASS_CQ as usize, 0, 0];
+            let e = CThing::from_c(data.as_ptr().cast(), "desc").err().unwrap();
+            assert_eq!(e.errno(), errno::EINVAL);
+            assert!(e.to_string().contains("not rverbs' ops"), "{e}");
+            assert_eq!(
+                CThing::from_c(std::ptr::null(), "x").err().unwrap().errno(),
+                errno::EINVAL
+            );
+            CThing::close(p, |_| Ok(())).unwrap();
+            // The state is gone at close; the memory stays, so a stale handle is told so.
+            assert_eq!(std::sync::Arc::strong_count(&alive), 1);
+            let e = CThing::close(p, |_| Ok(())).unwrap_err();
+            assert_eq!(e.errno(), errno::EINVAL);
+            assert!(e.to_string().contains("already closed"), "{e}");
+            assert!(CThing::from_c(p, "x").is_err());
+            assert!(open_context(p as u64).is_null());
+            // SAFETY: the tombstone's fid_ops is CLOSED_FI_OPS: its close says so too.
+            let close = (*(*p).ops).close.unwrap();
+            assert_eq!(close(p), -errno::EINVAL);
+        }
+        assert!(open_context(0).is_null());
+    }
+
+    #[test]
+    fn racing_closes_drop_the_state_once() {
+        for _ in 0..200 {
+            let alive = std::sync::Arc::new(());
+            let p = CThing::into_raw(
+                fid(fi::FI_CLASS_CQ, std::ptr::null_mut(), &THING_FI_OPS),
+                Thing(alive.clone()),
+            ) as usize;
+            let ok: usize = std::thread::scope(|s| {
+                let h: Vec<_> = (0..2)
+                    .map(|_| {
+                        s.spawn(move || {
+                            // SAFETY: a handle of ours, open or a tombstone.
+                            unsafe { CThing::close(p as *mut fi::fid, |_| Ok(())) }.is_ok()
+                        })
+                    })
+                    .collect();
+                h.into_iter().map(|h| usize::from(h.join().unwrap())).sum()
+            });
+            assert_eq!(ok, 1);
+            assert_eq!(std::sync::Arc::strong_count(&alive), 1);
+        }
     }
 }

@@ -18,7 +18,8 @@ use std::sync::{Arc, Weak};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::peer::{OwnerSrx, PeerCq, PeerCqTarget, PeerSrx};
+use crate::capi::fid::Owned;
+use crate::capi::peer::{peer_cq, OwnerSrx, PeerCq, PeerCqTarget, PeerSrx};
 use crate::capi::srx::CSoftSrx;
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
@@ -256,9 +257,9 @@ pub(crate) struct ShmPeer {
     // Dropped first: the endpoint goes before what it refers to.
     ep: ShmEp,
     /// Set when shm took the owner's CQ as a peer CQ; otherwise shm's CQ is drained.
-    peer_cq: Option<Box<PeerCq>>,
+    peer_cq: Option<Owned<PeerCq>>,
     sink: Arc<dyn PeerCqTarget>,
-    _srx: Box<PeerSrx>,
+    _srx: Owned<PeerSrx>,
     _srx_ctx: Box<fi::fi_peer_srx_context>,
     _cq_ctx: Box<fi::fi_peer_cq_context>,
 }
@@ -268,15 +269,15 @@ impl ShmPeer {
     /// 1.17 reads it) and the owner's CQ.
     pub(crate) fn open(owner: &Arc<OwnerSrx>, sink: Arc<dyn PeerCqTarget>) -> Result<ShmPeer> {
         let mut ep = ShmEp::open_domain()?;
-        let mut srx = owner.peer();
+        let srx = owner.peer();
         let mut srx_ctx = Box::new(fi::fi_peer_srx_context {
             size: size_of::<fi::fi_peer_srx_context>(),
-            srx: &mut srx.hdr,
+            srx: srx.raw(),
         });
-        let mut pcq = PeerCq::new(sink.clone());
+        let pcq = peer_cq(sink.clone());
         let mut cq_ctx = Box::new(fi::fi_peer_cq_context {
             size: size_of::<fi::fi_peer_cq_context>(),
-            cq: &mut pcq.hdr,
+            cq: pcq.raw(),
         });
         // SAFETY: shm's open domain; the contexts and the peer objects are boxed and kept
         // in the ShmPeer, which outlives shm's use of them (its endpoint is closed first).
@@ -312,13 +313,13 @@ impl ShmPeer {
                 ) as isize,
                 "fi_srx_context(shm, FI_PEER)",
             )?;
-            if srx.hdr.peer_ops.is_null() {
+            if (*srx.raw()).peer_ops.is_null() {
                 return Err(Error::new(
                     errno::EOTHER,
                     "shm accepted the peer SRX but did not fill its peer ops",
                 ));
             }
-            ep.finish(Some(&raw mut srx.hdr.ep_fid.fid))?;
+            ep.finish(Some(srx.raw().cast()))?;
         }
         Ok(ShmPeer {
             ep,
@@ -405,7 +406,7 @@ impl ShmPeer {
 impl Drop for ShmPeer {
     fn drop(&mut self) {
         // Messages shm still holds for the engine go back to it before its endpoint closes.
-        self._srx.owner.discard_from(&raw const self._srx.hdr);
+        self._srx.inner.discard_from(self._srx.raw());
     }
 }
 
@@ -458,7 +459,7 @@ impl ShmImport {
     /// Entries in use in the SRX's engine: posted receives, and messages shm holds waiting
     /// for one (diagnostics and tests).
     pub fn in_use(&self) -> usize {
-        self.peer._srx.owner.in_use()
+        self.peer._srx.inner.in_use()
     }
 }
 

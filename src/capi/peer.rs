@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::fid::{fid, guarded, guarded_len, no_bind, no_control};
+use crate::capi::fid::{fid, guarded, guarded_len, no_bind, no_control, Class, Obj, Owned};
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
@@ -102,10 +102,13 @@ unsafe impl Sync for OwnerSrx {}
 
 /// What one peer holds: its `fid_peer_srx` (the owner fills the owner ops, the peer its
 /// own), over the shared engine.
-#[repr(C)]
-pub(crate) struct PeerSrx {
-    pub hdr: fi::fid_peer_srx,
-    pub(crate) owner: Arc<OwnerSrx>,
+pub(crate) type PeerSrx = Obj<fi::fid_peer_srx, Arc<OwnerSrx>>;
+impl Class for PeerSrx {
+    type Header = fi::fid_peer_srx;
+    const FCLASS: u32 = fi::FI_CLASS_SRX_CTX;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &PEER_SRX_FI_OPS
+    }
 }
 
 static PEER_SRX_FI_OPS: fi::fi_ops =
@@ -182,9 +185,9 @@ impl OwnerSrx {
 
     /// A `fid_peer_srx` for one peer's `fi_srx_context(FI_PEER)`. The peer fills
     /// `peer_ops`; the box stays with the owner, which frees it when done with the peer.
-    pub(crate) fn peer(self: &Arc<Self>) -> Box<PeerSrx> {
-        Box::new(PeerSrx {
-            hdr: fi::fid_peer_srx {
+    pub(crate) fn peer(self: &Arc<Self>) -> Owned<PeerSrx> {
+        Owned::new(
+            fi::fid_peer_srx {
                 ep_fid: fi::fid_ep {
                     fid: fid(
                         // Peers bind it to their endpoints as an SRX (shm checks the class).
@@ -203,8 +206,8 @@ impl OwnerSrx {
                 owner_ops: crate::capi::fid::ops(&SRX_OWNER_OPS),
                 peer_ops: std::ptr::null_mut(),
             },
-            owner: self.clone(),
-        })
+            self.clone(),
+        )
     }
 
     pub(crate) fn set_min_multi_recv(&self, n: usize) {
@@ -448,17 +451,7 @@ unsafe fn owner_of<'a>(e: *const fi::fi_peer_rx_entry) -> Result<(&'a OwnerSrx, 
 unsafe fn srx_of<'a>(srx: *mut fi::fid_peer_srx) -> Result<&'a PeerSrx> {
     // SAFETY: the caller's contract; the class is checked, and the ops table tells it
     // from the application-facing SRX of the same class.
-    unsafe {
-        crate::capi::fid::check_class(srx.cast(), fi::FI_CLASS_SRX_CTX, "srx")?;
-        if !std::ptr::eq((*srx).ep_fid.fid.ops, &PEER_SRX_FI_OPS) {
-            return Err(Error::new(
-                errno::EINVAL,
-                "srx is not a peer SRX of this owner",
-            ));
-        }
-    }
-    // SAFETY: made by OwnerSrx::peer: the header is the first field of a PeerSrx.
-    Ok(unsafe { &*srx.cast::<PeerSrx>() })
+    unsafe { PeerSrx::from_c(srx, "srx") }
 }
 
 unsafe extern "C" fn get_msg(
@@ -495,7 +488,7 @@ fn get(
         }
         // SAFETY: the fid_peer_srx the owner gave this peer.
         let s = unsafe { srx_of(srx) }?;
-        let (code, e) = s.owner.arrive(srx, kind, addr, tag, size)?;
+        let (code, e) = s.inner.arrive(srx, kind, addr, tag, size)?;
         // SAFETY: checked for NULL; the peer's out-pointer.
         unsafe { *entry = e };
         rc = code;
@@ -564,10 +557,13 @@ impl PeerCqTarget for CompletionQueue {
 
 /// A CQ as a peer sees it (`fid_peer_cq`): completions it writes land in the owner's CQ,
 /// in the CQ's format.
-#[repr(C)]
-pub(crate) struct PeerCq {
-    pub hdr: fi::fid_peer_cq,
-    cq: Arc<dyn PeerCqTarget>,
+pub(crate) type PeerCq = Obj<fi::fid_peer_cq, Arc<dyn PeerCqTarget>>;
+impl Class for PeerCq {
+    type Header = fi::fid_peer_cq;
+    const FCLASS: u32 = fi::FI_CLASS_PEER_CQ;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &PEER_CQ_FI_OPS
+    }
 }
 
 static PEER_CQ_FI_OPS: fi::fi_ops =
@@ -578,26 +574,22 @@ static CQ_OWNER_OPS: fi::fi_ops_cq_owner = fi::fi_ops_cq_owner {
     writeerr: Some(peer_cq_writeerr),
 };
 
-impl PeerCq {
-    /// The `fid_peer_cq` to pass in a `fi_peer_cq_context` to a peer's `fi_cq_open(FI_PEER)`.
-    pub(crate) fn new(cq: Arc<dyn PeerCqTarget>) -> Box<PeerCq> {
-        Box::new(PeerCq {
-            hdr: fi::fid_peer_cq {
-                fid: fid(fi::FI_CLASS_PEER_CQ, std::ptr::null_mut(), &PEER_CQ_FI_OPS),
-                owner_ops: crate::capi::fid::ops(&CQ_OWNER_OPS),
-            },
-            cq,
-        })
-    }
+/// The `fid_peer_cq` to pass in a `fi_peer_cq_context` to a peer's `fi_cq_open(FI_PEER)`.
+pub(crate) fn peer_cq(cq: Arc<dyn PeerCqTarget>) -> Owned<PeerCq> {
+    Owned::new(
+        fi::fid_peer_cq {
+            fid: fid(fi::FI_CLASS_PEER_CQ, std::ptr::null_mut(), &PEER_CQ_FI_OPS),
+            owner_ops: crate::capi::fid::ops(&CQ_OWNER_OPS),
+        },
+        cq,
+    )
 }
 
 /// # Safety
-/// `cq` is NULL or a `fid_peer_cq` made by [`PeerCq::new`].
+/// `cq` is NULL or a `fid_peer_cq` made by [`peer_cq`].
 unsafe fn peer_cq_of<'a>(cq: *mut fi::fid_peer_cq) -> Result<&'a PeerCq> {
-    // SAFETY: the caller's contract; the class is checked.
-    unsafe { crate::capi::fid::check_class(cq.cast(), fi::FI_CLASS_PEER_CQ, "cq")? };
-    // SAFETY: made by PeerCq::new: the header comes first.
-    Ok(unsafe { &*cq.cast::<PeerCq>() })
+    // SAFETY: the caller's contract; the ops are checked.
+    unsafe { PeerCq::from_c(cq, "cq") }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -614,7 +606,7 @@ unsafe extern "C" fn peer_cq_write(
     guarded_len("peer cq write", || {
         // SAFETY: the fid_peer_cq the owner gave this peer.
         let q = unsafe { peer_cq_of(cq) }?;
-        q.cq.write(
+        q.inner.write(
             CqEntry {
                 op_context: context as u64,
                 flags,
@@ -643,7 +635,7 @@ unsafe extern "C" fn peer_cq_writeerr(
             )
         };
         // SAFETY: a valid entry from the peer.
-        q.cq.writeerr(unsafe { err_entry(e) }?)?;
+        q.inner.writeerr(unsafe { err_entry(e) }?)?;
         Ok(0)
     })
 }
@@ -699,11 +691,16 @@ impl PeerAvSource for crate::verbs::AddressVector {
 /// The owner's AV as a peer imports it (`fid_peer_av`, passed in a `fi_peer_av_context`).
 /// The 1.17 header declares that context's member as `struct fi_peer_av *`, a type it never
 /// defines; it is used as a `struct fid_peer_av *`, which is what the man page says.
-#[repr(C)]
-pub(crate) struct PeerAv {
-    pub hdr: fi::fid_peer_av,
-    /// Weak: the owner's AV must outlive the peer's (fi_peer(3)) and must stay closable.
-    av: std::sync::Weak<dyn PeerAvSource>,
+/// Weak: the owner's AV must outlive the peer's (fi_peer(3)) and must stay closable; the
+/// `fid_peer_av` itself is kept by the owner's AV and retired with it, so a peer that
+/// queries after the owner closed gets `-FI_EINVAL`.
+pub(crate) type PeerAv = Obj<fi::fid_peer_av, std::sync::Weak<dyn PeerAvSource>>;
+impl Class for PeerAv {
+    type Header = fi::fid_peer_av;
+    const FCLASS: u32 = fi::FI_CLASS_PEER_AV;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &PEER_AV_FI_OPS
+    }
 }
 
 static PEER_AV_FI_OPS: fi::fi_ops =
@@ -714,25 +711,21 @@ static AV_OWNER_OPS: fi::fi_ops_av_owner = fi::fi_ops_av_owner {
     ep_addr: Some(peer_av_ep_addr),
 };
 
-impl PeerAv {
-    pub(crate) fn new(av: std::sync::Weak<dyn PeerAvSource>) -> Box<PeerAv> {
-        Box::new(PeerAv {
-            hdr: fi::fid_peer_av {
-                fid: fid(fi::FI_CLASS_PEER_AV, std::ptr::null_mut(), &PEER_AV_FI_OPS),
-                owner_ops: crate::capi::fid::ops(&AV_OWNER_OPS),
-            },
-            av,
-        })
-    }
+pub(crate) fn peer_av(av: std::sync::Weak<dyn PeerAvSource>) -> Owned<PeerAv> {
+    Owned::new(
+        fi::fid_peer_av {
+            fid: fid(fi::FI_CLASS_PEER_AV, std::ptr::null_mut(), &PEER_AV_FI_OPS),
+            owner_ops: crate::capi::fid::ops(&AV_OWNER_OPS),
+        },
+        av,
+    )
 }
 
 /// # Safety
-/// `av` is NULL or a `fid_peer_av` made by [`PeerAv::new`].
+/// `av` is NULL or a `fid_peer_av` made by [`peer_av`].
 unsafe fn peer_av_of<'a>(av: *mut fi::fid_peer_av) -> Result<&'a PeerAv> {
-    // SAFETY: the caller's contract; the class is checked.
-    unsafe { crate::capi::fid::check_class(av.cast(), fi::FI_CLASS_PEER_AV, "av")? };
-    // SAFETY: made by PeerAv::new: the header comes first.
-    Ok(unsafe { &*av.cast::<PeerAv>() })
+    // SAFETY: the caller's contract; the ops are checked.
+    unsafe { PeerAv::from_c(av, "av") }
 }
 
 /// `query`: the AV's current attributes (its type and how many addresses it holds).
@@ -746,10 +739,11 @@ unsafe extern "C" fn peer_av_query(av: *mut fi::fid_peer_av, attr: *mut fi::fi_a
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
         };
-        let (av_type, count) =
-            a.av.upgrade()
-                .ok_or_else(|| Error::new(errno::EINVAL, "the owner's AV is closed"))?
-                .query();
+        let (av_type, count) = a
+            .inner
+            .upgrade()
+            .ok_or_else(|| Error::new(errno::EINVAL, "the owner's AV is closed"))?
+            .query();
         out.type_ = av_type;
         out.count = count;
         out.rx_ctx_bits = 0;
@@ -770,7 +764,7 @@ unsafe extern "C" fn peer_av_ep_addr(
     let _ = guarded("peer av ep_addr", || {
         // SAFETY: the fid_peer_av the owner gave this peer.
         let a = unsafe { peer_av_of(av) }?;
-        if let Some(x) = a.av.upgrade().and_then(|av| av.ep_addr(ep)) {
+        if let Some(x) = a.inner.upgrade().and_then(|av| av.ep_addr(ep)) {
             out = x;
         }
         Ok(())
@@ -845,21 +839,22 @@ pub(crate) mod tests {
     /// Tests share SEEN: one at a time.
     static SERIAL: StdMutex<()> = StdMutex::new(());
 
-    fn setup(ops: &'static fi::fi_ops_srx_peer, owner: &Arc<OwnerSrx>) -> Box<PeerSrx> {
-        let mut p = owner.peer();
-        p.hdr.peer_ops = crate::capi::fid::ops(ops);
+    fn setup(ops: &'static fi::fi_ops_srx_peer, owner: &Arc<OwnerSrx>) -> Owned<PeerSrx> {
+        let p = owner.peer();
+        // SAFETY: the peer fills its ops, as a peer's fi_srx_context does.
+        unsafe { (*p.raw()).peer_ops = crate::capi::fid::ops(ops) };
         p
     }
 
     fn get(
-        p: &mut PeerSrx,
+        p: &Owned<PeerSrx>,
         kind: Kind,
         addr: u64,
         tag: u64,
         size: usize,
     ) -> (i32, *mut fi::fi_peer_rx_entry) {
         let mut e = std::ptr::null_mut();
-        let srx: *mut fi::fid_peer_srx = &mut p.hdr;
+        let srx: *mut fi::fid_peer_srx = p.raw();
         // SAFETY: the owner ops of the fid_peer_srx, called as a peer does.
         let rc = unsafe {
             let o = &*p.hdr.owner_ops;
@@ -880,7 +875,7 @@ pub(crate) mod tests {
     fn posted_first_gives_the_peer_the_receive_and_it_frees_the_entry() {
         let _s = SERIAL.lock().unwrap();
         let owner = OwnerSrx::new(16);
-        let mut a = setup(&PEER_A, &owner);
+        let a = setup(&PEER_A, &owner);
         let mut buf = [0u8; 64];
         let base = buf.as_mut_ptr() as usize;
         owner
@@ -892,14 +887,14 @@ pub(crate) mod tests {
                 Flags::empty(),
             )
             .unwrap();
-        let (rc, e) = get(&mut a, Kind::Msg, 3, 0, 10);
+        let (rc, e) = get(&a, Kind::Msg, 3, 0, 10);
         assert_eq!(rc, 0);
         // SAFETY: a valid entry handed out by get_msg.
         unsafe {
             assert_eq!((*e).context as u64, 11);
             assert_eq!(((*e).addr, (*e).size, (*e).count), (3, 10, 1));
             assert_eq!((*(*e).iov).iov_base as usize, base);
-            assert_eq!((*e).srx, &mut a.hdr as *mut _);
+            assert_eq!((*e).srx, a.raw());
             (owner_ops(&a).free_entry.unwrap())(e);
         }
         assert_eq!(owner.in_use(), 0);
@@ -910,10 +905,10 @@ pub(crate) mod tests {
         let _s = SERIAL.lock().unwrap();
         SEEN.lock().unwrap().clear();
         let owner = OwnerSrx::new(16);
-        let mut a = setup(&PEER_A, &owner);
-        let mut b = setup(&PEER_B, &owner);
+        let a = setup(&PEER_A, &owner);
+        let b = setup(&PEER_B, &owner);
         // Peer A's message, then peer B's, both before any receive.
-        for (p, ctx) in [(&mut a, 0xa0usize), (&mut b, 0xb0)] {
+        for (p, ctx) in [(&a, 0xa0usize), (&b, 0xb0)] {
             let (rc, e) = get(p, Kind::Msg, 5, 0, 20);
             assert_eq!(rc, -errno::ENOENT);
             // SAFETY: the peer fills its context and queues the entry, per fi_peer(3).
@@ -951,9 +946,9 @@ pub(crate) mod tests {
         let _s = SERIAL.lock().unwrap();
         SEEN.lock().unwrap().clear();
         let owner = OwnerSrx::new(16);
-        let mut a = setup(&PEER_A, &owner);
+        let a = setup(&PEER_A, &owner);
         for tag in [7u64, 8] {
-            let (rc, e) = get(&mut a, Kind::Tag, 1, tag, 0);
+            let (rc, e) = get(&a, Kind::Tag, 1, tag, 0);
             assert_eq!(rc, -errno::ENOENT);
             // SAFETY: queue the entry as a peer does.
             unsafe { assert_eq!((owner_ops(&a).queue_tag.unwrap())(e), 0) };
@@ -982,7 +977,7 @@ pub(crate) mod tests {
         let _s = SERIAL.lock().unwrap();
         let owner = OwnerSrx::new(16);
         owner.set_min_multi_recv(300);
-        let mut a = setup(&PEER_A, &owner);
+        let a = setup(&PEER_A, &owner);
         let mut buf = vec![0u8; 1000];
         let base = buf.as_mut_ptr() as usize;
         let r = RxBuf::one(buf.as_mut_ptr().cast(), 1000);
@@ -991,7 +986,7 @@ pub(crate) mod tests {
             .unwrap();
         let mut seen = vec![];
         for size in [200, 300, 300] {
-            let (rc, e) = get(&mut a, Kind::Msg, 1, 0, size);
+            let (rc, e) = get(&a, Kind::Msg, 1, 0, size);
             assert_eq!(rc, 0);
             // SAFETY: a valid entry; freed after reading.
             unsafe {
@@ -1015,7 +1010,7 @@ pub(crate) mod tests {
         let _s = SERIAL.lock().unwrap();
         SEEN.lock().unwrap().clear();
         let owner = OwnerSrx::new(8);
-        let mut a = setup(&PEER_A, &owner);
+        let a = setup(&PEER_A, &owner);
         let mut buf = [0u8; 8];
         let one = RxBuf::one(buf.as_mut_ptr().cast(), 8);
         let tags = Filter {
@@ -1029,16 +1024,16 @@ pub(crate) mod tests {
         assert_eq!(owner.cancel(51).unwrap().context, 51);
         assert!(owner.cancel(51).is_none());
         for kind in [Kind::Msg, Kind::Tag] {
-            let (rc, e) = get(&mut a, kind, 0, 1, 4);
+            let (rc, e) = get(&a, kind, 0, 1, 4);
             assert_eq!(rc, -errno::ENOENT);
             // SAFETY: queue as a peer does.
             unsafe { assert_eq!((owner_ops(&a).queue_msg.unwrap())(e), 0) };
         }
         // Another peer going takes none of a's messages; a going takes both.
         let b = setup(&PEER_B, &owner);
-        owner.discard_from(&raw const b.hdr);
+        owner.discard_from(b.raw());
         assert_eq!(owner.in_use(), 2);
-        owner.discard_from(&raw const a.hdr);
+        owner.discard_from(a.raw());
         let seen: Vec<_> = SEEN.lock().unwrap().iter().map(|s| s.1).collect();
         assert_eq!(seen, ["discard_msg", "discard_tag"]);
         assert_eq!(owner.in_use(), 0);
@@ -1058,8 +1053,8 @@ pub(crate) mod tests {
     #[test]
     fn a_peer_writes_completions_and_errors_into_the_owner_cq() {
         let soft = Arc::new(SoftCq(StdMutex::new(crate::core::cq::CqState::new(2))));
-        let mut pc = PeerCq::new(soft.clone());
-        let cq: *mut fi::fid_peer_cq = &mut pc.hdr;
+        let pc = peer_cq(soft.clone());
+        let cq: *mut fi::fid_peer_cq = pc.raw();
         // SAFETY: the owner ops, called as a peer does.
         unsafe {
             let o = &*pc.hdr.owner_ops;
@@ -1140,8 +1135,8 @@ pub(crate) mod tests {
     #[test]
     fn a_peer_queries_the_owner_av_and_finds_endpoints_in_it() {
         let fake: Arc<dyn PeerAvSource> = Arc::new(FakeAv);
-        let mut pa = PeerAv::new(Arc::downgrade(&fake));
-        let av: *mut fi::fid_peer_av = &mut pa.hdr;
+        let pa = peer_av(Arc::downgrade(&fake));
+        let av: *mut fi::fid_peer_av = pa.raw();
         // SAFETY: the owner ops, called as a peer does; attr is a plain C struct.
         unsafe {
             let o = &*pa.hdr.owner_ops;
@@ -1176,9 +1171,9 @@ pub(crate) mod tests {
     fn bad_peer_calls_are_refused_without_crashing() {
         let _s = SERIAL.lock().unwrap();
         let owner = OwnerSrx::new(2);
-        let mut a = setup(&PEER_A, &owner);
+        let a = setup(&PEER_A, &owner);
         let o = owner_ops(&a);
-        let srx: *mut fi::fid_peer_srx = &mut a.hdr;
+        let srx: *mut fi::fid_peer_srx = a.raw();
         let mut wrong = fid(fi::FI_CLASS_CQ, std::ptr::null_mut(), &PEER_SRX_FI_OPS);
         let mut e = std::ptr::null_mut();
         let mut local = [0u8; 64];
@@ -1195,7 +1190,7 @@ pub(crate) mod tests {
             assert_eq!((o.queue_msg.unwrap())(std::ptr::null_mut()), -errno::EINVAL);
             (o.free_entry.unwrap())(std::ptr::null_mut());
             // A queued entry cannot be queued again or freed while queued.
-            let (rc, e) = get(&mut a, Kind::Msg, 0, 0, 1);
+            let (rc, e) = get(&a, Kind::Msg, 0, 0, 1);
             assert_eq!(rc, -errno::ENOENT);
             assert_eq!((o.queue_msg.unwrap())(e), 0);
             assert_eq!((o.queue_msg.unwrap())(e), -errno::EINVAL);
@@ -1206,9 +1201,9 @@ pub(crate) mod tests {
                 "a queued entry is not freed by free_entry"
             );
             // The engine is full after one more: the peer hears EAGAIN, nothing is lost.
-            let (rc, _) = get(&mut a, Kind::Msg, 0, 0, 1);
+            let (rc, _) = get(&a, Kind::Msg, 0, 0, 1);
             assert_eq!(rc, -errno::ENOENT);
-            let (rc, _) = get(&mut a, Kind::Msg, 0, 0, 1);
+            let (rc, _) = get(&a, Kind::Msg, 0, 0, 1);
             assert_eq!(rc, -errno::EAGAIN);
             let _ = &mut local;
         }

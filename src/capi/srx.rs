@@ -52,8 +52,8 @@ pub(crate) type CSoftSrx = Obj<fi::fid_ep, SoftSrx>;
 impl Class for CSoftSrx {
     type Header = fi::fid_ep;
     const FCLASS: u32 = fi::FI_CLASS_SRX_CTX;
-    fn owns(f: &fi::fid) -> bool {
-        std::ptr::eq(f.ops, &SOFT_FI_OPS)
+    fn fi_ops() -> &'static fi::fi_ops {
+        &SOFT_FI_OPS
     }
 }
 

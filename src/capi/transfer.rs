@@ -66,15 +66,17 @@ impl TransferLink {
     fn deliver(&self) {
         loop {
             // Until the peer's callbacks are known, completions wait (open delivers them).
-            if self.peer_ops.load(Ordering::Acquire).is_null()
-                || self.delivering.swap(true, Ordering::AcqRel)
+            if self.peer_ops.load(Ordering::SeqCst).is_null()
+                || self.delivering.swap(true, Ordering::SeqCst)
             {
                 return;
             }
+            let outer = IN_DELIVERY.replace(std::ptr::from_ref(self));
             while let Some(c) = self.pop() {
                 self.call(c);
             }
-            self.delivering.store(false, Ordering::Release);
+            IN_DELIVERY.set(outer);
+            self.delivering.store(false, Ordering::SeqCst);
             // A completion queued between the last pop and the store would wait otherwise.
             if self
                 .pending
@@ -88,8 +90,8 @@ impl TransferLink {
     }
 
     fn call(&self, c: Completion) {
-        let ep = self.peer_ep.load(Ordering::Acquire);
-        let ops = self.peer_ops.load(Ordering::Acquire);
+        let ep = self.peer_ep.load(Ordering::SeqCst);
+        let ops = self.peer_ops.load(Ordering::SeqCst);
         // SAFETY: set together once the peer's fi_endpoint2 returned; the peer's endpoint and
         // ops stay valid until the link is closed, which unregisters it first.
         let Some(ops) = (unsafe { ops.as_ref() }) else {
@@ -133,6 +135,28 @@ impl TransferLink {
     }
 }
 
+impl TransferLink {
+    /// Ends deliveries for a closing link and returns the peer's endpoint to close: no
+    /// callback starts after this, and one running on another thread is waited for, so the
+    /// peer's endpoint is closed only once no callback of ours is inside it (a callback that
+    /// closes its own link is not waited for: it is this thread).
+    fn detach(&self) -> *mut fi::fid_ep {
+        // SeqCst pairs with `deliver`: either it sees the NULL ops, or this sees it delivering.
+        self.peer_ops.store(null_mut(), Ordering::SeqCst);
+        if !std::ptr::eq(IN_DELIVERY.get(), self) {
+            while self.delivering.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+        }
+        self.peer_ep.swap(null_mut(), Ordering::SeqCst)
+    }
+}
+
+thread_local! {
+    /// The link whose callbacks this thread is running, if any.
+    static IN_DELIVERY: std::cell::Cell<*const TransferLink> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
 impl PeerTransferSink for TransferLink {
     fn completion(&self, c: Completion) {
         self.pending
@@ -154,8 +178,8 @@ pub(crate) type CTransferEp = Obj<fi::fid_ep, TransferEp>;
 impl Class for CTransferEp {
     type Header = fi::fid_ep;
     const FCLASS: u32 = fi::FI_CLASS_EP;
-    fn owns(f: &fi::fid) -> bool {
-        std::ptr::eq(f.ops, &TRANSFER_FI_OPS)
+    fn fi_ops() -> &'static fi::fi_ops {
+        &TRANSFER_FI_OPS
     }
 }
 
@@ -247,7 +271,7 @@ pub(crate) unsafe fn open(
             close_peer(peer_ep);
             let o = &mut *t.cast::<CTransferEp>();
             o.inner.ep.end_peer_transfer();
-            drop(Box::from_raw(t.cast::<CTransferEp>()));
+            let _ = crate::capi::fid::retire::<CTransferEp>(t.cast(), &TRANSFER_FI_OPS);
         }
     };
     // SAFETY: t was just made; its context box lives as long as it.
@@ -287,10 +311,10 @@ pub(crate) unsafe fn open(
             "the peer's fi_endpoint2(FI_PEER_TRANSFER) left its endpoint or its complete/comperr callbacks unset",
         ));
     }
-    link.peer_ep.store(peer_ep, Ordering::Release);
+    link.peer_ep.store(peer_ep, Ordering::SeqCst);
     // SAFETY: as above.
     link.peer_ops
-        .store(unsafe { (*ctx_ptr).peer_ops }, Ordering::Release);
+        .store(unsafe { (*ctx_ptr).peer_ops }, Ordering::SeqCst);
     // What completed while the peer was still setting up.
     link.deliver();
     crate::fi_info!("peer", "peer transfer link open over an RC endpoint");
@@ -326,8 +350,7 @@ unsafe extern "C" fn transfer_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the fid the owner got from `open`; the peer's endpoint goes first.
     guarded("fi_close(peer transfer)", || unsafe {
         CTransferEp::close(f.cast(), |t| {
-            close_peer(t.link.peer_ep.swap(null_mut(), Ordering::AcqRel));
-            t.link.peer_ops.store(null_mut(), Ordering::Release);
+            close_peer(t.link.detach());
             t.ep.end_peer_transfer();
             Ok(())
         })
@@ -537,4 +560,62 @@ pub(crate) unsafe extern "C" fn open_transfer(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    static ENTERED: AtomicUsize = AtomicUsize::new(0);
+    static LEFT: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn slow_complete(
+        _ep: *mut fi::fid_ep,
+        _e: *mut fi::fi_cq_tagged_entry,
+        _src: *mut fi::fi_addr_t,
+    ) -> isize {
+        ENTERED.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(100));
+        LEFT.fetch_add(1, Ordering::SeqCst);
+        0
+    }
+    unsafe extern "C" fn comperr(_ep: *mut fi::fid_ep, _e: *mut fi::fi_cq_err_entry) -> isize {
+        0
+    }
+    static PEER_OPS: fi::fi_ops_transfer_peer = fi::fi_ops_transfer_peer {
+        size: size_of::<fi::fi_ops_transfer_peer>(),
+        complete: Some(slow_complete),
+        comperr: Some(comperr),
+    };
+
+    fn entry() -> Completion {
+        Ok(CqEntry::default())
+    }
+
+    #[test]
+    fn closing_a_link_waits_for_a_callback_running_on_another_thread() {
+        let link = Arc::new(TransferLink::new(4));
+        let peer_ep = 0x1000 as *mut fi::fid_ep;
+        link.peer_ep.store(peer_ep, Ordering::SeqCst);
+        link.peer_ops.store(ops(&PEER_OPS), Ordering::SeqCst);
+        let l = link.clone();
+        let t = std::thread::spawn(move || l.completion(entry()));
+        while ENTERED.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        // The close comes while the callback runs: it returns only after the callback did.
+        assert_eq!(link.detach(), peer_ep);
+        assert_eq!(
+            LEFT.load(Ordering::SeqCst),
+            1,
+            "detach returned with a callback inside the peer"
+        );
+        t.join().unwrap();
+        // Nothing is delivered to a closed link; what comes is dropped, not called.
+        link.completion(entry());
+        assert_eq!(ENTERED.load(Ordering::SeqCst), 1);
+        assert!(link.detach().is_null());
+    }
 }

@@ -117,6 +117,16 @@ impl EventQueueState {
         Ok(())
     }
 
+    /// Drops the provider events and errors naming `fid` (its object closed: fi_eq(3)
+    /// entries must not name a closed object, whose address a new one may take).
+    pub fn forget(&mut self, fid: u64) {
+        self.entries.retain(|e| match e {
+            Entry::Event(EqEvent::Written { .. }) => true,
+            Entry::Event(ev) => ev.fid() != fid,
+            Entry::Error(er) => er.fid != fid,
+        });
+    }
+
     pub fn push_event(&mut self, ev: EqEvent) -> Result<()> {
         self.push(Entry::Event(ev))
     }
@@ -214,6 +224,33 @@ mod tests {
             prov_errno: 28,
             err_data: b"no".to_vec(),
         }
+    }
+
+    #[test]
+    fn a_closed_objects_events_are_forgotten_and_written_ones_kept() {
+        let mut q = EventQueueState::new(8);
+        q.push_event(EqEvent::Shutdown { fid: 1 }).unwrap();
+        q.push_event(EqEvent::Connected {
+            fid: 2,
+            data: vec![],
+        })
+        .unwrap();
+        q.push_error(err(1)).unwrap();
+        let mut w = 1u64.to_ne_bytes().to_vec();
+        w.extend([0; 8]);
+        q.push_event(EqEvent::Written { event: 9, data: w })
+            .unwrap();
+        q.forget(1);
+        assert_eq!(q.len(), 2);
+        assert!(matches!(
+            q.read().unwrap(),
+            EqEvent::Connected { fid: 2, .. }
+        ));
+        assert!(matches!(
+            q.read().unwrap(),
+            EqEvent::Written { event: 9, .. }
+        ));
+        assert_eq!(q.read().unwrap_err().errno(), errno::EAGAIN);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The transport-agnostic engine: flags, errors, info and hint matching, event and
 //! completion queue state. No I/O here, so all of it is tested on the host.
 
+#![forbid(unsafe_code)]
+
 pub mod addr;
 pub mod av;
 pub mod cq;

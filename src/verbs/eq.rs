@@ -70,6 +70,16 @@ pub(crate) enum Owner {
     },
 }
 
+impl Owner {
+    fn fid(&self) -> u64 {
+        match self {
+            Owner::Passive { fid, .. }
+            | Owner::Active { fid, .. }
+            | Owner::Multicast { fid, .. } => *fid,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     q: EventQueueState,
@@ -157,8 +167,13 @@ impl EventQueue {
         self.lock().owners.insert(ident, owner);
     }
 
+    /// Forgets an identifier and the queued events of its owner (which is closing, or
+    /// moving to another EQ).
     pub(crate) fn unregister(&self, ident: usize) {
-        self.lock().owners.remove(&ident);
+        let mut g = self.lock();
+        if let Some(o) = g.owners.remove(&ident) {
+            g.q.forget(o.fid());
+        }
     }
 
     /// The file descriptor that becomes readable when CM events arrive (`FI_GETWAIT`).

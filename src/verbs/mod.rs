@@ -3,6 +3,8 @@
 //! Domains are protection domains, CQs are `ibv_cq`s read in manual progress, MSG endpoints
 //! are RC queue pairs connected with rdma_cm, and the EQ is the rdma_cm event channel.
 
+#![forbid(unsafe_code)]
+
 pub mod av;
 pub mod cq;
 pub mod dgram_ep;
