@@ -188,6 +188,11 @@ fn c_program_sends_datagrams_through_libfabric() {
 }
 
 #[test]
+fn c_program_closed_reused_foreign_and_forged_handles_are_refused() {
+    run_capi_section("handles");
+}
+
+#[test]
 fn c_program_bad_calls_get_their_error_codes() {
     run_capi_section("bad");
 }

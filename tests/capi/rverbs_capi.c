@@ -464,6 +464,7 @@ static void msg_section(void)
 
 static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t *addrs,
 			struct fid_ep *ep);
+static struct fid_peer_av *off_owner_av;
 
 static void dgram_section(void)
 {
@@ -556,6 +557,13 @@ static void dgram_section(void)
 	EXPECT(fi_close(&b->fid), 0);
 	EXPECT(fi_close(&mr->fid), 0);
 	EXPECT(fi_close(&av->fid), 0);
+	/* The peer's fid_peer_av outlives the owner's AV as a closed handle: a peer that asks
+	 * after the owner closed gets -FI_EINVAL, not freed memory (issue 15, finding 1). */
+	{
+		struct fi_av_attr q = {0};
+		EXPECT(off_owner_av->owner_ops->query(off_owner_av, &q), -FI_EINVAL);
+		EXPECT(off_owner_av->owner_ops->ep_addr(off_owner_av, a), FI_ADDR_NOTAVAIL);
+	}
 	EXPECT(fi_close(&cqa->fid), 0);
 	EXPECT(fi_close(&cqb->fid), 0);
 	EXPECT(fi_close(&domain->fid), 0);
@@ -658,6 +666,121 @@ static void bad_section(void)
 	fi_freeinfo(info);
 	fi_freeinfo(h);
 	printf("ok bad\n");
+}
+
+/* ---- handles: closed, reused, foreign and forged handles are -FI_EINVAL (issue 15) ---- */
+
+static void handle_section(void)
+{
+	struct fi_info *h = hints_for(FI_EP_MSG), *info, *sh, *sinfo;
+	struct fid_fabric *fabric, *sfab;
+	struct fid_domain *domain, *sdom;
+	struct fid_cq *cq, *old, *fresh, *scq;
+	struct fid_av *sav;
+	struct fid_mr *mr, *smr;
+	struct fid_ep *ep;
+	struct fid_eq *eq;
+	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
+	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
+	struct fi_av_attr aa = {.type = FI_AV_TABLE};
+	struct fi_cq_data_entry e;
+	uint8_t buf[256];
+	int i;
+
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, info, &domain, NULL));
+	OK(fi_eq_open(fabric, &ea, &eq, NULL));
+	open_cq(domain, &cq);
+	OK(fi_mr_reg(domain, buf, sizeof buf, FI_SEND | FI_RECV, 0, 0, 0, &mr, NULL));
+
+	/* A double close after the address could have been reused: the second close is
+	 * -FI_EINVAL and the new objects stay open (before, it freed whichever object lived
+	 * at that address). */
+	for (i = 0; i < 64; i++) {
+		OK(fi_cq_open(domain, &ca, &old, NULL));
+		EXPECT(fi_close(&old->fid), 0);
+		OK(fi_cq_open(domain, &ca, &fresh, NULL));
+		TRUE(fresh != old); /* a closed handle's address is not handed out again */
+		EXPECT(fi_close(&old->fid), -FI_EINVAL);
+		EXPECT(fi_cq_read(old, &e, 1), -FI_EINVAL);
+		EXPECT(fi_cq_read(fresh, &e, 1), -FI_EAGAIN);
+		EXPECT(fi_close(&fresh->fid), 0);
+		EXPECT(fi_close(&fresh->fid), -FI_EINVAL);
+	}
+	{
+		struct fid_mr *m2;
+		OK(fi_mr_reg(domain, buf, 64, FI_SEND, 0, 0, 0, &m2, NULL));
+		void *stale = fi_mr_desc(m2);
+		EXPECT(fi_close(&m2->fid), 0);
+		EXPECT(fi_close(&m2->fid), -FI_EINVAL);
+		struct sockaddr_in self = *(struct sockaddr_in *)info->src_addr;
+		self.sin_port = htons(9);
+		info->dest_addr = malloc(sizeof self);
+		memcpy(info->dest_addr, &self, sizeof self);
+		info->dest_addrlen = sizeof self;
+		OK(fi_endpoint(domain, info, &ep, NULL));
+		OK(fi_ep_bind(ep, &eq->fid, 0));
+		OK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+		OK(fi_enable(ep));
+		/* A descriptor of a closed region, and plain data that starts like a region. */
+		EXPECT(fi_send(ep, buf, 8, stale, 0, NULL), -FI_EINVAL);
+		uint64_t forged[16] = {FI_CLASS_MR, 0, 0, (uint64_t)(uintptr_t)buf, sizeof buf};
+		EXPECT(fi_send(ep, buf, 8, forged, 0, NULL), -FI_EINVAL);
+		EXPECT(fi_recv(ep, buf, 8, forged, 0, NULL), -FI_EINVAL);
+		/* Another rverbs object of the wrong class where a region is expected. */
+		EXPECT(fi_send(ep, buf, 8, eq, 0, NULL), -FI_EINVAL);
+	}
+
+	/* shm's objects (same process, same classes) handed to rverbs. */
+	sh = fi_allocinfo();
+	sh->ep_attr->type = FI_EP_RDM;
+	sh->caps = FI_MSG;
+	sh->fabric_attr->prov_name = strdup("shm");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, sh, &sinfo));
+	OK(fi_fabric(sinfo->fabric_attr, &sfab, NULL));
+	OK(fi_domain(sfab, sinfo, &sdom, NULL));
+	OK(fi_cq_open(sdom, &ca, &scq, NULL));
+	OK(fi_av_open(sdom, &aa, &sav, NULL));
+	OK(fi_mr_reg(sdom, buf, sizeof buf, FI_SEND | FI_RECV, 0, 0, 0, &smr, NULL));
+	{
+		struct fid_ep *ep2;
+		struct fi_rverbs_peer_ops *ops;
+		struct fid_av *pav;
+		OK(fi_endpoint(domain, info, &ep2, NULL));
+		EXPECT(fi_ep_bind(ep2, &scq->fid, FI_TRANSMIT | FI_RECV), -FI_EINVAL);
+		EXPECT(fi_ep_bind(ep2, &sav->fid, 0), -FI_EINVAL);
+		EXPECT(fi_close(&ep2->fid), 0);
+		EXPECT(fi_send(ep, buf, 8, fi_mr_desc(smr), 0, NULL), -FI_EINVAL);
+		EXPECT(fi_send(ep, buf, 8, smr, 0, NULL), -FI_EINVAL);
+		OK(fi_open_ops(&domain->fid, FI_RVERBS_PEER_OPS, 0, (void **)&ops, NULL));
+		EXPECT(ops->open_peer_av(sav, sdom, NULL, &pav), -FI_EINVAL);
+		EXPECT(ops->open_peer_domain(sdom, sfab, sinfo, &sdom), -FI_EINVAL);
+		EXPECT(ops->import_shm((struct fid_ep *)scq, (struct fid **)&pav), -FI_EINVAL);
+	}
+	/* shm's objects are untouched: they still work and close. */
+	EXPECT(fi_cq_read(scq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_close(&smr->fid), 0);
+	EXPECT(fi_close(&sav->fid), 0);
+	EXPECT(fi_close(&scq->fid), 0);
+	EXPECT(fi_close(&sdom->fid), 0);
+	EXPECT(fi_close(&sfab->fid), 0);
+	fi_freeinfo(sinfo);
+	fi_freeinfo(sh);
+
+	EXPECT(fi_close(&ep->fid), 0);
+	EXPECT(fi_close(&ep->fid), -FI_EINVAL);
+	EXPECT(fi_send(ep, buf, 8, fi_mr_desc(mr), 0, NULL), -FI_EINVAL);
+	EXPECT(fi_close(&mr->fid), 0);
+	EXPECT(fi_close(&cq->fid), 0);
+	EXPECT(fi_close(&eq->fid), 0);
+	EXPECT(fi_close(&eq->fid), -FI_EINVAL);
+	EXPECT(fi_close(&domain->fid), 0);
+	EXPECT(fi_close(&domain->fid), -FI_EINVAL);
+	EXPECT(fi_close(&fabric->fid), 0);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	printf("ok handles\n");
 }
 
 /* ---- peer: libfabric's shm imported as a peer of rverbs' software SRX ---- */
@@ -1093,6 +1216,9 @@ static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t 
 	OK(off_owner_set->owner_ops->members(off_owner_set, got, &n));
 	EXPECT(n, 0);
 	EXPECT(fi_close(&empty->fid), 0);
+	/* The set's peer face is a closed handle now, not freed memory. */
+	n = 4;
+	EXPECT(off_owner_set->owner_ops->members(off_owner_set, got, &n), -FI_EINVAL);
 	EXPECT(fi_close(&set->fid), 0);
 }
 
@@ -1270,6 +1396,8 @@ int main(int argc, char **argv)
 		dgram_section();
 	if (!only || !strcmp(only, "bad"))
 		bad_section();
+	if (!only || !strcmp(only, "handles"))
+		handle_section();
 	if (!only || !strcmp(only, "hints"))
 		hints_section();
 	if (only && !strcmp(only, "peer"))
