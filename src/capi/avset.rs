@@ -109,7 +109,8 @@ pub(crate) unsafe extern "C" fn av_set_open(
                 "fi_av_set with a comm_key (collective offload)",
             ));
         }
-        let mut members = Vec::with_capacity(a.count);
+        // count is what the caller asks for, not what the range holds: grown as filled.
+        let mut members = Vec::with_capacity(a.count.min(1024));
         if a.count > 0 {
             if a.stride == 0 || a.end_addr < a.start_addr {
                 return Err(Error::new(

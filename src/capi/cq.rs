@@ -145,6 +145,7 @@ unsafe fn entries<'a, E: FormatEntry>(buf: *mut c_void, count: usize) -> Result<
     if buf.is_null() {
         return Err(Error::new(errno::EINVAL, "buf is NULL"));
     }
+    crate::capi::fid::slice_len::<E>(count, "count")?;
     // SAFETY: the caller's contract; C arrays of these structs are suitably aligned.
     Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast::<E>(), count) })
 }
@@ -184,6 +185,7 @@ unsafe fn src_addrs<'a>(src: *mut fi::fi_addr_t, count: usize) -> Result<&'a mut
     if count == 0 {
         return Ok(&mut []);
     }
+    crate::capi::fid::slice_len::<u64>(count, "count")?;
     // SAFETY: fi_cq_readfrom(3): src_addr has count slots.
     Ok(unsafe { std::slice::from_raw_parts_mut(src, count) })
 }
@@ -282,7 +284,7 @@ unsafe extern "C" fn cq_readerr(
         let caller = if out.err_data_size > 0 && !out.err_data.is_null() {
             // SAFETY: fi_cq_readerr(3): err_data has err_data_size writable bytes.
             Some(unsafe {
-                std::slice::from_raw_parts_mut(out.err_data.cast::<u8>(), out.err_data_size)
+                crate::capi::fid::bytes_mut(out.err_data, out.err_data_size, "err_data")?
             })
         } else {
             None

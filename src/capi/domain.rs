@@ -436,9 +436,17 @@ unsafe extern "C" fn mr_regattr(
 }
 
 unsafe extern "C" fn mr_close(f: *mut fi::fid) -> i32 {
-    // SAFETY: the fid fi_mr_reg returned. Work still posted from it holds the registration.
+    // SAFETY: the fid fi_mr_reg returned.
     guarded("fi_close(mr)", || unsafe {
-        CMr::close(f.cast(), |_| Ok(()))
+        CMr::close(f.cast(), |m| {
+            if m.in_use() {
+                return Err(Error::new(
+                    errno::EBUSY,
+                    "the region is in use by posted receives (a multi-receive buffer, or a FI_SOURCE receive) the device may still write: close the endpoint or let them complete first",
+                ));
+            }
+            Ok(())
+        })
     })
 }
 

@@ -383,7 +383,7 @@ unsafe extern "C" fn eq_write(
         let (q, data) = unsafe {
             (
                 &CEq::from_c(eq, "eq")?.inner.eq,
-                crate::capi::fid::bytes(buf, len, "buf")?,
+                crate::capi::fid::copy_in(buf, len, "buf")?,
             )
         };
         // 1.17 defines no fi_eq_write flags (its headers have no FI_ERROR).
@@ -395,7 +395,7 @@ unsafe extern "C" fn eq_write(
         }
         q.write(EqEvent::Written {
             event,
-            data: data.to_vec(),
+            data,
         })?;
         Ok(len)
     })

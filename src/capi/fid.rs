@@ -420,6 +420,18 @@ pub(crate) unsafe fn c_str<'a>(s: *const c_char, what: &str) -> Result<Option<&'
         .map_err(|_| Error::new(errno::EINVAL, format!("{what} is not UTF-8")))
 }
 
+/// Checks that `count` items of `T` from C can be one slice (at most `isize::MAX` bytes, as
+/// Rust requires; a larger length is a caller's mistake, `-FI_EINVAL`).
+pub(crate) fn slice_len<T>(count: usize, what: &str) -> Result<()> {
+    match count.checked_mul(std::mem::size_of::<T>()) {
+        Some(b) if b <= isize::MAX as usize => Ok(()),
+        _ => Err(Error::new(
+            errno::EINVAL,
+            format!("{what}: a length of {count} is more than any buffer can hold"),
+        )),
+    }
+}
+
 /// `len` bytes at `p` (NULL is allowed when `len` is 0).
 ///
 /// # Safety
@@ -434,8 +446,28 @@ pub(crate) unsafe fn bytes<'a>(p: *const c_void, len: usize, what: &str) -> Resu
             format!("{what} is NULL but its length is {len}"),
         ));
     }
-    // SAFETY: non-NULL, and the caller's contract.
+    slice_len::<u8>(len, what)?;
+    // SAFETY: non-NULL, at most isize::MAX bytes, and the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
+}
+
+/// A copy of the `len` bytes at `p`, with the allocation tried before any byte is read: a
+/// length no allocation can hold is `-FI_ENOMEM`, not an abort.
+///
+/// # Safety
+/// `p` is NULL or valid for reads of `len` bytes.
+pub(crate) unsafe fn copy_in(p: *const c_void, len: usize, what: &str) -> Result<Vec<u8>> {
+    slice_len::<u8>(len, what)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::new(
+            errno::ENOMEM,
+            format!("{what}: {len} bytes cannot be allocated"),
+        )
+    })?;
+    // SAFETY: the caller's contract.
+    v.extend_from_slice(unsafe { bytes(p, len, what) }?);
+    Ok(v)
 }
 
 /// `len` writable bytes at `p`.
@@ -452,7 +484,8 @@ pub(crate) unsafe fn bytes_mut<'a>(p: *mut c_void, len: usize, what: &str) -> Re
             format!("{what} is NULL but its length is {len}"),
         ));
     }
-    // SAFETY: non-NULL, and the caller's contract.
+    slice_len::<u8>(len, what)?;
+    // SAFETY: non-NULL, at most isize::MAX bytes, and the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) })
 }
 

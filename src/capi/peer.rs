@@ -646,7 +646,7 @@ unsafe extern "C" fn peer_cq_writeerr(
 /// `err_data` has `err_data_size` readable bytes (NULL when 0), per fi_cq(3).
 pub(crate) unsafe fn err_entry(e: &fi::fi_cq_err_entry) -> Result<CqErrEntry> {
     // SAFETY: the caller's contract.
-    let data = unsafe { crate::capi::fid::bytes(e.err_data, e.err_data_size, "err_data") }?;
+    let data = unsafe { crate::capi::fid::copy_in(e.err_data, e.err_data_size, "err_data") }?;
     Ok(CqErrEntry {
         op_context: e.op_context as u64,
         flags: e.flags,
@@ -657,7 +657,7 @@ pub(crate) unsafe fn err_entry(e: &fi::fi_cq_err_entry) -> Result<CqErrEntry> {
         olen: e.olen,
         err: e.err,
         prov_errno: e.prov_errno,
-        err_data: data.to_vec(),
+        err_data: data,
     })
 }
 
@@ -1107,6 +1107,24 @@ pub(crate) mod tests {
                     0,
                     0
                 ),
+                -(errno::EINVAL as isize)
+            );
+            // Error data a peer claims is 2^40 bytes: refused, not an aborted allocation
+            // (the bytes are never read: the allocation is tried first).
+            let huge = fi::fi_cq_err_entry {
+                err_data_size: 1 << 40,
+                ..err
+            };
+            assert_eq!(
+                (o.writeerr.unwrap())(cq, &huge),
+                -(errno::ENOMEM as isize)
+            );
+            let past = fi::fi_cq_err_entry {
+                err_data_size: usize::MAX,
+                ..err
+            };
+            assert_eq!(
+                (o.writeerr.unwrap())(cq, &past),
                 -(errno::EINVAL as isize)
             );
         }

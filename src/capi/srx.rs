@@ -27,6 +27,8 @@ use crate::verbs::{CompletionQueue, Domain};
 
 /// Receives and waiting messages together, unless `fi_rx_attr.size` says otherwise.
 const DEFAULT_SIZE: usize = 1024;
+/// The largest software SRX: every entry is allocated at open (a few hundred bytes each).
+pub(crate) const MAX_SIZE: usize = 1 << 18;
 
 pub(crate) struct SoftSrx {
     pub(crate) owner: Arc<OwnerSrx>,
@@ -105,10 +107,10 @@ pub(crate) fn open(
     context: *mut c_void,
 ) -> Result<*mut fi::fid_ep> {
     let size = if a.size == 0 { DEFAULT_SIZE } else { a.size };
-    if size > u32::MAX as usize / 2 {
+    if size > MAX_SIZE {
         return Err(Error::new(
             errno::EINVAL,
-            format!("rx_attr.size {size} is too large for a software SRX"),
+            format!("rx_attr.size {size} is larger than a software SRX holds ({MAX_SIZE})"),
         ));
     }
     let s = SoftSrx {

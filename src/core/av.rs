@@ -18,6 +18,12 @@ struct Entry<T> {
     generation: u32,
 }
 
+/// The most entries an AV holds: a 32-bit index (the top half of a MAP address is its
+/// generation).
+pub const MAX_COUNT: usize = u32::MAX as usize;
+/// Entries made room for at open, at most: the rest as they are inserted.
+const PREALLOCATED: usize = 4096;
+
 /// The table behind an address vector.
 #[derive(Debug)]
 pub struct AvTable<T> {
@@ -31,15 +37,24 @@ pub struct AvTable<T> {
 }
 
 impl<T> AvTable<T> {
-    /// A table of `av_type` (`FI_AV_UNSPEC` is `FI_AV_TABLE`) sized for `count` entries.
-    pub fn new(av_type: AvType, count: usize) -> Self {
-        AvTable {
-            map: av_type == AvType::Map,
-            slots: Vec::with_capacity(count),
-            generations: Vec::with_capacity(count),
-            free: Vec::new(),
-            by_name: HashMap::with_capacity(count),
+    /// A table of `av_type` (`FI_AV_UNSPEC` is `FI_AV_TABLE`) for about `count` entries
+    /// (fi_av(3): an estimate; room for more is made as they come). A count past what an
+    /// `fi_addr_t`'s 32-bit index holds is `-FI_EINVAL`.
+    pub fn new(av_type: AvType, count: usize) -> Result<Self> {
+        if count > MAX_COUNT {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("fi_av_attr.count {count} is more than an AV holds ({MAX_COUNT})"),
+            ));
         }
+        let pre = count.min(PREALLOCATED);
+        Ok(AvTable {
+            map: av_type == AvType::Map,
+            slots: Vec::with_capacity(pre),
+            generations: Vec::with_capacity(pre),
+            free: Vec::new(),
+            by_name: HashMap::with_capacity(pre),
+        })
     }
 
     /// Inserts `name` with its transport data; returns its address. A name inserted twice
@@ -150,8 +165,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_huge_count_is_refused_and_a_large_one_is_not_preallocated() {
+        let e = AvTable::<()>::new(AvType::Table, 1 << 40).unwrap_err();
+        assert_eq!(e.errno(), errno::EINVAL);
+        let t = AvTable::<()>::new(AvType::Map, 1 << 31).unwrap();
+        assert!(t.slots.capacity() <= PREALLOCATED);
+    }
+
+    #[test]
     fn table_addresses_are_consecutive_and_never_reused() {
-        let mut t = AvTable::new(AvType::Table, 4);
+        let mut t = AvTable::new(AvType::Table, 4).unwrap();
         let a: Vec<u64> = (0..3u8).map(|i| t.insert(&[i; 4], i)).collect();
         assert_eq!(a, vec![0, 1, 2]);
         assert_eq!(t.remove(1).unwrap(), 1);
@@ -164,7 +187,7 @@ mod tests {
 
     #[test]
     fn map_reuses_slots_but_refuses_stale_addresses() {
-        let mut t = AvTable::new(AvType::Map, 4);
+        let mut t = AvTable::new(AvType::Map, 4).unwrap();
         let a = t.insert(b"peer-a", 'a');
         t.remove(a).unwrap();
         let b = t.insert(b"peer-b", 'b');
@@ -180,7 +203,7 @@ mod tests {
 
     #[test]
     fn names_map_back_to_addresses_for_source_lookups() {
-        let mut t = AvTable::new(AvType::Table, 0);
+        let mut t = AvTable::new(AvType::Table, 0).unwrap();
         let a = t.insert(b"x", 1);
         let b = t.insert(b"y", 2);
         let a2 = t.insert(b"x", 3);

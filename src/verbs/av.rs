@@ -87,7 +87,7 @@ impl AddressVector {
             t => t,
         };
         Ok(Arc::new(AddressVector {
-            table: RwLock::new(AvTable::new(av_type, attr.count)),
+            table: RwLock::new(AvTable::new(av_type, attr.count)?),
             ahs: Mutex::new(HashMap::new()),
             attr: AvAttr {
                 av_type,

@@ -69,6 +69,12 @@ impl MemoryRegion {
         }
     }
 
+    /// Whether posted work still holds this registration (a multi-receive buffer, a
+    /// receive whose `FI_SOURCE` header lands in it): the device may still write there.
+    pub fn in_use(&self) -> bool {
+        Arc::strong_count(&self.mr) > 1
+    }
+
     pub fn addr(&self) -> u64 {
         self.mr.addr()
     }

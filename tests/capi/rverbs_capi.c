@@ -353,6 +353,31 @@ static void msg_section(void)
 		EXPECT(got, 3);
 	}
 
+	/* A region that a multi-receive buffer still uses is not closed under the device:
+	 * -FI_EBUSY until the buffer is released (issue 15, finding 6). */
+	{
+		struct fid_mr *mr2;
+		OK(fi_mr_reg(m.domain, rx, 1024, FI_RECV, 0, 0, 0, &mr2, NULL));
+		void *d = fi_mr_desc(mr2);
+		struct iovec iov = {rx, 400};
+		struct fi_msg msg = {.msg_iov = &iov, .desc = &d, .iov_count = 1, .context = &ctx[8]};
+		OK(fi_recvmsg(s.ep, &msg, FI_MULTI_RECV)); /* the minimum is still 300 */
+		EXPECT(fi_close(&mr2->fid), -FI_EBUSY);
+		fill(tx, 200, 3);
+		OK(fi_send(c.ep, tx, 200, m.desc, 0, &ctx[9]));
+		int released = 0, got = 0;
+		while (!released) {
+			EXPECT(cq_wait(s.cq, &e), 1);
+			TRUE(e.op_context == &ctx[8]);
+			got += e.len == 200;
+			released = !!(e.flags & FI_MULTI_RECV);
+		}
+		EXPECT(got, 1);
+		check(rx, 200, 3);
+		cq_expect(c.cq, &ctx[9], FI_SEND, 0, NULL);
+		EXPECT(fi_close(&mr2->fid), 0);
+	}
+
 	/* multi-receive posted with plain fi_recv on an endpoint whose rx_attr.op_flags hold
 	 * FI_MULTI_RECV (as fabtests' multi_recv does), in both formats that carry buf: each
 	 * completion says where its message landed; the last one releases the buffer */
@@ -609,6 +634,28 @@ static void bad_section(void)
 	EXPECT(fi_domain(fabric, NULL, &domain, NULL), -FI_EINVAL);
 	EXPECT(fi_cntr_open(domain, NULL, &cntr, NULL), -FI_ENOSYS);
 	EXPECT(fi_open_ops(&domain->fid, "nothing", 0, NULL, NULL), -FI_ENOSYS);
+	/* Sizes from C that no allocation holds: an error, never an aborted process. */
+	{
+		struct fi_av_attr big = {.type = FI_AV_TABLE, .count = 1ULL << 40};
+		struct fi_av_attr many = {.type = FI_AV_MAP, .count = 1ULL << 31};
+		struct fid_av *av;
+		EXPECT(fi_av_open(domain, &big, &av, NULL), -FI_EINVAL);
+		OK(fi_av_open(domain, &many, &av, NULL)); /* an estimate: not allocated up front */
+		struct fi_av_set_attr sa = {.count = 1ULL << 40, .start_addr = 0, .end_addr = 0,
+					    .stride = 1};
+		struct fid_av_set *set;
+		EXPECT(fi_av_set(av, &sa, &set, NULL), -FI_EINVAL); /* address 0 is not in the AV */
+		EXPECT(fi_close(&av->fid), 0);
+		struct fi_rx_attr ra = {.caps = FI_MSG | FI_TAGGED | FI_RECV, .size = (1U << 31) - 1};
+		struct fid_ep *srx;
+		EXPECT(fi_srx_context(domain, &ra, &srx, NULL), -FI_EINVAL);
+		EXPECT(fi_eq_write(eq, FI_NOTIFY, buf, 1ULL << 40, 0), -FI_ENOMEM);
+		EXPECT(fi_eq_write(eq, FI_NOTIFY, buf, SIZE_MAX, 0), -FI_EINVAL);
+		struct fi_cq_data_entry one;
+		EXPECT(fi_cq_read(cq, &one, SIZE_MAX / 8), -FI_EINVAL);
+		struct fi_cq_err_entry ee = {.err_data = buf, .err_data_size = SIZE_MAX};
+		EXPECT(fi_cq_readerr(cq, &ee, 0), -FI_EINVAL);
+	}
 	/* rverbs owns peer objects; its own are never opened as another's peer (fi_peer(3)) */
 	{
 		struct fi_cq_attr pa = {.format = FI_CQ_FORMAT_DATA, .flags = FI_PEER};
