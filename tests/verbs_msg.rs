@@ -1050,7 +1050,7 @@ fn names_follow_the_addrlen_rules_and_setname_picks_the_address() {
         client_name: Some(SocketAddr::new(ip, 0)),
         ..Default::default()
     };
-    let mut p = connect_pair_full(&info, &opts, b"", b"", |_, _, _| {});
+    let p = connect_pair_full(&info, &opts, b"", b"", |_, _, _| {});
     let (mut a, mut b) = ([0u8; 64], [0u8; 64]);
     let (mut la, mut lb) = (a.len(), b.len());
     p.client.getname_into(&mut a, &mut la).unwrap();
@@ -1456,4 +1456,55 @@ fn multi_recv_from_default_flags_says_where_each_message_landed_in_every_format(
             }
         }
     }
+}
+
+#[test]
+fn setname_racing_bind_and_getname_keeps_one_identifier_that_connects() {
+    // Issue 15, finding 7: fi_setname under FI_THREAD_SAFE dropped the rdma_cm id a
+    // concurrent fi_ep_bind used. Now it is replaced under the endpoint's lock.
+    let Some(info) = device_info() else { return };
+    let (fabric, server_eq, _pep, addr) = listener(&info);
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let client_eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let client = std::sync::Arc::new(MsgEndpoint::open(&domain, &client_info(&addr), 5).unwrap());
+    let ip = addr.ip();
+    std::thread::scope(|s| {
+        let c = client.clone();
+        let t = s.spawn(move || {
+            for _ in 0..100 {
+                c.setname(&SocketAddr::new(ip, 0)).unwrap();
+            }
+        });
+        for i in 0..3000 {
+            assert_eq!(client.getname().unwrap().ip(), ip);
+            if i == 20 {
+                client.bind_eq(&client_eq).unwrap();
+            }
+        }
+        t.join().unwrap();
+    });
+    // The identifier the EQ knows is the last one: the connection comes up on it.
+    client.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    client.enable().unwrap();
+    let name = client.getname().unwrap();
+    client.connect(b"").unwrap();
+    let sinfo = match next_event(&server_eq) {
+        EqEvent::ConnReq { info, .. } => *info,
+        other => panic!("expected FI_CONNREQ, got {other:?}"),
+    };
+    let server = MsgEndpoint::open(&domain, &sinfo, 6).unwrap();
+    server.bind_eq(&server_eq).unwrap();
+    server.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    server.enable().unwrap();
+    server.accept(b"").unwrap();
+    assert!(matches!(
+        next_event(&client_eq),
+        EqEvent::Connected { fid: 5, .. }
+    ));
+    assert!(matches!(
+        next_event(&server_eq),
+        EqEvent::Connected { fid: 6, .. }
+    ));
+    assert_eq!(server.getpeer().unwrap(), name);
 }

@@ -3,7 +3,6 @@
 //! and multicast joins (`fid_mc`). The data calls translate a buffer and its descriptor
 //! into a region and an offset and call the Rust endpoint; nothing is allocated.
 
-use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::sync::{Arc, Mutex};
@@ -34,8 +33,7 @@ pub(crate) enum Ep {
 }
 
 pub(crate) struct EpState {
-    /// Shared by every call; `fi_setname` alone replaces what is inside (see [`CEp::ep_mut`]).
-    ep: UnsafeCell<Ep>,
+    ep: Ep,
     /// The connection request this endpoint accepts, closed with the endpoint.
     connreq: *mut fi::fid,
 }
@@ -79,20 +77,7 @@ impl Class for CMc {
 impl CEp {
     #[inline]
     pub(crate) fn ep(&self) -> &Ep {
-        // SAFETY: shared access; the only exclusive access is `ep_mut`, whose contract
-        // rules out other calls on this endpoint meanwhile.
-        unsafe { &*self.inner.ep.get() }
-    }
-
-    /// The endpoint for `fi_setname`.
-    ///
-    /// # Safety
-    /// No other call on this endpoint runs meanwhile. fi_cm(3) makes `fi_setname` a set-up
-    /// call before `fi_enable`, when an application has nothing else in flight on it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn ep_mut(&self) -> &mut Ep {
-        // SAFETY: the caller's contract.
-        unsafe { &mut *self.inner.ep.get() }
+        &self.inner.ep
     }
 }
 
@@ -240,7 +225,7 @@ pub(crate) unsafe extern "C" fn endpoint_open(
                 _ => Ep::Msg(MsgEndpoint::open(&d.inner, &i, at)?),
             };
             Ok(EpState {
-                ep: UnsafeCell::new(e),
+                ep: e,
                 connreq: handle,
             })
         })?;
@@ -597,7 +582,7 @@ unsafe extern "C" fn cm_setname(f: fi::fid_t, addr: *mut c_void, addrlen: usize)
                 return pep_lock(CPep::from_c(f.cast(), "pep")?).setname(&sa);
             }
             let e = CEp::from_c(f.cast(), "fid")?;
-            match e.ep_mut() {
+            match e.ep() {
                 Ep::Msg(m) => m.setname(&sa),
                 Ep::Dgram(_) => Err(enosys(
                     "fi_setname on a datagram endpoint (its name is the queue pair the device assigns)",

@@ -393,10 +393,7 @@ unsafe extern "C" fn eq_write(
                 format!("fi_eq_write flags {flags:#x}: libfabric 1.17 defines none"),
             ));
         }
-        q.write(EqEvent::Written {
-            event,
-            data,
-        })?;
+        q.write(EqEvent::Written { event, data })?;
         Ok(len)
     })
 }

@@ -1115,18 +1115,12 @@ pub(crate) mod tests {
                 err_data_size: 1 << 40,
                 ..err
             };
-            assert_eq!(
-                (o.writeerr.unwrap())(cq, &huge),
-                -(errno::ENOMEM as isize)
-            );
+            assert_eq!((o.writeerr.unwrap())(cq, &huge), -(errno::ENOMEM as isize));
             let past = fi::fi_cq_err_entry {
                 err_data_size: usize::MAX,
                 ..err
             };
-            assert_eq!(
-                (o.writeerr.unwrap())(cq, &past),
-                -(errno::EINVAL as isize)
-            );
+            assert_eq!((o.writeerr.unwrap())(cq, &past), -(errno::EINVAL as isize));
         }
         let mut s = soft.0.lock().unwrap();
         let mut out = [CqEntry::default(); 2];

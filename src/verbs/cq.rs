@@ -162,6 +162,12 @@ pub struct CompletionQueue {
     /// Endpoints that place some of their receive completions themselves, by queue pair
     /// number (few: a scan). Changed rarely, read per owned completion.
     owners: RwLock<Vec<(u32, Weak<dyn RecvOwner>)>>,
+    /// Owners track their receives in posting order (GRH slots, capacities, multi-receive
+    /// buffers): while any is registered, a poll and the owners' reading of what it polled
+    /// are one step under `ordered`, so that two threads reading this CQ cannot take each
+    /// other's place in an owner's queue. Without owners the read path takes no lock.
+    has_owners: AtomicBool,
+    ordered: Mutex<()>,
     /// Peer providers whose progress a read drives (fi_peer(3)); `has_peers` keeps the
     /// lock off the plain verbs path.
     peers: RwLock<Vec<Weak<dyn PeerProgress>>>,
@@ -398,6 +404,8 @@ impl CompletionQueue {
             attr,
             max_cqe,
             owners: RwLock::new(Vec::new()),
+            has_owners: AtomicBool::new(false),
+            ordered: Mutex::new(()),
             peers: RwLock::new(Vec::new()),
             has_peers: AtomicBool::new(false),
             transfers: RwLock::new(Vec::new()),
@@ -511,22 +519,41 @@ impl CompletionQueue {
     fn poll_into<const N: usize, E: FormatEntry>(
         &self,
         out: &mut [E],
-        mut src: Option<&mut [u64]>,
+        src: Option<&mut [u64]>,
     ) -> Result<(usize, usize)> {
         let mut batch = WcBatch::<N>::new();
+        let order = self.order();
         let wcs = self
             .cq
             .poll_batch(&mut batch, out.len())
             .map_err(os_err("ibv_poll_cq"))?;
+        let (n, peers) = self.translate(wcs, out, src);
+        drop(order);
+        if peers {
+            self.to_peers(wcs);
+        }
+        Ok((n, wcs.len()))
+    }
+
+    /// Writes polled completions into `out`, staging from the first error on; returns the
+    /// entries written and whether peers' transfers are among them (delivered by the
+    /// caller once the order lock is released: their callbacks may read this CQ).
+    #[inline]
+    fn translate<E: FormatEntry>(
+        &self,
+        wcs: &[WorkCompletion],
+        out: &mut [E],
+        mut src: Option<&mut [u64]>,
+    ) -> (usize, bool) {
         let mut n = 0;
+        let mut peers = false;
         for (i, w) in wcs.iter().enumerate() {
             if wr_id::is_peer(w.wr_id()) {
-                self.to_peer(w);
+                peers = true;
                 continue;
             }
             if w.status() != st::IBV_WC_SUCCESS {
-                self.stage(&wcs[i..]);
-                return Ok((n, wcs.len()));
+                return (n, self.stage(&wcs[i..]) || peers);
             }
             // Owners see every completion of theirs (they count and track them) and apply
             // the suppression themselves.
@@ -535,8 +562,7 @@ impl CompletionQueue {
                     Some(Owned::Entry(e, from)) => (e, from),
                     Some(Owned::Errors(v)) => {
                         // Staged behind: the rest of this poll follows it there.
-                        self.stage_owned_errors(v, &wcs[i + 1..]);
-                        return Ok((n, wcs.len()));
+                        return (n, self.stage_owned_errors(v, &wcs[i + 1..]) || peers);
                     }
                     None => continue,
                 }
@@ -551,19 +577,27 @@ impl CompletionQueue {
             }
             n += 1;
         }
-        Ok((n, wcs.len()))
+        (n, peers)
     }
 
-    /// Stages polled completions behind anything already staged.
+    /// Delivers the peers' transfers among `wcs`, in order (no CQ lock held).
     #[cold]
-    fn stage(&self, wcs: &[WorkCompletion]) {
-        // Peers' completions first, outside the lock: their callbacks may read this CQ.
+    fn to_peers(&self, wcs: &[WorkCompletion]) {
         for w in wcs.iter().filter(|w| wr_id::is_peer(w.wr_id())) {
             self.to_peer(w);
         }
+    }
+
+    /// Stages polled completions behind anything already staged, except peers'
+    /// transfers; returns whether there were any (for the caller to deliver).
+    #[cold]
+    fn stage(&self, wcs: &[WorkCompletion]) -> bool {
+        let mut peers = false;
         let mut s = self.state();
-        for w in wcs.iter().filter(|w| !wr_id::is_peer(w.wr_id())) {
-            if wr_id::is_owned(w.wr_id()) {
+        for w in wcs {
+            if wr_id::is_peer(w.wr_id()) {
+                peers = true;
+            } else if wr_id::is_owned(w.wr_id()) {
                 let r = match self.owned(w) {
                     Some(Owned::Entry(e, from)) => s.push_entry_from(e, from),
                     Some(Owned::Errors(v)) => v.into_iter().try_for_each(|e| s.push_error(e)),
@@ -577,10 +611,11 @@ impl CompletionQueue {
             }
         }
         self.staged.store(s.pending(), Ordering::SeqCst);
+        peers
     }
 
     #[cold]
-    fn stage_owned_errors(&self, v: Vec<CqErrEntry>, rest: &[WorkCompletion]) {
+    fn stage_owned_errors(&self, v: Vec<CqErrEntry>, rest: &[WorkCompletion]) -> bool {
         {
             let mut s = self.state();
             if let Err(err) = v.into_iter().try_for_each(|e| s.push_error(e)) {
@@ -588,7 +623,7 @@ impl CompletionQueue {
             }
             self.staged.store(s.pending(), Ordering::SeqCst);
         }
-        self.stage(rest);
+        self.stage(rest)
     }
 
     /// The entry for a completion whose endpoint places it (`wr_id::is_owned`).
@@ -683,6 +718,15 @@ impl CompletionQueue {
         let mut v = self.owners.write().unwrap_or_else(|p| p.into_inner());
         v.retain(|(q, o)| *q != qp_num && o.strong_count() > 0);
         v.push((qp_num, owner));
+        self.has_owners.store(true, Ordering::SeqCst);
+    }
+
+    /// Held across a poll and its owners' translation while owners exist (see `ordered`).
+    #[inline]
+    fn order(&self) -> Option<MutexGuard<'_, ()>> {
+        self.has_owners
+            .load(Ordering::Acquire)
+            .then(|| self.ordered.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub(crate) fn unregister_owner(&self, qp_num: u32) {
@@ -718,6 +762,7 @@ impl CompletionQueue {
         let mut batch = WcBatch::<POLL_BATCH>::new();
         let mut seen = false;
         loop {
+            let order = self.order();
             let wcs = self
                 .cq
                 .poll_batch(&mut batch, POLL_BATCH)
@@ -726,7 +771,11 @@ impl CompletionQueue {
                 return Ok(seen);
             }
             seen |= watch.is_some_and(|m| wcs.iter().any(|w| w.wr_id() == m));
-            self.stage(wcs);
+            let peers = self.stage(wcs);
+            drop(order);
+            if peers {
+                self.to_peers(wcs);
+            }
         }
     }
 

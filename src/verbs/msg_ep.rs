@@ -35,6 +35,9 @@ struct Control {
     /// `FI_OPT_TX_SIZE` / `FI_OPT_RX_SIZE` set before enable.
     tx_size: Option<usize>,
     rx_size: Option<usize>,
+    /// The rdma_cm identifier until `enable` fixes it in `EpShared::id` (`fi_setname`
+    /// replaces it meanwhile, under this lock).
+    id: Option<CmId>,
     eq: Option<Arc<EventQueue>>,
     cqs: CqBinding,
 }
@@ -42,8 +45,9 @@ struct Control {
 /// State shared between the endpoint and its event queue.
 #[derive(Debug)]
 pub(crate) struct EpShared {
-    /// Dropped first: the QP goes before the CQs and PD it uses.
-    id: CmId,
+    /// Dropped first: the QP goes before the CQs and PD it uses. Set by `enable`; read
+    /// without a lock from then on (the data path's queue pair).
+    id: OnceLock<CmId>,
     state: AtomicU8,
     /// `FI_SHUTDOWN` was written for this endpoint: once, whichever side disconnected.
     shutdown_reported: AtomicBool,
@@ -70,6 +74,25 @@ pub(crate) struct EpShared {
 }
 
 impl EpShared {
+    /// The queue pair, once enabled.
+    #[inline]
+    fn qp(&self) -> Option<&QpHandle> {
+        self.id.get().and_then(|i| i.qp())
+    }
+
+    /// Runs `f` on the rdma_cm identifier: the enabled one, or the one `ctl` holds before
+    /// (the caller must not hold `ctl`).
+    fn with_id<R>(&self, f: impl FnOnce(&CmId) -> R) -> R {
+        if let Some(id) = self.id.get() {
+            return f(id);
+        }
+        let c = self.ctl();
+        match (self.id.get(), &c.id) {
+            (Some(id), _) | (None, Some(id)) => f(id),
+            (None, None) => unreachable!("an endpoint's identifier is in ctl until enable"),
+        }
+    }
+
     pub(crate) fn mark_connected(&self) {
         let _ =
             self.state
@@ -79,7 +102,7 @@ impl EpShared {
             .compare_exchange(IDLE, CONNECTED, Ordering::AcqRel, Ordering::Acquire);
         // rdma_cm leaves min_rnr_timer at 0, which is 655 ms: a sender that finds no
         // receive posted would stall that long. Ask for a short retry instead.
-        if let Some(qp) = self.id.qp() {
+        if let Some(qp) = self.qp() {
             let code = min_rnr_timer();
             if let Err(e) = qp.set_min_rnr_timer(code) {
                 crate::fi_debug!("ep", "min_rnr_timer {code} not set: errno {e}");
@@ -106,7 +129,7 @@ impl EpShared {
     }
 
     pub(crate) fn disconnect_quietly(&self) {
-        if let Err(e) = self.id.disconnect() {
+        if let Err(e) = self.with_id(|i| i.disconnect()) {
             crate::fi_debug!(
                 "ep",
                 "rdma_disconnect after the peer's: {}",
@@ -124,7 +147,7 @@ impl RecvOwner for EpShared {
     fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned> {
         let mut m = lock(&self.multi);
         let min = self.min_multi_recv.load(Ordering::Relaxed);
-        let r = m.completion(self.id.qp(), wc, min);
+        let r = m.completion(self.qp(), wc, min);
         self.multi_active.store(!m.is_idle(), Ordering::Release);
         r.map(|r| match r {
             Ok(e) => Owned::Entry(e, FI_ADDR_NOTAVAIL),
@@ -135,10 +158,11 @@ impl RecvOwner for EpShared {
 
 impl Drop for EpShared {
     fn drop(&mut self) {
-        let qpn = self.id.qp().map(|q| q.qp_num());
+        let qpn = self.qp().map(|q| q.qp_num());
         let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(eq) = c.eq.take() {
-            eq.unregister(self.id.ident());
+        let ident = self.id.get().or(c.id.as_ref()).map(|i| i.ident());
+        if let (Some(eq), Some(ident)) = (c.eq.take(), ident) {
+            eq.unregister(ident);
         }
         if let (Some(cq), Some(q)) = (&c.cqs.rx_cq, qpn) {
             cq.unregister_owner(q);
@@ -229,7 +253,7 @@ impl MsgEndpoint {
         Ok(MsgEndpoint {
             peer: 0,
             shared: Arc::new(EpShared {
-                id,
+                id: OnceLock::new(),
                 state: AtomicU8::new(IDLE),
                 shutdown_reported: AtomicBool::new(false),
                 caps: OnceLock::new(),
@@ -240,7 +264,10 @@ impl MsgEndpoint {
                 multi: Mutex::default(),
                 multi_active: AtomicBool::new(false),
                 min_multi_recv: AtomicUsize::new(DEFAULT_MIN_MULTI_RECV),
-                ctl: Mutex::new(Control::default()),
+                ctl: Mutex::new(Control {
+                    id: Some(id),
+                    ..Control::default()
+                }),
                 max_msg_size,
                 info: info.clone(),
                 context,
@@ -258,11 +285,15 @@ impl MsgEndpoint {
                 "endpoint already bound to an event queue",
             ));
         }
-        self.shared
+        let id = self
+            .shared
             .id
-            .migrate(eq.channel())
+            .get()
+            .or(c.id.as_ref())
+            .ok_or_else(not_enabled)?;
+        id.migrate(eq.channel())
             .map_err(os_err("rdma_migrate_id"))?;
-        self.register(eq);
+        self.register(eq, id.ident());
         c.eq = Some(eq.clone());
         Ok(())
     }
@@ -327,9 +358,17 @@ impl MsgEndpoint {
         };
         let pd = self.shared.domain.pd();
         let srq = srx.map(|s| s.srq());
-        let got = match self.shared.id.create_qp(pd, tx.raw(), rx.raw(), want, srq) {
-            Ok(g) => g,
+        let Some(id) = c.id.take() else {
+            return Err(not_enabled());
+        };
+        let got = match id.create_qp(pd, tx.raw(), rx.raw(), want, srq) {
+            Ok(g) => {
+                // From here on the identifier is fixed and read without the lock.
+                let _ = self.shared.id.set(id);
+                g
+            }
             Err(e) => {
+                c.id = Some(id);
                 c.cqs.unreserve();
                 return Err(Error::os(
                     e,
@@ -384,7 +423,7 @@ impl MsgEndpoint {
 
     #[inline]
     fn qp(&self) -> Result<&QpHandle> {
-        self.shared.id.qp().ok_or_else(not_enabled)
+        self.shared.qp().ok_or_else(not_enabled)
     }
 
     fn require_eq(&self) -> Result<()> {
@@ -419,10 +458,12 @@ impl MsgEndpoint {
         let enc = encode_cm_data(data, CONNECT_PRIVATE_DATA_MAX)?;
         let retry = retry_count()?;
         self.begin_connecting()?;
-        self.shared.id.connect(&enc, 1, retry).map_err(|e| {
-            self.shared.state.store(IDLE, Ordering::Release);
-            Error::os(e, "rdma_connect")
-        })
+        self.shared
+            .with_id(|i| i.connect(&enc, 1, retry))
+            .map_err(|e| {
+                self.shared.state.store(IDLE, Ordering::Release);
+                Error::os(e, "rdma_connect")
+            })
     }
 
     /// Accepts the request this endpoint was opened on (`fi_accept`).
@@ -431,8 +472,7 @@ impl MsgEndpoint {
         let retry = retry_count()?;
         self.begin_connecting()?;
         self.shared
-            .id
-            .accept(&enc, 1, retry)
+            .with_id(|i| i.accept(&enc, 1, retry))
             .map_err(os_err("rdma_accept"))
     }
 
@@ -448,7 +488,7 @@ impl MsgEndpoint {
         if prev == PEER_SHUTDOWN {
             self.shared.state.store(PEER_SHUTDOWN, Ordering::Release);
         }
-        match self.shared.id.disconnect() {
+        match self.shared.with_id(|i| i.disconnect()) {
             Ok(()) => {
                 self.write_cancellations();
                 Ok(())
@@ -465,7 +505,7 @@ impl MsgEndpoint {
     /// flush is complete, and until then the device's completions move to the CQs'
     /// software queues (where reads find them first, in order).
     fn write_cancellations(&self) {
-        let Some(qp) = self.shared.id.qp() else {
+        let Some(qp) = self.shared.qp() else {
             return;
         };
         let (tx, rx) = {
@@ -572,7 +612,7 @@ impl MsgEndpoint {
 
     /// The local address (`fi_getname`).
     pub fn getname(&self) -> Option<SocketAddr> {
-        self.shared.id.local_addr()
+        self.shared.with_id(|i| i.local_addr())
     }
 
     /// The peer's address (`fi_getpeer`).
@@ -585,7 +625,7 @@ impl MsgEndpoint {
     }
 
     pub fn getpeer(&self) -> Option<SocketAddr> {
-        self.shared.id.peer_addr()
+        self.shared.with_id(|i| i.peer_addr())
     }
 
     /// `fi_getname` into a caller's buffer, with fi_cm(3)'s `addrlen` rules.
@@ -616,7 +656,7 @@ impl MsgEndpoint {
 
     /// `fi_setname`: the local address to connect from (port 0: any), before `enable`.
     /// The route to the peer is resolved again from it; on failure nothing changes.
-    pub fn setname(&mut self, addr: &SocketAddr) -> Result<()> {
+    pub fn setname(&self, addr: &SocketAddr) -> Result<()> {
         if self.shared.caps.get().is_some() {
             return Err(Error::new(
                 errno::EOPBADSTATE,
@@ -642,32 +682,34 @@ impl MsgEndpoint {
                 format!("{addr} is on {dev}, not this domain's device"),
             ));
         }
-        let eq = self.shared.ctl().eq.clone();
-        if let Some(eq) = &eq {
-            id.migrate(eq.channel())
-                .map_err(os_err("rdma_migrate_id"))?;
-            eq.unregister(self.shared.id.ident());
-        }
-        // The EQ's registration was the only other reference; with it gone the state is ours.
-        let r = match Arc::get_mut(&mut self.shared) {
-            Some(sh) => {
-                sh.id = id;
-                Ok(())
+        // Under the lock that `enable` and `bind_eq` take: the identifier is replaced
+        // before anything else can use it, and the old one is dropped after.
+        let old = {
+            let mut c = self.shared.ctl();
+            if self.shared.id.get().is_some() {
+                return Err(Error::new(
+                    errno::EOPBADSTATE,
+                    "fi_setname after fi_enable: set the address before enabling",
+                ));
             }
-            None => Err(Error::new(
-                errno::EBUSY,
-                "the endpoint is in use elsewhere; set its address before sharing it",
-            )),
+            if let Some(eq) = &c.eq {
+                id.migrate(eq.channel())
+                    .map_err(os_err("rdma_migrate_id"))?;
+                let old = c.id.as_ref().map(|i| i.ident());
+                if let Some(o) = old {
+                    eq.unregister(o);
+                }
+                self.register(eq, id.ident());
+            }
+            c.id.replace(id)
         };
-        if let Some(eq) = &eq {
-            self.register(eq);
-        }
-        r
+        drop(old);
+        Ok(())
     }
 
-    fn register(&self, eq: &EventQueue) {
+    fn register(&self, eq: &EventQueue, ident: usize) {
         eq.register(
-            self.shared.id.ident(),
+            ident,
             Owner::Active {
                 fid: self.shared.context,
                 ep: Arc::downgrade(&self.shared),

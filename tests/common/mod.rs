@@ -207,7 +207,7 @@ pub fn connect_pair_full(
         cinfo.tx_attr.size = opts.tx_size;
     }
     cinfo.rx_attr.op_flags |= opts.rx_op_flags;
-    let mut client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
+    let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&client_eq).unwrap();
     if let Some(a) = &opts.client_name {
         client.setname(a).unwrap();
