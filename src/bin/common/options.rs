@@ -1,0 +1,116 @@
+//! Command-line options: the test a tool runs, its options, the usage text and the parser.
+
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Test {
+    SendLat,
+    SendBw,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Opts {
+    pub(crate) test: Test,
+    pub(crate) server: Option<String>,
+    pub(crate) port: u16,
+    pub(crate) device: Option<String>,
+    pub(crate) size: usize,
+    pub(crate) all: bool,
+    pub(crate) iters: usize,
+    pub(crate) tx_depth: usize,
+    /// Largest send carried inline (`-I`); `None` leaves the provider's inject size.
+    pub(crate) inline: Option<usize>,
+    pub(crate) json: bool,
+    pub(crate) timeout: Duration,
+    /// `-c UD`: datagrams (`FI_EP_DGRAM` on UD QPs) instead of RC.
+    pub(crate) ud: bool,
+}
+
+pub(super) const MAX_ALL: usize = 8 << 20;
+
+pub(crate) fn usage(test: Test) -> String {
+    let name = match test {
+        Test::SendLat => "rfab_send_lat",
+        Test::SendBw => "rfab_send_bw",
+    };
+    format!(
+        "usage: {name} [options]            (server)\n       {name} [options] SERVER     (client)\n\
+         \x20 -d, --ib-dev DEV     device (domain) to use, e.g. rxe0\n\
+         \x20 -p, --port PORT      rdma_cm port (default 18515)\n\
+         \x20 -s, --size BYTES     message size (default {})\n\
+         \x20 -a, --all            every power of two from 2 B to 8 MiB (capped by max_msg_size)\n\
+         \x20 -n, --iters N        iterations per size (default {})\n\
+         \x20 -t, --tx-depth N     sends in flight for bandwidth (default 128)\n\
+         \x20 -I, --inline_size N  largest send carried inline (default: the device's inject size)\n\
+         \x20 -x, --gid-index N    accepted for perftest compatibility (rdma_cm picks the GID)\n\
+         \x20 -c, --connection T   RC (default) or UD (latency only: datagrams up to the MTU)\n\
+         \x20 -T, --timeout SEC    give up waiting for the peer after SEC seconds (default 60)\n\
+         \x20     --json           one JSON object per size instead of the table\n",
+        if test == Test::SendLat { 2 } else { 65536 },
+        if test == Test::SendLat { 1000 } else { 5000 }
+    )
+}
+
+pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Opts, String> {
+    let mut o = Opts {
+        test,
+        server: None,
+        port: 18515,
+        device: None,
+        size: if test == Test::SendLat { 2 } else { 65536 },
+        all: false,
+        iters: if test == Test::SendLat { 1000 } else { 5000 },
+        tx_depth: 128,
+        inline: None,
+        json: false,
+        timeout: Duration::from_secs(60),
+        ud: false,
+    };
+    let mut args = args.peekable();
+    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse()
+            .map_err(|_| format!("{flag}: {v:?} is not a valid number"))
+    }
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-d" | "--ib-dev" => o.device = Some(args.next().ok_or("-d needs a device name")?),
+            "-p" | "--port" => o.port = num(&a, args.next())?,
+            "-s" | "--size" => o.size = num(&a, args.next())?,
+            "-a" | "--all" => o.all = true,
+            "-n" | "--iters" => o.iters = num(&a, args.next())?,
+            "-t" | "--tx-depth" => o.tx_depth = num(&a, args.next())?,
+            "-I" | "--inline_size" => o.inline = Some(num(&a, args.next())?),
+            // rdma_cm chooses the GID that routes to the peer; accepted for perftest's sake.
+            "-x" | "--gid-index" => {
+                let _: u32 = num(&a, args.next())?;
+            }
+            "-T" | "--timeout" => o.timeout = Duration::from_secs(num(&a, args.next())?),
+            "--json" => o.json = true,
+            "-c" | "--connection" => {
+                o.ud = match args.next().as_deref() {
+                    Some("RC") => false,
+                    Some("UD") => true,
+                    other => return Err(format!("-c {other:?}: RC or UD")),
+                }
+            }
+            "-h" | "--help" => return Err(String::new()),
+            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
+            s => {
+                if o.server.replace(s.to_string()).is_some() {
+                    return Err("only one server address may be given".into());
+                }
+            }
+        }
+    }
+    if o.ud && test == Test::SendBw {
+        return Err(
+            "-c UD: datagrams may be dropped, which a bandwidth count cannot tell from slowness; use rfab_send_lat -c UD"
+                .into(),
+        );
+    }
+    if o.iters == 0 || o.tx_depth == 0 || o.tx_depth > 4096 {
+        return Err("iterations must be > 0 and the tx depth between 1 and 4096".into());
+    }
+    Ok(o)
+}

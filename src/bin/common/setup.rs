@@ -1,0 +1,359 @@
+//! Connection set-up through rverbs: the measured endpoint (RC or UD) and its resources.
+
+use std::io::{BufReader, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rfabric::core::eq::EqEvent;
+use rfabric::verbs::*;
+use rfabric::*;
+
+use super::oob::{decode_params, encode_params, oob_accept, oob_connect, read_line};
+use super::options::{Opts, Test, MAX_ALL};
+
+const RX_DEPTH: usize = 512;
+
+/// The endpoint a tool measures: connected (RC) or datagram (UD, with its peer's address).
+pub(crate) enum Ep {
+    Msg(MsgEndpoint),
+    Dgram {
+        ep: Arc<DgramEndpoint>,
+        peer: u64,
+        av: Arc<AddressVector>,
+    },
+}
+
+impl Ep {
+    pub(super) fn send(&self, mr: &MemoryRegion, off: usize, len: usize, ctx: u64) -> Result<()> {
+        match self {
+            Ep::Msg(e) => e.send(mr, off, len, ctx),
+            Ep::Dgram { ep, peer, .. } => ep.send(mr, off, len, *peer, ctx),
+        }
+    }
+
+    pub(super) fn recv(&self, mr: &MemoryRegion, off: usize, len: usize, ctx: u64) -> Result<()> {
+        match self {
+            Ep::Msg(e) => e.recv(mr, off, len, ctx),
+            Ep::Dgram { ep, .. } => ep.recv(mr, off, len, ctx),
+        }
+    }
+
+    pub(super) fn inject_size(&self) -> usize {
+        match self {
+            Ep::Msg(e) => e.inject_size(),
+            Ep::Dgram { ep, .. } => ep.inject_size(),
+        }
+    }
+
+    /// The local and remote names, as the banner prints them.
+    pub(super) fn names(&self) -> (String, String) {
+        match self {
+            Ep::Msg(e) => (format!("{:?}", e.getname()), format!("{:?}", e.getpeer())),
+            Ep::Dgram { ep, peer, av } => {
+                let mut buf = [0u8; UdName::LEN];
+                let mut len = buf.len();
+                let remote = av
+                    .lookup(*peer, &mut buf, &mut len)
+                    .and_then(|_| AddressVector::straddr(&buf[..len]));
+                let local = ep.getname().map(|n| n.to_str());
+                (
+                    local.unwrap_or_else(|e| e.to_string()),
+                    remote.unwrap_or_else(|e| e.to_string()),
+                )
+            }
+        }
+    }
+
+    pub(super) fn sendmsg(
+        &self,
+        mr: &MemoryRegion,
+        len: usize,
+        ctx: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        match self {
+            Ep::Msg(e) => e.sendmsg(mr, 0, len, ctx, 0, flags),
+            Ep::Dgram { ep, peer, .. } => ep.sendmsg(mr, 0, len, *peer, ctx, 0, flags),
+        }
+    }
+
+    pub(super) fn shutdown(&self) -> Result<()> {
+        match self {
+            Ep::Msg(e) => e.shutdown(),
+            Ep::Dgram { .. } => Ok(()),
+        }
+    }
+
+    fn msg(&self) -> Result<&MsgEndpoint> {
+        match self {
+            Ep::Msg(e) => Ok(e),
+            Ep::Dgram { .. } => Err(Error::new(errno::EINVAL, "not a connected endpoint")),
+        }
+    }
+}
+
+pub(crate) struct Conn {
+    pub(crate) ep: Ep,
+    pub(crate) cq: Arc<CompletionQueue>,
+    pub(crate) tx: MemoryRegion,
+    pub(crate) rx: MemoryRegion,
+    pub(crate) info: Info,
+    pub(crate) is_server: bool,
+    _eq: Option<Arc<EventQueue>>,
+    _pep: Option<PassiveEndpoint>,
+    _control: TcpStream,
+}
+
+fn hints(o: &Opts) -> Info {
+    let mut h = Info::default();
+    h.ep_attr.ep_type = EpType::Msg;
+    h.caps = Flags::MSG;
+    h.tx_attr.size = o.tx_depth.max(16);
+    h.rx_attr.size = RX_DEPTH;
+    // One buffer per operation, as perftest: smaller work queue entries.
+    h.tx_attr.iov_limit = 1;
+    h.rx_attr.iov_limit = 1;
+    if let Some(d) = &o.device {
+        h.domain_attr.name = d.clone();
+    }
+    h
+}
+
+fn wait_connected(eq: &EventQueue, deadline: Instant, what: &str) -> Result<Vec<u8>, String> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("timed out waiting for {what}"));
+        }
+        match eq.sread(left.as_millis().min(1000) as i32) {
+            Ok(EqEvent::Connected { data, .. }) => return Ok(data),
+            Ok(other) => {
+                return Err(format!(
+                    "unexpected event {other:?} while waiting for {what}"
+                ))
+            }
+            Err(e) if e.errno() == errno::EAVAIL => {
+                let err = eq.readerr().map_err(|e| e.to_string())?;
+                return Err(format!(
+                    "connection failed: {} (rdma_cm status {})",
+                    rfabric::core::error::strerror(err.err),
+                    err.prov_errno
+                ));
+            }
+            Err(e) if e.is_again() => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+fn post_rx(c: &Conn, n: usize, len: usize) -> Result<(), String> {
+    for _ in 0..n {
+        c.ep.recv(&c.rx, 0, len, 1).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Sets up the connection: the server waits (saying so) for one client; the client connects.
+pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
+    let h = hints(o);
+    let deadline = Instant::now() + o.timeout;
+    let port = o.port.to_string();
+    let e = |e: Error| e.to_string();
+    match o.server.clone() {
+        None => {
+            let info = getinfo(None, Some(&port), Flags::SOURCE, Some(&h))
+                .map_err(e)?
+                .remove(0);
+            let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
+            let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(e)?;
+            let pep = PassiveEndpoint::open(&fabric, &info, 0).map_err(e)?;
+            pep.bind_eq(&eq).map_err(e)?;
+            pep.listen().map_err(e)?;
+            let control = oob_accept(o.port, deadline, o, &info.domain_attr.name)?;
+            let mut r = BufReader::new(control.try_clone().map_err(|e| e.to_string())?);
+            let params = read_line(&mut r, "the client's parameters")?;
+            if let Err(msg) = decode_params(o, &params) {
+                let _ = (&control).write_all(format!("err {msg}\n").as_bytes());
+                return Err(msg);
+            }
+            (&control).write_all(b"ok\n").map_err(|e| e.to_string())?;
+            if o.ud {
+                return connect_ud(o, control, r, true);
+            }
+            let cinfo = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err("the client's rdma_cm connection did not arrive".into());
+                }
+                match eq.sread(left.as_millis().min(1000) as i32) {
+                    Ok(EqEvent::ConnReq { info, .. }) => break *info,
+                    Ok(_) => {}
+                    Err(er) if er.is_again() => {}
+                    Err(er) => return Err(er.to_string()),
+                }
+            };
+            let max = if o.all { MAX_ALL } else { o.size }.min(cinfo.ep_attr.max_msg_size);
+            let domain = Domain::open(&fabric, &cinfo).map_err(e)?;
+            let conn = endpoint(&domain, &cinfo, &eq, Some(pep), max, o, control)?;
+            post_rx(&conn, RX_DEPTH, max)?;
+            conn.ep.msg().map_err(e)?.accept(b"").map_err(e)?;
+            wait_connected(&eq, deadline, "the client's connection")?;
+            Ok(conn)
+        }
+        Some(server) => {
+            let control = oob_connect(&server, o.port, o)?;
+            (&control)
+                .write_all(encode_params(o).as_bytes())
+                .map_err(|e| e.to_string())?;
+            let mut r = BufReader::new(control.try_clone().map_err(|e| e.to_string())?);
+            let reply = read_line(&mut r, "the server's answer")?;
+            if let Some(msg) = reply.strip_prefix("err ") {
+                return Err(format!("the server refused: {msg}"));
+            }
+            if reply != "ok" {
+                return Err(format!("unexpected answer from the server: {reply:?}"));
+            }
+            if o.ud {
+                return connect_ud(o, control, r, false);
+            }
+            let info = getinfo(Some(&server), Some(&port), Flags::empty(), Some(&h))
+                .map_err(|e| format!("cannot reach {server}:{port} over RDMA: {e}"))?
+                .remove(0);
+            let max = if o.all { MAX_ALL } else { o.size }.min(info.ep_attr.max_msg_size);
+            let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
+            let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(e)?;
+            let domain = Domain::open(&fabric, &info).map_err(e)?;
+            let conn = endpoint(&domain, &info, &eq, None, max, o, control)?;
+            post_rx(&conn, RX_DEPTH, max)?;
+            conn.ep.msg().map_err(e)?.connect(b"").map_err(e)?;
+            wait_connected(&eq, deadline, &format!("the server at {server}:{port}"))?;
+            Ok(conn)
+        }
+    }
+}
+
+fn endpoint(
+    domain: &Arc<Domain>,
+    info: &Info,
+    eq: &Arc<EventQueue>,
+    pep: Option<PassiveEndpoint>,
+    max: usize,
+    o: &Opts,
+    control: TcpStream,
+) -> Result<Conn, String> {
+    let inline = o.inline;
+    let selective_tx = o.test == Test::SendBw && pep.is_none();
+    let e = |e: Error| e.to_string();
+    let is_server = pep.is_some();
+    let mut info = info.clone();
+    if let Some(i) = inline {
+        info.tx_attr.inject_size = i.min(info.tx_attr.inject_size);
+    }
+    let cq = CompletionQueue::open(domain, &CqAttr::default()).map_err(e)?;
+    let ep = MsgEndpoint::open(domain, &info, 0).map_err(e)?;
+    ep.bind_eq(eq).map_err(e)?;
+    // The bandwidth client asks for one send completion in CQ_MOD, as perftest does.
+    let tx_bind = if selective_tx {
+        Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
+    } else {
+        Flags::TRANSMIT
+    };
+    ep.bind_cq(&cq, tx_bind).map_err(e)?;
+    ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
+    ep.enable().map_err(e)?;
+    let tx = MemoryRegion::alloc(domain, max.max(1), Flags::SEND).map_err(e)?;
+    let rx = MemoryRegion::alloc(domain, max.max(1), Flags::RECV).map_err(e)?;
+    Ok(Conn {
+        ep: Ep::Msg(ep),
+        cq,
+        tx,
+        rx,
+        info,
+        is_server,
+        _eq: Some(eq.clone()),
+        _pep: pep,
+        _control: control,
+    })
+}
+
+/// Sets up datagram endpoints: each side posts its receives, then sends its name over
+/// the control connection and inserts the other's into its address vector.
+fn connect_ud(
+    o: &Opts,
+    control: TcpStream,
+    mut r: BufReader<TcpStream>,
+    is_server: bool,
+) -> Result<Conn, String> {
+    let e = |e: Error| e.to_string();
+    let mut h = hints(o);
+    h.ep_attr.ep_type = EpType::Dgram;
+    let mut info = getinfo(None, None, Flags::empty(), Some(&h))
+        .map_err(e)?
+        .remove(0);
+    if let Some(i) = o.inline {
+        info.tx_attr.inject_size = i.min(info.tx_attr.inject_size);
+    }
+    let mtu = info.ep_attr.max_msg_size;
+    if !o.all && o.size > mtu {
+        return Err(format!(
+            "-s {}: a datagram carries at most the path MTU, {mtu} bytes",
+            o.size
+        ));
+    }
+    let max = if o.all { mtu } else { o.size };
+    let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
+    let domain = Domain::open(&fabric, &info).map_err(e)?;
+    let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
+    let ep = DgramEndpoint::open(&domain, &info).map_err(e)?;
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).map_err(e)?;
+    ep.bind_av(&av).map_err(e)?;
+    ep.enable().map_err(e)?;
+    let tx = MemoryRegion::alloc(&domain, max.max(1), Flags::SEND).map_err(e)?;
+    // Whole-MTU receives: a datagram cannot be longer, so no overflow element is needed.
+    let rx = MemoryRegion::alloc(&domain, mtu, Flags::RECV).map_err(e)?;
+    for _ in 0..RX_DEPTH {
+        ep.recv(&rx, 0, rx.len(), 1).map_err(e)?;
+    }
+    let mine = format!("name {}\n", hex(&ep.getname().map_err(e)?.to_bytes()));
+    let theirs = if is_server {
+        (&control)
+            .write_all(mine.as_bytes())
+            .map_err(|e| e.to_string())?;
+        read_line(&mut r, "the client's datagram name")?
+    } else {
+        let t = read_line(&mut r, "the server's datagram name")?;
+        (&control)
+            .write_all(mine.as_bytes())
+            .map_err(|e| e.to_string())?;
+        t
+    };
+    let name = theirs
+        .strip_prefix("name ")
+        .and_then(unhex)
+        .ok_or_else(|| format!("bad datagram name from the peer: {theirs:?}"))?;
+    let peer = av.insert(&name).map_err(e)?;
+    Ok(Conn {
+        ep: Ep::Dgram { ep, peer, av },
+        cq,
+        tx,
+        rx,
+        info,
+        is_server,
+        _eq: None,
+        _pep: None,
+        _control: control,
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect()
+}
