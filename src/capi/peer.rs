@@ -308,7 +308,9 @@ impl OwnerSrx {
 
     /// Posts an application receive. Messages waiting for it go back to the peer that
     /// holds them (`start_msg` / `start_tag` of the peer that queued each), after the engine
-    /// lock is dropped.
+    /// lock is dropped. Every claimed message is started, whatever the others do; one whose
+    /// peer refuses its start is freed here and returned as the receive's error completion,
+    /// for the caller to write to the CQ (the receive was taken: it must complete).
     pub(crate) fn recv(
         &self,
         kind: Kind,
@@ -316,7 +318,7 @@ impl OwnerSrx {
         buf: RxBuf,
         context: u64,
         flags: Flags,
-    ) -> Result<()> {
+    ) -> Result<Vec<CqErrEntry>> {
         let mut started = Started::new();
         {
             let mut g = self.lock();
@@ -338,11 +340,38 @@ impl OwnerSrx {
                 },
             )?;
         }
+        let mut failed = Vec::new();
         for id in started.iter() {
             // SAFETY: claimed for this receive and not yet handed back to its peer.
-            unsafe { self.dispatch(id, kind, false) }?;
+            if let Err(e) = unsafe { self.dispatch(id, kind, false) } {
+                failed.push(self.refused(id, kind, &e));
+            }
         }
-        Ok(())
+        Ok(failed)
+    }
+
+    /// A claimed entry whose peer refused `start_*`: the peer keeps nothing of it, so its
+    /// slot is freed here; the receive's error completion says why.
+    #[cold]
+    fn refused(&self, id: u32, kind: Kind, e: &Error) -> CqErrEntry {
+        crate::fi_warn!("peer", "a peer refused to start a matched message: {e}");
+        let mut g = self.lock();
+        let entry = g.entry(id).clone();
+        if let Err(f) = g.free(id) {
+            crate::fi_warn!("peer", "{f}");
+        }
+        let what = if kind == Kind::Tag {
+            fi::FI_TAGGED
+        } else {
+            fi::FI_MSG
+        };
+        CqErrEntry {
+            op_context: entry.context,
+            flags: fi::FI_RECV | what,
+            tag: entry.tag,
+            err: e.errno(),
+            ..CqErrEntry::default()
+        }
     }
 
     /// Hands entry `id` back to the peer that queued it: `start_*`, or `discard_*`.
@@ -939,6 +968,59 @@ pub(crate) mod tests {
             0,
             "each peer freed its entry from the callback"
         );
+    }
+
+    /// A peer whose `start_msg` refuses entries of size 13 (and frees nothing then).
+    static PEER_PICKY: fi::fi_ops_srx_peer = {
+        unsafe extern "C" fn start_msg(e: *mut fi::fi_peer_rx_entry) -> i32 {
+            // SAFETY: the owner hands a valid entry.
+            if unsafe { (*e).size } == 13 {
+                return -errno::EIO;
+            }
+            record(3, "start_msg", e)
+        }
+        unsafe extern "C" fn other(e: *mut fi::fi_peer_rx_entry) -> i32 {
+            record(3, "other", e)
+        }
+        fi::fi_ops_srx_peer {
+            size: size_of::<fi::fi_ops_srx_peer>(),
+            start_msg: Some(start_msg),
+            start_tag: Some(other),
+            discard_msg: Some(other),
+            discard_tag: Some(other),
+        }
+    };
+
+    #[test]
+    fn a_refused_start_completes_the_receive_in_error_and_the_others_still_start() {
+        // Issue 15, finding 9: the first refusal used to end the post, leaving the other
+        // claimed messages neither started nor freed, and the receive consumed silently.
+        let _s = SERIAL.lock().unwrap();
+        SEEN.lock().unwrap().clear();
+        let owner = OwnerSrx::new(16);
+        owner.set_min_multi_recv(16);
+        let p = setup(&PEER_PICKY, &owner);
+        for size in [10, 13, 12] {
+            let (rc, e) = get(&p, Kind::Msg, 5, 0, size);
+            assert_eq!(rc, -errno::ENOENT);
+            // SAFETY: the peer queues the entry, per fi_peer(3).
+            unsafe { assert_eq!((owner_ops(&p).queue_msg.unwrap())(e), 0) };
+        }
+        let mut buf = vec![0u8; 4096];
+        let r = RxBuf::one(buf.as_mut_ptr().cast(), 4096);
+        let refused = owner
+            .recv(Kind::Msg, Filter::ANY, r, 61, Flags::MULTI_RECV)
+            .unwrap();
+        let started: Vec<_> = SEEN.lock().unwrap().iter().map(|s| (s.1, s.2)).collect();
+        assert_eq!(started, [("start_msg", 61), ("start_msg", 61)]);
+        assert_eq!(refused.len(), 1);
+        assert_eq!(
+            (refused[0].op_context, refused[0].err, refused[0].flags),
+            (61, errno::EIO, fi::FI_RECV | fi::FI_MSG)
+        );
+        // Posted: 1 buffer, arrived: 3; started and freed by the peer: 2; refused and
+        // freed by the owner: 1. Only the multi-receive buffer itself is still held.
+        assert_eq!(owner.in_use(), 1);
     }
 
     #[test]

@@ -245,13 +245,19 @@ fn post(
                 "an FI_MULTI_RECV buffer is one range",
             ));
         }
-        s.owner.recv(
+        let refused = s.owner.recv(
             kind,
             from,
             buf,
             context as u64,
             (fl & Flags::MULTI_RECV) | Flags::COMPLETION,
         )?;
+        if !refused.is_empty() {
+            let cq = s.cq()?;
+            for e in refused {
+                cq.writeerr(e)?;
+            }
+        }
         Ok(0)
     })
 }
