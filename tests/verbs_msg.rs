@@ -1288,6 +1288,54 @@ fn multi_recv_packs_messages_into_one_buffer_and_releases_it() {
     assert_eq!((b.op_context, b.err), (21, errno::ECANCELED));
 }
 
+#[test]
+fn a_message_longer_than_a_multi_recv_buffers_rest_is_truncated_not_fatal() {
+    // Issue 15, finding 10: the rest of a buffer was posted whenever the minimum was left,
+    // so a legal message longer than it broke the RC connection. It now spills into the
+    // provider's overflow region and completes FI_ETRUNC; the connection lives on.
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let rx = MemoryRegion::alloc(&p.domain, 64 * 1024, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 64 * 1024, Flags::SEND).unwrap();
+    rx.fill(0, 64 * 1024, 0xee).unwrap();
+    p.server
+        .recvmsg(&rx, 0, 1024, 7, Flags::MULTI_RECV)
+        .unwrap();
+    p.server.recv(&rx, 8192, 4096, 8).unwrap();
+    let (a, b, c) = (pattern(600, 1), pattern(600, 2), pattern(3000, 3));
+    tx.write_at(0, &a).unwrap();
+    tx.write_at(1000, &b).unwrap();
+    tx.write_at(2000, &c).unwrap();
+    p.client.send(&tx, 0, 600, 100).unwrap();
+    let e = wait_one(&p.server_cq);
+    assert_eq!((e.op_context, e.len, e.buf), (7, 600, rx.addr()));
+    // 424 bytes are left (more than the default minimum of 64): the next 600 do not fit.
+    p.client.send(&tx, 1000, 600, 101).unwrap();
+    let t = wait_err(&p.server_cq);
+    assert_eq!(
+        (t.op_context, t.err, t.len, t.olen, t.buf),
+        (7, errno::ETRUNC, 424, 176, rx.addr() + 600)
+    );
+    assert!(Flags::from_bits_retain(t.flags).contains(Flags::MULTI_RECV | Flags::RECV));
+    let mut got = vec![0u8; 424];
+    rx.read_at(600, &mut got).unwrap();
+    assert_eq!(&got[..], &b[..424]);
+    let mut past = [0u8; 1];
+    rx.read_at(1024, &mut past).unwrap();
+    assert_eq!(past[0], 0xee, "nothing written past the buffer");
+    // The connection is up: the next message reaches the receive behind the buffer.
+    p.client.send(&tx, 2000, 3000, 102).unwrap();
+    let e = wait_one(&p.server_cq);
+    assert_eq!((e.op_context, e.len), (8, 3000));
+    let mut got = vec![0u8; 3000];
+    rx.read_at(8192, &mut got).unwrap();
+    assert!(got == c);
+    for i in 0..3 {
+        assert_eq!(wait_one(&p.client_cq).op_context, 100 + i);
+    }
+    assert!(p.client.is_connected() && p.server.is_connected());
+}
+
 /// An application that passes the info's own rx attributes to `fi_srx_context` gets an
 /// SRX: the info's receive limits are ones the device's SRQ takes too (rxe: 27 ranges,
 /// where its QPs take 32).
@@ -1507,4 +1555,16 @@ fn setname_racing_bind_and_getname_keeps_one_identifier_that_connects() {
         EqEvent::Connected { fid: 6, .. }
     ));
     assert_eq!(server.getpeer().unwrap(), name);
+}
+
+#[test]
+fn connected_queue_pairs_grant_no_remote_read() {
+    // Issue 15, finding 11: rdma_cm granted remote read (responder resources 1) though
+    // rverbs' RC endpoints offer no RMA.
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    const IBV_ACCESS_REMOTE_READ: u32 = 4;
+    for ep in [&p.client, &p.server] {
+        assert_eq!(ep.qp_access_flags().unwrap() & IBV_ACCESS_REMOTE_READ, 0);
+    }
 }

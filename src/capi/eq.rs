@@ -24,6 +24,41 @@ pub(crate) struct EqState {
     /// Error data handed out by the last `fi_eq_readerr` without a caller buffer.
     err_data: Mutex<Vec<u8>>,
     wait_obj: WaitObj,
+    /// The `fi_info` made for a connection request read with `FI_PEEK`: later peeks and
+    /// the read that takes the event hand out the same one, which the application frees
+    /// once (as libfabric's EQs do), instead of a new one per peek.
+    peeked: Mutex<Peeked>,
+}
+
+/// A peeked request's C info, by the identity of its request.
+#[derive(Default)]
+struct Peeked(Option<(usize, *mut fi::fi_info)>);
+// SAFETY: the info is plain C memory only this EQ refers to until it is handed out.
+unsafe impl Send for Peeked {}
+
+impl Drop for Peeked {
+    fn drop(&mut self) {
+        if let Some((_, p)) = self.0.take() {
+            // SAFETY: made by to_c, never handed out by a consuming read.
+            unsafe { free_connreq_info(p) };
+        }
+    }
+}
+
+/// Frees a connection request's C info and its handle.
+///
+/// # Safety
+/// `p` came from `to_c` with a handle made here, and is not used again.
+unsafe fn free_connreq_info(p: *mut fi::fi_info) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let req = (*p).handle;
+        (*p).handle = std::ptr::null_mut();
+        if !req.is_null() {
+            let _ = CConnReq::close(req, |_| Ok(()));
+        }
+        fi::fi_freeinfo(p);
+    }
 }
 
 pub(crate) type CEq = Obj<fi::fid_eq, EqState>;
@@ -98,6 +133,7 @@ pub(crate) unsafe extern "C" fn eq_open(
                 eq: q,
                 err_data: Mutex::default(),
                 wait_obj,
+                peeked: Mutex::default(),
             },
         );
         // SAFETY: checked for NULL, writable per fi_eq_open(3).
@@ -161,6 +197,24 @@ unsafe extern "C" fn eq_control(f: *mut fi::fid, cmd: i32, arg: *mut c_void) -> 
     })
 }
 
+/// The C info of a connection request, with its handle.
+fn new_connreq_info(
+    info: &crate::core::info::Info,
+    handle: Arc<dyn std::any::Any + Send + Sync>,
+) -> Result<*mut fi::fi_info> {
+    let req = CConnReq::into_raw(
+        crate::capi::fid::fid(fi::FI_CLASS_CONNREQ, std::ptr::null_mut(), &CONNREQ_FI_OPS),
+        handle,
+    );
+    let p = to_c(info).inspect_err(|_| {
+        // SAFETY: just made, never handed out.
+        let _ = unsafe { CConnReq::close(req, |_| Ok(())) };
+    })?;
+    // SAFETY: to_c returned a valid fi_info.
+    unsafe { (*p).handle = req };
+    Ok(p)
+}
+
 /// Writes `ev` into the caller's buffer; the bytes written, or `ETOOSMALL` (the event then
 /// stays queued).
 ///
@@ -171,6 +225,8 @@ unsafe fn write_event(
     event: *mut u32,
     buf: *mut c_void,
     len: usize,
+    consume: bool,
+    peeked: &Mutex<Peeked>,
 ) -> Result<usize> {
     let cm = size_of::<fi::fi_eq_cm_entry>();
     let (fid, data): (u64, &[u8]) = match ev {
@@ -223,20 +279,27 @@ unsafe fn write_event(
             let handle = info.handle.clone().ok_or_else(|| {
                 Error::new(errno::EOTHER, "a connection request without its handle")
             })?;
-            let req = CConnReq::into_raw(
-                crate::capi::fid::fid(fi::FI_CLASS_CONNREQ, std::ptr::null_mut(), &CONNREQ_FI_OPS),
-                handle,
-            );
-            let p = to_c(info).inspect_err(|_| {
-                // SAFETY: just made, never handed out.
-                let _ = unsafe { CConnReq::close(req, |_| Ok(())) };
-            })?;
-            // SAFETY: to_c returned a valid fi_info.
-            unsafe { (*p).handle = req };
+            let key = Arc::as_ptr(&handle).cast::<()>() as usize;
+            let mut pk = peeked.lock().unwrap_or_else(|e| e.into_inner());
+            let p = match pk.0.take() {
+                Some((k, p)) if k == key => p,
+                stale => {
+                    if let Some((_, p)) = stale {
+                        // Its event is gone (its passive endpoint closed) unread.
+                        // SAFETY: made below for that event, never handed out for good.
+                        unsafe { free_connreq_info(p) };
+                    }
+                    new_connreq_info(info, handle)?
+                }
+            };
+            if !consume {
+                pk.0 = Some((key, p));
+            }
             p
         }
         _ => std::ptr::null_mut(),
     };
+
     // SAFETY: out holds the header (fid, info) and data.len() bytes behind it.
     unsafe {
         let h = out.as_mut_ptr();
@@ -282,9 +345,9 @@ unsafe extern "C" fn eq_read(
         }
         let consume = consume(flags)?;
         // SAFETY: event checked; buf has len bytes (fi_eq_read(3)).
-        q.inner
-            .eq
-            .read_with(consume, |ev| unsafe { write_event(ev, event, buf, len) })
+        q.inner.eq.read_with(consume, |ev| unsafe {
+            write_event(ev, event, buf, len, consume, &q.inner.peeked)
+        })
     })
 }
 
@@ -311,7 +374,9 @@ unsafe extern "C" fn eq_sread(
         let consume = consume(flags)?;
         q.inner.eq.sread_with(timeout, |e| {
             // SAFETY: event checked; buf has len bytes (fi_eq_sread(3)).
-            e.read_with(consume, |ev| unsafe { write_event(ev, event, buf, len) })
+            e.read_with(consume, |ev| unsafe {
+                write_event(ev, event, buf, len, consume, &q.inner.peeked)
+            })
         })
     })
 }

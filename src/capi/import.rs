@@ -349,7 +349,16 @@ impl ShmPeer {
                 tag: 0,
             }; 16];
             let mut src = [fi::FI_ADDR_NOTAVAIL; 16];
-            let n = if self.peer_cq.is_some() { 0 } else { out.len() };
+            // Only what the owner's CQ has room for: the rest waits in shm's CQ, unlost,
+            // until a read makes room (a failed write part-way would drop the batch's rest).
+            let n = if self.peer_cq.is_some() {
+                0
+            } else {
+                out.len().min(self.sink.room())
+            };
+            if n == 0 && self.peer_cq.is_none() && moved > 0 {
+                return Ok(moved);
+            }
             // SAFETY: shm's open CQ; out and src hold n entries.
             let rc = unsafe {
                 ((*(*self.ep.cq).ops).readfrom.expect("readfrom"))(
@@ -363,6 +372,9 @@ impl ShmPeer {
                 return Ok(moved);
             }
             if rc == -(errno::EAVAIL as isize) {
+                if self.sink.room() == 0 {
+                    return Ok(moved);
+                }
                 self.move_error()?;
                 moved += 1;
                 continue;
@@ -795,7 +807,9 @@ mod process_tests {
     #[test]
     fn shm_messages_from_another_process() {
         let owner = OwnerSrx::new(64);
-        let cq = Arc::new(SoftCq(Mutex::new(CqState::new(256))));
+        // A CQ of one entry: shm's completions are moved one at a time as reads make room,
+        // none dropped (the drain used to move a batch and lose what did not fit).
+        let cq = Arc::new(SoftCq(Mutex::new(CqState::new(1))));
         let peer = ShmPeer::open(&owner, cq.clone()).expect("import shm as a peer");
         let recv = |kind, tag, buf: &mut Vec<u8>, ctx| {
             let f = Filter {

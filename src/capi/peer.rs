@@ -573,9 +573,14 @@ unsafe extern "C" fn peer_srx_close(_f: *mut fi::fid) -> i32 {
 pub(crate) trait PeerCqTarget: Send + Sync {
     fn write(&self, entry: CqEntry, src: u64) -> Result<()>;
     fn writeerr(&self, entry: CqErrEntry) -> Result<()>;
+    /// Entries it takes before overrunning (what a drain may move without losing any).
+    fn room(&self) -> usize;
 }
 
 impl PeerCqTarget for CompletionQueue {
+    fn room(&self) -> usize {
+        CompletionQueue::room(self)
+    }
     fn write(&self, entry: CqEntry, src: u64) -> Result<()> {
         CompletionQueue::write(self, entry, src)
     }
@@ -1124,6 +1129,9 @@ pub(crate) mod tests {
     /// A CQ for the host: the owner's software queue, as CompletionQueue::write feeds it.
     pub(crate) struct SoftCq(pub StdMutex<crate::core::cq::CqState>);
     impl PeerCqTarget for SoftCq {
+        fn room(&self) -> usize {
+            self.0.lock().unwrap().room()
+        }
         fn write(&self, entry: CqEntry, src: u64) -> Result<()> {
             self.0.lock().unwrap().push_entry_from(entry, src)
         }

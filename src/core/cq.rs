@@ -171,6 +171,11 @@ impl CqState {
         self.q.len() + usize::from(self.overrun)
     }
 
+    /// Entries that can still be staged before the queue overruns.
+    pub fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.q.len())
+    }
+
     /// Lets the queue hold `capacity` entries, when that is more than it holds now: it
     /// grows with the device queue that feeds it.
     pub fn grow_to(&mut self, capacity: usize) {

@@ -125,6 +125,11 @@ impl Error {
         self.prov_errno
     }
 
+    /// Whether the cause is static text (no allocation was made for it).
+    pub fn cause_is_static(&self) -> bool {
+        matches!(self.cause, Cow::Borrowed(_))
+    }
+
     pub fn cause(&self) -> &str {
         &self.cause
     }

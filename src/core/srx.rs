@@ -227,10 +227,7 @@ impl<B: Clone> RxEngine<B> {
         if id == NIL {
             return Err(Error::new(
                 errno::EAGAIN,
-                format!(
-                    "the receive engine's {} entries are in use: read completions, or open the SRX with a larger size",
-                    self.slots.len()
-                ),
+                "every entry of the receive engine is in use: read completions, or open the SRX with a larger size",
             ));
         }
         let s = &mut self.slots[id as usize];
@@ -749,7 +746,9 @@ mod tests {
         let mut e = RxEngine::new(2);
         e.post(any(1), no_start).unwrap();
         e.post(any(2), no_start).unwrap();
-        assert_eq!(e.post(any(3), no_start).unwrap_err().errno(), errno::EAGAIN);
+        let full = e.post(any(3), no_start).unwrap_err();
+        assert_eq!(full.errno(), errno::EAGAIN);
+        assert!(full.cause_is_static(), "a routine EAGAIN allocates nothing");
         assert_eq!(e.posted(Kind::Msg), 2);
         let Arrival::Matched(m) = e.arrive(Kind::Msg, 0, 0, 1, 0).unwrap() else {
             panic!()

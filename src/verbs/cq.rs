@@ -779,6 +779,11 @@ impl CompletionQueue {
         }
     }
 
+    /// Software completions that can be inserted before the CQ overruns.
+    pub fn room(&self) -> usize {
+        self.state().room()
+    }
+
     /// Inserts a completion produced in software (a protocol's, or a peer's through
     /// `fid_peer_cq` owner ops `write`), after any already queued, and wakes waiters.
     pub fn write(&self, entry: CqEntry, src: u64) -> Result<()> {

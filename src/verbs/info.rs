@@ -99,11 +99,28 @@ pub fn devices() -> Result<Vec<Device>> {
     Ok(out)
 }
 
+/// The largest `FI_RVERBS_INLINE_SIZE` taken: inline data is a `u32` in verbs, and no
+/// device inlines more than a few KiB.
+pub const MAX_INLINE: usize = 64 * 1024;
+
 /// The inject size a device supports: inline data shares the work request's space with its
 /// scatter list, so `max_sge` elements of 16 bytes bound it. No trial QP is created.
 fn inline_size(dev: &Device) -> Result<usize> {
-    let derived = dev.attr.max_sge as usize * 16;
-    Ok(env::get_usize("FI_RVERBS_INLINE_SIZE")?.unwrap_or(derived))
+    checked_inline(
+        env::get_usize("FI_RVERBS_INLINE_SIZE")?,
+        dev.attr.max_sge as usize * 16,
+    )
+}
+
+fn checked_inline(knob: Option<usize>, derived: usize) -> Result<usize> {
+    match knob {
+        None => Ok(derived),
+        Some(n) if n <= MAX_INLINE => Ok(n),
+        Some(n) => Err(Error::new(
+            errno::EINVAL,
+            format!("FI_RVERBS_INLINE_SIZE={n} is more than a work request can carry inline (at most {MAX_INLINE})"),
+        )),
+    }
 }
 
 /// The MSG endpoint info a device offers, before addresses and hints.
@@ -420,4 +437,20 @@ pub fn getinfo(
         ));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod inline_tests {
+    use super::*;
+
+    #[test]
+    fn an_inline_size_past_what_verbs_carries_is_refused() {
+        assert_eq!(checked_inline(None, 512).unwrap(), 512);
+        assert_eq!(checked_inline(Some(0), 512).unwrap(), 0);
+        assert_eq!(
+            checked_inline(Some(1 << 32), 512).unwrap_err().errno(),
+            errno::EINVAL
+        );
+        assert!(checked_inline(Some(MAX_INLINE + 1), 512).is_err());
+    }
 }

@@ -18,7 +18,12 @@ pub struct MemoryRegion {
 /// Verbs access rights for libfabric access flags. Local write is always granted: the
 /// device needs it for receives and RMA read targets, and remote write requires it.
 fn verbs_access(acc: Flags) -> u32 {
-    let mut a = access::LOCAL_WRITE;
+    // The device writes a region that receives, is read into, or is written remotely
+    // (verbs requires local write with remote write); a send-only region stays read-only.
+    let mut a = 0;
+    if acc.intersects(Flags::RECV | Flags::READ | Flags::REMOTE_WRITE) {
+        a |= access::LOCAL_WRITE;
+    }
     if acc.contains(Flags::REMOTE_WRITE) {
         a |= access::REMOTE_WRITE;
     }
@@ -121,5 +126,22 @@ impl MemoryRegion {
 
     pub(crate) fn domain(&self) -> &Arc<Domain> {
         &self.domain
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_write_only_where_the_device_writes() {
+        assert_eq!(verbs_access(Flags::SEND), 0);
+        assert_eq!(
+            verbs_access(Flags::WRITE | Flags::REMOTE_READ),
+            access::REMOTE_READ
+        );
+        for f in [Flags::RECV, Flags::READ, Flags::REMOTE_WRITE] {
+            assert_ne!(verbs_access(f) & access::LOCAL_WRITE, 0, "{f:?}");
+        }
     }
 }

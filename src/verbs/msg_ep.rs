@@ -170,6 +170,17 @@ impl Drop for EpShared {
     }
 }
 
+/// Outstanding RDMA reads and atomics either side may have: none, as rverbs' RC endpoints
+/// offer no RMA yet (rdma_cm grants a QP remote read only when this is non-zero).
+const RD_ATOMIC: u8 = 0;
+
+impl MsgEndpoint {
+    /// The QP's access flags: what a remote peer may do to it.
+    pub fn qp_access_flags(&self) -> Result<u32> {
+        self.qp()?.access_flags().map_err(os_err("ibv_query_qp"))
+    }
+}
+
 /// `FI_RVERBS_MIN_RNR_TIMER`: the IB code of the receiver-not-ready delay (12 = 0.64 ms).
 fn min_rnr_timer() -> u8 {
     crate::core::env::get_usize_or("FI_RVERBS_MIN_RNR_TIMER", 12)
@@ -459,7 +470,7 @@ impl MsgEndpoint {
         let retry = retry_count()?;
         self.begin_connecting()?;
         self.shared
-            .with_id(|i| i.connect(&enc, 1, retry))
+            .with_id(|i| i.connect(&enc, RD_ATOMIC, retry))
             .map_err(|e| {
                 self.shared.state.store(IDLE, Ordering::Release);
                 Error::os(e, "rdma_connect")
@@ -472,7 +483,7 @@ impl MsgEndpoint {
         let retry = retry_count()?;
         self.begin_connecting()?;
         self.shared
-            .with_id(|i| i.accept(&enc, 1, retry))
+            .with_id(|i| i.accept(&enc, RD_ATOMIC, retry))
             .map_err(os_err("rdma_accept"))
     }
 
@@ -993,6 +1004,13 @@ impl MsgEndpoint {
             suppress: sh.signalling.recv_suppressed(flags),
         };
         let mut m = lock(&sh.multi);
+        if !m.has_overflow() {
+            m.set_overflow(MemoryRegion::alloc(
+                &sh.domain,
+                crate::verbs::multi_recv::OVERFLOW_LEN,
+                Flags::RECV,
+            )?);
+        }
         let r = m.post_multi(qp, buf, sh.rx_depth());
         sh.multi_active.store(!m.is_idle(), Ordering::Release);
         r
@@ -1264,11 +1282,32 @@ pub(crate) fn check_inject(len: usize, max: usize) -> Result<()> {
 #[cold]
 pub(crate) fn post_error(e: i32, what: &str) -> Error {
     if e == libc::ENOMEM || e == libc::EAGAIN {
+        // Static text: a full queue is routine on the data path, and allocates nothing.
         Error::new(
             errno::EAGAIN,
-            format!("{what} queue full: read the CQ to free room"),
+            if what == "receive" {
+                "receive queue full: read the CQ to free room"
+            } else {
+                "send queue full: read the CQ to free room"
+            },
         )
     } else {
         Error::os(e, format!("post {what}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_is_eagain_with_static_text() {
+        for (e, what) in [(libc::ENOMEM, "send"), (libc::EAGAIN, "receive")] {
+            let err = post_error(e, what);
+            assert_eq!(err.errno(), errno::EAGAIN);
+            assert!(err.cause_is_static(), "{err}");
+            assert!(err.to_string().starts_with(what), "{err}");
+        }
+        assert_eq!(post_error(libc::EINVAL, "send").errno(), errno::EINVAL);
     }
 }

@@ -7,10 +7,17 @@
 //! `FI_MULTI_RECV`. Receives posted behind the buffer wait here, in order, and go to the
 //! device when it is released. A message arriving before the rest is posted again waits
 //! in the sender's receiver-not-ready retry (endpoints ask for a short one), never lost.
+//!
+//! A legal message can be longer than the rest of a buffer (the minimum left free is only
+//! what the application asked for). On RC a receive too short for its message breaks the
+//! connection, so each post carries, behind the buffer's free part, scatter entries into
+//! a provider overflow region (the same region repeated, as the device writes them in
+//! turn): such a message completes `FI_ETRUNC`, with the bytes that fit and `olen`, the
+//! buffer is released, and the connection lives on.
 
 use std::collections::VecDeque;
 
-use rfabric_sys::verbs::{wc_status as st, QpHandle, Sge, WorkCompletion};
+use rfabric_sys::verbs::{wc_status as st, QpHandle, Sge, WorkCompletion, MAX_IOV};
 
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::error::{errno, Error, Result};
@@ -18,6 +25,10 @@ use crate::core::flags::Flags;
 use crate::verbs::cq::status_errno;
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::MemoryRegion;
+
+/// The overflow region behind multi-receive posts; repeated up to the QP's scatter limit
+/// (on rxe, 31 entries: 2 MiB past the buffer's rest).
+pub(crate) const OVERFLOW_LEN: usize = 64 * 1024;
 
 /// `FI_OPT_MIN_MULTI_RECV` until set: room for a small message and its alignment.
 pub(crate) const DEFAULT_MIN_MULTI_RECV: usize = 64;
@@ -47,6 +58,8 @@ pub(crate) struct MultiRecvQueue {
     /// The active buffer was flushed: the QP is in error, and what waits is canceled here
     /// (work posted to a QP in error is not flushed by every device).
     flushed: bool,
+    /// Where a message longer than a buffer's rest spills (see the module's comment).
+    overflow: Option<MemoryRegion>,
 }
 
 impl MultiRecvQueue {
@@ -55,10 +68,19 @@ impl MultiRecvQueue {
         self.active.is_none() && self.backlog.is_empty()
     }
 
+    /// Sets the overflow region once (before the first buffer is posted).
+    pub(crate) fn set_overflow(&mut self, mr: MemoryRegion) {
+        self.overflow.get_or_insert(mr);
+    }
+
+    pub(crate) fn has_overflow(&self) -> bool {
+        self.overflow.is_some()
+    }
+
     /// Posts `buf` now if nothing is ahead of it, else queues it (`cap` entries at most).
     pub(crate) fn post_multi(&mut self, qp: &QpHandle, buf: MultiBuf, cap: usize) -> Result<()> {
         if self.is_idle() {
-            post_rest(qp, &buf).map_err(post_err)?;
+            post_rest(qp, &buf, self.overflow.as_ref()).map_err(post_err)?;
             self.active = Some(buf);
             return Ok(());
         }
@@ -130,11 +152,28 @@ impl MultiRecvQueue {
             flags |= Flags::REMOTE_CQ_DATA;
         }
         let at = buf.mr.addr() + buf.next as u64;
+        let rest = buf.end - buf.next;
+        if n > rest {
+            // It spilled into the overflow region: what fit, and how much did not.
+            let e = CqErrEntry {
+                op_context: buf.context,
+                flags: (flags | Flags::MULTI_RECV).bits(),
+                len: rest,
+                buf: at,
+                data: u64::from(wc.imm_data().unwrap_or(0)),
+                olen: n - rest,
+                err: errno::ETRUNC,
+                ..Default::default()
+            };
+            self.active = None;
+            self.advance(qp);
+            return Some(Err(vec![e]));
+        }
         buf.next = (buf.next + n).min(buf.end);
         let left = buf.end - buf.next;
         let mut release = left == 0 || left < min;
         if !release {
-            match qp.map(|q| post_rest(q, buf)) {
+            match qp.map(|q| post_rest(q, buf, self.overflow.as_ref())) {
                 Some(Ok(())) => {}
                 other => {
                     crate::fi_warn!(
@@ -171,7 +210,7 @@ impl MultiRecvQueue {
         while let Some(p) = self.backlog.pop_front() {
             let r = match &p {
                 Pending::Recv { id, sge } => qp.post_recv(*id, &[*sge]),
-                Pending::Multi(b) => post_rest(qp, b),
+                Pending::Multi(b) => post_rest(qp, b, self.overflow.as_ref()),
             };
             if let Err(e) = r {
                 crate::fi_warn!(
@@ -200,15 +239,31 @@ impl MultiRecvQueue {
     }
 }
 
-/// Posts the free part of `buf` as one receive.
-fn post_rest(qp: &QpHandle, buf: &MultiBuf) -> std::result::Result<(), i32> {
-    let sge = buf
+/// Posts the free part of `buf` as one receive, with the overflow region behind it.
+fn post_rest(
+    qp: &QpHandle,
+    buf: &MultiBuf,
+    overflow: Option<&MemoryRegion>,
+) -> std::result::Result<(), i32> {
+    let mut sges = [Sge::default(); MAX_IOV];
+    sges[0] = buf
         .mr
         .sys()
         .sge(buf.next, buf.end - buf.next)
         .ok_or(libc::EINVAL)?;
+    let mut n = 1;
+    if let Some(o) = overflow.and_then(|o| o.sys().sge(0, o.len())) {
+        let room = (qp.max_recv_sge() as usize).min(MAX_IOV);
+        while n < room {
+            sges[n] = o;
+            n += 1;
+        }
+    }
     // The CQ routes it to the endpoint by QP number; the context is the buffer's.
-    qp.post_recv(wr_id::encode(buf.context, Kind::MultiRecv, false), &[sge])
+    qp.post_recv(
+        wr_id::encode(buf.context, Kind::MultiRecv, false),
+        &sges[..n],
+    )
 }
 
 fn post_err(e: i32) -> Error {

@@ -912,6 +912,11 @@ impl QpHandle {
         unsafe { (*self.qp.as_ptr()).qp_num }
     }
 
+    /// Scatter entries one receive may have.
+    pub fn max_recv_sge(&self) -> u32 {
+        self.max_recv_sge
+    }
+
     pub fn max_inline(&self) -> u32 {
         self.max_inline
     }
@@ -1353,6 +1358,18 @@ impl QpHandle {
         let mask = r::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32;
         // SAFETY: valid QP; attr initialised for the masked field.
         rc_result(unsafe { r::ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask) })
+    }
+
+    /// The QP's access flags (`qp_access_flags`: what remote peers may do to it).
+    pub fn access_flags(&self) -> Result<u32, i32> {
+        // SAFETY: plain data; zero is valid.
+        let mut attr: r::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: plain data; zero is valid.
+        let mut init: r::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = r::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as i32;
+        // SAFETY: valid QP; writable attributes.
+        rc_result(unsafe { r::ibv_query_qp(self.qp.as_ptr(), &mut attr, mask, &mut init) })?;
+        Ok(attr.qp_access_flags)
     }
 
     /// Moves the QP to the error state (again): the device flushes what is posted. A
