@@ -1231,7 +1231,7 @@ unsafe extern "C" fn srx_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, fl
         on_msg("fi_recvmsg(srx)", ep, msg, |s: &CSrx, v, m| match v {
             &[(mr, off, len)] => s.inner.recvmsg(mr, off, len, m.context as u64, fl),
             v => {
-                crate::verbs::msg_ep::check_recv_flags(fl, Flags::empty())?;
+                crate::verbs::ep_common::check_recv_flags(fl, Flags::empty())?;
                 s.inner.recvv(v, m.context as u64)
             }
         })

@@ -237,7 +237,7 @@ fn post(
         } else {
             Flags::empty()
         };
-        crate::verbs::msg_ep::check_recv_flags(fl, extra)?;
+        crate::verbs::ep_common::check_recv_flags(fl, extra)?;
         let buf = buf?;
         if fl.contains(Flags::MULTI_RECV) && buf.count != 1 {
             return Err(Error::new(

@@ -25,12 +25,12 @@ use crate::core::flags::{EpType, Flags, Mode};
 use crate::core::info::Info;
 use crate::verbs::av::{UdName, DGRAM_QKEY};
 use crate::verbs::cq::{to_entry, to_err_entry, Owned, RecvOwner};
-use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
-use crate::verbs::eq::Owner;
-use crate::verbs::msg_ep::{
+use crate::verbs::ep_common::{
     check_inject, check_recv_flags, check_sendmsg, cq_data, iov_slices, lock, post_error,
     region_sge, send_imm,
 };
+use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
+use crate::verbs::eq::{CmJoin, Owner};
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{os_err, AddressVector, CompletionQueue, Domain, EventQueue, Iov, MemoryRegion};
 
@@ -241,7 +241,7 @@ impl DgramEndpoint {
             sh.id.ident(),
             Owner::Multicast {
                 fid: context,
-                mc: Arc::downgrade(&sh),
+                mc: Arc::downgrade(&(sh.clone() as Arc<dyn CmJoin>)),
             },
         );
         if let Err(e) = sh.id.join_multicast(group) {
@@ -835,10 +835,10 @@ pub(crate) struct McShared {
     joined: OnceLock<(McastGroup, u64)>,
 }
 
-impl McShared {
+impl CmJoin for McShared {
     /// `RDMA_CM_EVENT_MULTICAST_JOIN`: an address handle to the group in the AV, and the QP
     /// attached when the join receives.
-    pub(crate) fn joined(&self, g: &McastGroup) -> Result<()> {
+    fn joined(&self, g: &McastGroup) -> Result<()> {
         let ep = &self.ep;
         let qp = ep.qp.get().ok_or_else(not_enabled)?;
         let av = ep.av.get().ok_or_else(not_enabled)?;

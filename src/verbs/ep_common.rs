@@ -1,16 +1,18 @@
-//! What every verbs endpoint has: its CQ bindings, and how its sends are signalled.
+//! What every verbs endpoint has: its CQ bindings, how its sends are signalled, and the
+//! checks and translations of its data calls (flags, ranges, immediate data, full queues).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use rfabric_sys::verbs::{send_flags, Chain, ChainLink, DeviceAttr, QpCaps, QpHandle};
+use rfabric_sys::verbs::{
+    send_flags, Chain, ChainLink, DeviceAttr, MrSlice, QpCaps, QpHandle, Sge, MAX_IOV,
+};
 
 use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::info::Info;
-use crate::verbs::msg_ep::post_error;
-use crate::verbs::{wr_id, CompletionQueue};
+use crate::verbs::{wr_id, CompletionQueue, Domain, MemoryRegion};
 
 /// The completion queues an endpoint is bound to, and the device entries it reserved in
 /// them (released, with the bindings, when it goes).
@@ -292,5 +294,210 @@ fn abandon(cq: Option<&CompletionQueue>, ids: impl Iterator<Item = u64>, e: i32)
             }
             None => crate::fi_warn!("ep", "chained operation {id:#x} failed to post: errno {e}"),
         }
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Checks a receive's flags: `FI_COMPLETION`, `FI_MORE` and `extra` are understood;
+/// `FI_CLAIM`, `FI_DISCARD` (and `FI_MULTI_RECV` unless in `extra`) need the software
+/// receive engine of RDM endpoints: `EINVAL`; anything else: `EBADFLAGS`.
+pub(crate) fn check_recv_flags(flags: Flags, extra: Flags) -> Result<()> {
+    let refused = (Flags::CLAIM | Flags::DISCARD | Flags::MULTI_RECV) - extra;
+    if flags.intersects(refused) {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!(
+                "receive flags {:?} are not offered here (they need buffered receives)",
+                flags & refused
+            ),
+        ));
+    }
+    let known = Flags::COMPLETION | Flags::MORE | extra;
+    if !(flags - known - refused).is_empty() {
+        return Err(Error::new(
+            errno::EBADFLAGS,
+            format!("receive flags {:?} are not supported", flags - known),
+        ));
+    }
+    Ok(())
+}
+
+/// The element naming `len` bytes at `offset` of `mr`, a region of `domain`.
+#[inline]
+pub(crate) fn region_sge(
+    mr: &MemoryRegion,
+    domain: &Arc<Domain>,
+    offset: usize,
+    len: usize,
+) -> Result<Sge> {
+    check_domain(mr, domain)?;
+    mr.sys()
+        .sge(offset, len)
+        .ok_or_else(|| mr.range_error(offset, len))
+}
+
+/// Checks that `mr` is registered in `domain`.
+#[inline]
+pub(crate) fn check_domain(mr: &MemoryRegion, domain: &Arc<Domain>) -> Result<()> {
+    if !Arc::ptr_eq(mr.domain(), domain) {
+        return Err(Error::new(
+            errno::EINVAL,
+            "memory region belongs to another domain",
+        ));
+    }
+    Ok(())
+}
+
+/// The `rfabric-sys` view of an iov, with every region checked to be `domain`'s.
+pub(crate) fn iov_slices<'a>(
+    domain: &Arc<Domain>,
+    iov: &[Iov<'a>],
+) -> Result<([MrSlice<'a>; MAX_IOV], usize)> {
+    if iov.len() > MAX_IOV {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("{} ranges exceed the iov limit {MAX_IOV}", iov.len()),
+        ));
+    }
+    let mut out = [MrSlice {
+        mr: iov
+            .first()
+            .ok_or_else(|| Error::new(errno::EINVAL, "an empty iov"))?
+            .0
+            .sys(),
+        offset: 0,
+        len: 0,
+    }; MAX_IOV];
+    for (o, (mr, offset, len)) in out.iter_mut().zip(iov) {
+        check_domain(mr, domain)?;
+        *o = MrSlice {
+            mr: mr.sys(),
+            offset: *offset,
+            len: *len,
+        };
+    }
+    Ok((out, iov.len()))
+}
+
+/// One range of a vectored operation: a region, an offset in it and a length.
+pub type Iov<'a> = (&'a MemoryRegion, usize, usize);
+
+pub(crate) fn iov_error(e: i32, what: &str, n: usize) -> Error {
+    match e {
+        libc::E2BIG => Error::new(
+            errno::EINVAL,
+            format!("{n} ranges exceed the endpoint's iov limit"),
+        ),
+        libc::EINVAL => Error::new(errno::EINVAL, "a range lies outside its memory region"),
+        e => post_error(e, what),
+    }
+}
+
+/// Flags a MSG endpoint's `sendmsg` understands.
+const SEND_FLAGS: Flags = Flags::COMPLETION
+    .union(Flags::INJECT)
+    .union(Flags::REMOTE_CQ_DATA)
+    .union(Flags::MORE)
+    .union(Flags::FENCE)
+    .union(Flags::INJECT_COMPLETE)
+    .union(Flags::TRANSMIT_COMPLETE)
+    .union(Flags::DELIVERY_COMPLETE);
+
+pub(crate) fn check_send_flags(flags: Flags) -> Result<()> {
+    if flags.contains(Flags::MULTICAST) {
+        return Err(Error::new(
+            errno::EINVAL,
+            "FI_MULTICAST needs a DGRAM endpoint and a multicast address",
+        ));
+    }
+    if flags.intersects(Flags::CLAIM | Flags::DISCARD) {
+        return Err(Error::new(
+            errno::EINVAL,
+            "FI_CLAIM / FI_DISCARD apply to receives on endpoints with buffered receives",
+        ));
+    }
+    if !(flags - SEND_FLAGS).is_empty() {
+        return Err(Error::new(
+            errno::EBADFLAGS,
+            format!("send flags {:?} are not supported", flags - SEND_FLAGS),
+        ));
+    }
+    Ok(())
+}
+
+/// The checks of a flagged send (`fi_sendmsg`): its flags, and its size under `FI_INJECT`.
+pub(crate) fn check_sendmsg(flags: Flags, len: usize, inject_size: usize) -> Result<()> {
+    check_send_flags(flags)?;
+    if flags.contains(Flags::INJECT) {
+        check_inject(len, inject_size)?;
+    }
+    Ok(())
+}
+
+/// The immediate data a send carries: `data` under `FI_REMOTE_CQ_DATA`.
+#[inline]
+pub(crate) fn send_imm(flags: Flags, data: u64) -> Result<Option<u32>> {
+    if flags.contains(Flags::REMOTE_CQ_DATA) {
+        cq_data(data).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+pub(crate) fn cq_data(data: u64) -> Result<u32> {
+    u32::try_from(data).map_err(|_| {
+        Error::new(
+            errno::EINVAL,
+            "remote CQ data exceeds cq_data_size (4 bytes)",
+        )
+    })
+}
+
+/// `FI_INJECT` payloads fit the inject size (`-FI_EINVAL` otherwise).
+#[inline]
+pub(crate) fn check_inject(len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("{len} bytes exceed the inject size {max}: send without FI_INJECT"),
+        ));
+    }
+    Ok(())
+}
+
+/// A full work queue is `-FI_EAGAIN`: reading the CQ frees room.
+#[cold]
+pub(crate) fn post_error(e: i32, what: &str) -> Error {
+    if e == libc::ENOMEM || e == libc::EAGAIN {
+        // Static text: a full queue is routine on the data path, and allocates nothing.
+        Error::new(
+            errno::EAGAIN,
+            if what == "receive" {
+                "receive queue full: read the CQ to free room"
+            } else {
+                "send queue full: read the CQ to free room"
+            },
+        )
+    } else {
+        Error::os(e, format!("post {what}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_is_eagain_with_static_text() {
+        for (e, what) in [(libc::ENOMEM, "send"), (libc::EAGAIN, "receive")] {
+            let err = post_error(e, what);
+            assert_eq!(err.errno(), errno::EAGAIN);
+            assert!(err.cause_is_static(), "{err}");
+            assert!(err.to_string().starts_with(what), "{err}");
+        }
+        assert_eq!(post_error(libc::EINVAL, "send").errno(), errno::EINVAL);
     }
 }

@@ -11,14 +11,12 @@ use std::os::fd::AsFd;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use rfabric_sys::cm::{event as ev, event_str, CmEvent, CmId, EventChannel};
+use rfabric_sys::cm::{event as ev, event_str, CmEvent, CmId, EventChannel, McastGroup};
 
 use crate::core::eq::{EqErrEntry, EqEvent, EventQueueState};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::WaitObj;
 use crate::core::info::Info;
-use crate::verbs::dgram_ep::McShared;
-use crate::verbs::msg_ep::EpShared;
 use crate::verbs::{os_err, Fabric};
 
 /// `fi_eq_attr`, as far as rverbs uses it.
@@ -52,6 +50,24 @@ impl ConnRequest {
     }
 }
 
+/// Most CM data `fi_connect` / `fi_accept` carry (`FI_OPT_CM_DATA_SIZE`): rdma_cm's
+/// connect private data, less the length byte rverbs puts in front.
+pub const CM_DATA_SIZE: usize = rfabric_sys::cm::CONNECT_PRIVATE_DATA_MAX - 1;
+
+/// What a connection event does to the endpoint it names (implemented by RC endpoints):
+/// the EQ knows endpoints through this, not their types.
+pub(crate) trait CmEndpoint: std::any::Any + Send + Sync + std::fmt::Debug {
+    fn mark_connected(&self);
+    /// Records a disconnect; true the first time (when `FI_SHUTDOWN` is due).
+    fn mark_disconnected(&self) -> bool;
+    fn disconnect_quietly(&self);
+}
+
+/// What a multicast join event does to the join it names (datagram endpoints).
+pub(crate) trait CmJoin: std::any::Any + Send + Sync + std::fmt::Debug {
+    fn joined(&self, group: &McastGroup) -> Result<()>;
+}
+
 /// Who an rdma_cm identifier belongs to.
 #[derive(Debug)]
 pub(crate) enum Owner {
@@ -61,12 +77,12 @@ pub(crate) enum Owner {
     },
     Active {
         fid: u64,
-        ep: Weak<EpShared>,
+        ep: Weak<dyn CmEndpoint>,
     },
     /// A multicast join of a datagram endpoint.
     Multicast {
         fid: u64,
-        mc: Weak<McShared>,
+        mc: Weak<dyn CmJoin>,
     },
 }
 
@@ -298,7 +314,8 @@ impl EventQueue {
                 _ => return None,
             };
             if let Some(ep) = &ep {
-                g.released.push(ep.clone());
+                g.released
+                    .push(ep.clone() as Arc<dyn std::any::Any + Send + Sync>);
             }
             Some((fid, ep))
         };
@@ -400,7 +417,8 @@ impl EventQueue {
                     _ => return,
                 };
                 if let Some(mc) = &mc {
-                    g.released.push(mc.clone());
+                    g.released
+                        .push(mc.clone() as Arc<dyn std::any::Any + Send + Sync>);
                 }
                 let joined = match (e.mcast, mc) {
                     (Some(group), Some(mc)) => mc.joined(&group),

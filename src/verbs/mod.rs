@@ -24,11 +24,12 @@ pub use av::{AddressVector, AvAttr, UdName};
 pub use cq::{CompletionQueue, CqAttr};
 pub use dgram_ep::{DgramEndpoint, Multicast};
 pub use domain::Domain;
+pub use ep_common::Iov;
 pub use eq::{ConnRequest, EqAttr, EventQueue};
 pub use fabric::Fabric;
 pub use info::{devices, getinfo, Device};
 pub use mr::MemoryRegion;
-pub use msg_ep::{Iov, MsgEndpoint};
+pub use msg_ep::MsgEndpoint;
 pub use pep::PassiveEndpoint;
 pub use srx::SharedRxContext;
 

@@ -124,7 +124,7 @@ impl PassiveEndpoint {
 
     /// `FI_OPT_CM_DATA_SIZE` of a passive endpoint: the most data a connection request carries.
     pub fn cm_data_size(&self) -> usize {
-        crate::verbs::msg_ep::CM_DATA_SIZE
+        crate::verbs::eq::CM_DATA_SIZE
     }
 
     /// The bound address, with the port chosen when 0 was asked (`fi_getname`).

@@ -8,7 +8,7 @@ use rfabric_sys::verbs::{Srq, MAX_IOV};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::info::RxAttr;
-use crate::verbs::msg_ep::{check_recv_flags, iov_slices, region_sge};
+use crate::verbs::ep_common::{check_recv_flags, iov_slices, region_sge};
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{os_err, Domain, Iov, MemoryRegion};
 
