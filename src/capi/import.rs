@@ -19,6 +19,10 @@ use std::sync::{Arc, Weak};
 use rfabric_sys::fabric as fi;
 
 use crate::capi::fid::Owned;
+use crate::core::peer::drain;
+
+/// shm completions moved per read of its CQ.
+const SHM_BATCH: usize = 16;
 use crate::capi::peer::{peer_cq, OwnerSrx, PeerCq, PeerCqTarget, PeerSrx};
 use crate::capi::srx::CSoftSrx;
 use crate::core::cq::CqEntry;
@@ -336,68 +340,66 @@ impl ShmPeer {
     }
 
     /// Drives shm (a read of its CQ progresses its endpoint) and, without a peer CQ, moves
-    /// its completions into the owner's CQ. Returns how many were moved.
+    /// its completions into the owner's CQ, only as many as it has room for (the rest
+    /// waits in shm's CQ, unlost: `core::peer::drain`). Returns how many were moved.
     pub(crate) fn progress(&self) -> Result<usize> {
-        let mut moved = 0;
-        loop {
-            let mut out = [fi::fi_cq_tagged_entry {
-                op_context: null_mut(),
-                flags: 0,
-                len: 0,
-                buf: null_mut(),
-                data: 0,
-                tag: 0,
-            }; 16];
-            let mut src = [fi::FI_ADDR_NOTAVAIL; 16];
-            // Only what the owner's CQ has room for: the rest waits in shm's CQ, unlost,
-            // until a read makes room (a failed write part-way would drop the batch's rest).
-            let n = if self.peer_cq.is_some() {
+        let room = || {
+            if self.peer_cq.is_some() {
                 0
             } else {
-                out.len().min(self.sink.room())
-            };
-            if n == 0 && self.peer_cq.is_none() && moved > 0 {
-                return Ok(moved);
+                self.sink.room()
             }
-            // SAFETY: shm's open CQ; out and src hold n entries.
-            let rc = unsafe {
-                ((*(*self.ep.cq).ops).readfrom.expect("readfrom"))(
-                    self.ep.cq,
-                    out.as_mut_ptr().cast(),
-                    n,
-                    src.as_mut_ptr(),
-                )
-            };
-            if rc == -(errno::EAGAIN as isize) || rc == 0 {
-                return Ok(moved);
-            }
-            if rc == -(errno::EAVAIL as isize) {
-                if self.sink.room() == 0 {
-                    return Ok(moved);
-                }
-                self.move_error()?;
-                moved += 1;
-                continue;
-            }
-            let n = check(rc, "fi_cq_readfrom(shm)")? as usize;
-            for (e, s) in out[..n].iter().zip(src) {
-                self.sink.write(
-                    CqEntry {
-                        op_context: e.op_context as u64,
-                        flags: e.flags,
-                        len: e.len,
-                        buf: e.buf as u64,
-                        data: e.data,
-                        tag: e.tag,
-                    },
-                    s,
-                )?;
-            }
-            moved += n;
-            if n < out.len() {
-                return Ok(moved);
-            }
+        };
+        drain(room, |n| self.move_some(n), SHM_BATCH)
+    }
+
+    /// Reads at most `n` of shm's completions (0: drives its progress only) into the
+    /// owner's CQ; how many moved.
+    fn move_some(&self, n: usize) -> Result<usize> {
+        let mut out = [fi::fi_cq_tagged_entry {
+            op_context: null_mut(),
+            flags: 0,
+            len: 0,
+            buf: null_mut(),
+            data: 0,
+            tag: 0,
+        }; SHM_BATCH];
+        let mut src = [fi::FI_ADDR_NOTAVAIL; SHM_BATCH];
+        let n = n.min(SHM_BATCH);
+        // SAFETY: shm's open CQ; out and src hold n entries.
+        let rc = unsafe {
+            ((*(*self.ep.cq).ops).readfrom.expect("readfrom"))(
+                self.ep.cq,
+                out.as_mut_ptr().cast(),
+                n,
+                src.as_mut_ptr(),
+            )
+        };
+        if rc == -(errno::EAGAIN as isize) || rc == 0 {
+            return Ok(0);
         }
+        if rc == -(errno::EAVAIL as isize) {
+            if n == 0 {
+                return Ok(0);
+            }
+            self.move_error()?;
+            return Ok(1);
+        }
+        let k = check(rc, "fi_cq_readfrom(shm)")? as usize;
+        for (e, s) in out[..k].iter().zip(src) {
+            self.sink.write(
+                CqEntry {
+                    op_context: e.op_context as u64,
+                    flags: e.flags,
+                    len: e.len,
+                    buf: e.buf as u64,
+                    data: e.data,
+                    tag: e.tag,
+                },
+                s,
+            )?;
+        }
+        Ok(k)
     }
 
     fn move_error(&self) -> Result<()> {

@@ -9,7 +9,7 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::mem::size_of;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use rfabric_sys::fabric as fi;
 
@@ -17,6 +17,7 @@ use crate::capi::fid::{fid, guarded, guarded_len, no_bind, no_control, Class, Ob
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
+use crate::core::peer::{Handoff, SharedRx};
 use crate::core::srx::{Arrival, Entry, Filter, Kind, Recv, RxEngine};
 use crate::verbs::CompletionQueue;
 
@@ -86,160 +87,33 @@ struct PeerEntry {
 }
 
 /// The receive engine of one owner SRX, shared by the application (posting) and by every
-/// peer (arrivals).
+/// peer (arrivals): the protocol is `core::peer::SharedRx`; here are its C entries.
 pub(crate) struct OwnerSrx {
-    engine: Mutex<RxEngine<RxBuf>>,
-    /// One C entry per engine slot, at a fixed address for the engine's life.
-    entries: Box<[PeerEntry]>,
+    rx: SharedRx<RxBuf, CEntries>,
 }
 
-// SAFETY: the engine is behind its mutex. A C entry is written only by whoever holds its
-// slot in the engine's life cycle: the owner under the engine lock (get, post), the peer
-// between handing out and `free_entry` (fi_peer(3)'s ownership rules), never both.
-unsafe impl Send for OwnerSrx {}
+/// One C entry per engine slot, at a fixed address for the engine's life.
+struct CEntries(Box<[PeerEntry]>);
+
+// SAFETY: a C entry is written only by whoever holds its slot in the engine's life cycle:
+// the owner under the engine lock (get, post), the peer between handing out and
+// `free_entry` (fi_peer(3)'s ownership rules), never both.
+unsafe impl Send for CEntries {}
 // SAFETY: as above.
-unsafe impl Sync for OwnerSrx {}
+unsafe impl Sync for CEntries {}
 
-/// What one peer holds: its `fid_peer_srx` (the owner fills the owner ops, the peer its
-/// own), over the shared engine.
-pub(crate) type PeerSrx = Obj<fi::fid_peer_srx, Arc<OwnerSrx>>;
-impl Class for PeerSrx {
-    type Header = fi::fid_peer_srx;
-    const FCLASS: u32 = fi::FI_CLASS_SRX_CTX;
-    fn fi_ops() -> &'static fi::fi_ops {
-        &PEER_SRX_FI_OPS
-    }
-}
-
-static PEER_SRX_FI_OPS: fi::fi_ops =
-    crate::capi::fid::fi_ops_of!(peer_srx_close, no_bind, no_control);
-static SRX_OWNER_OPS: fi::fi_ops_srx_owner = fi::fi_ops_srx_owner {
-    size: size_of::<fi::fi_ops_srx_owner>(),
-    get_msg: Some(get_msg),
-    get_tag: Some(get_tag),
-    queue_msg: Some(queue_msg),
-    queue_tag: Some(queue_tag),
-    free_entry: Some(free_entry),
-};
-
-/// Claimed entries to start after the engine lock is dropped (a peer's `start_*` may call
-/// back into the owner). Most posts start none or one.
-struct Started {
-    ids: [u32; 16],
-    n: usize,
-    more: Vec<u32>,
-}
-
-impl Started {
-    fn new() -> Self {
-        Started {
-            ids: [0; 16],
-            n: 0,
-            more: Vec::new(),
-        }
-    }
-    fn push(&mut self, id: u32) {
-        if self.n < self.ids.len() {
-            self.ids[self.n] = id;
-            self.n += 1;
-        } else {
-            self.more.push(id);
-        }
-    }
-    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.ids[..self.n].iter().chain(&self.more).copied()
-    }
-}
-
-impl OwnerSrx {
-    /// An engine of `capacity` entries (posted receives, messages in flight and unexpected
-    /// messages together), with their C entries.
-    pub(crate) fn new(capacity: usize) -> Arc<Self> {
-        Arc::new_cyclic(|me| {
-            let owner = me.as_ptr();
-            let engine = RxEngine::new(capacity);
-            let entries = (0..engine.capacity())
-                .map(|_| PeerEntry {
-                    // SAFETY: a plain C struct; all-zero (NULL pointers) is valid.
-                    c: UnsafeCell::new(unsafe { std::mem::zeroed() }),
-                    iov: UnsafeCell::new(
-                        [libc::iovec {
-                            iov_base: std::ptr::null_mut(),
-                            iov_len: 0,
-                        }; PEER_IOV],
-                    ),
-                    desc: UnsafeCell::new([std::ptr::null_mut(); PEER_IOV]),
-                    owner,
-                })
-                .collect();
-            OwnerSrx {
-                engine: Mutex::new(engine),
-                entries,
-            }
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, RxEngine<RxBuf>> {
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A `fid_peer_srx` for one peer's `fi_srx_context(FI_PEER)`. The peer fills
-    /// `peer_ops`; the box stays with the owner, which frees it when done with the peer.
-    pub(crate) fn peer(self: &Arc<Self>) -> Owned<PeerSrx> {
-        Owned::new(
-            fi::fid_peer_srx {
-                ep_fid: fi::fid_ep {
-                    fid: fid(
-                        // Peers bind it to their endpoints as an SRX (shm checks the class).
-                        fi::FI_CLASS_SRX_CTX,
-                        std::ptr::null_mut(),
-                        &PEER_SRX_FI_OPS,
-                    ),
-                    ops: std::ptr::null_mut(),
-                    cm: std::ptr::null_mut(),
-                    msg: std::ptr::null_mut(),
-                    rma: std::ptr::null_mut(),
-                    tagged: std::ptr::null_mut(),
-                    atomic: std::ptr::null_mut(),
-                    collective: std::ptr::null_mut(),
-                },
-                owner_ops: crate::capi::fid::ops(&SRX_OWNER_OPS),
-                peer_ops: std::ptr::null_mut(),
-            },
-            self.clone(),
-        )
-    }
-
-    pub(crate) fn set_min_multi_recv(&self, n: usize) {
-        self.lock().set_min_multi_recv(n);
-    }
-
+impl CEntries {
     fn c_entry(&self, id: u32) -> *mut fi::fi_peer_rx_entry {
-        self.entries[id as usize].c.get()
+        self.0[id as usize].c.get()
     }
+}
 
-    /// The slot of a C entry handed out by this engine.
-    fn id_of(&self, e: *const fi::fi_peer_rx_entry) -> Result<u32> {
-        let base = self.entries.as_ptr() as usize;
-        let at = e as usize;
-        let stride = size_of::<PeerEntry>();
-        if at < base || (at - base) % stride != 0 || (at - base) / stride >= self.entries.len() {
-            return Err(Error::new(
-                errno::EINVAL,
-                "not an rx entry of this owner's SRX",
-            ));
-        }
-        Ok(((at - base) / stride) as u32)
-    }
-
+impl Handoff<RxBuf> for CEntries {
     /// Writes what the engine knows of slot `id` into its C entry. With a buffer, the
     /// ranges start `offset` bytes in (a multi-receive slice).
-    ///
-    /// # Safety
-    /// The caller holds the slot (engine lock, or it is claimed and not yet handed out).
-    unsafe fn fill(&self, id: u32, e: &Entry<RxBuf>) {
-        let pe = &self.entries[id as usize];
-        // SAFETY: the caller's contract: nobody else touches this entry now.
+    fn fill(&self, id: u32, e: &Entry<RxBuf>) {
+        let pe = &self.0[id as usize];
+        // SAFETY: `fill` is called on a slot nobody else holds (Handoff's contract).
         unsafe {
             let c = &mut *pe.c.get();
             c.addr = e.addr;
@@ -281,112 +155,18 @@ impl OwnerSrx {
         }
     }
 
-    /// An arrival from a peer (`get_msg` / `get_tag`).
-    fn arrive(
-        &self,
-        srx: *mut fi::fid_peer_srx,
-        kind: Kind,
-        addr: u64,
-        tag: u64,
-        size: usize,
-    ) -> Result<(i32, *mut fi::fi_peer_rx_entry)> {
-        let mut g = self.lock();
-        let (rc, id) = match g.arrive(kind, addr, tag, size, srx as u64)? {
-            Arrival::Matched(id) => (0, id),
-            Arrival::Unexpected(id) => (-errno::ENOENT, id),
-        };
-        let e = g.entry(id).clone();
-        // SAFETY: under the engine lock; the slot was just claimed or allocated.
-        unsafe {
-            self.fill(id, &e);
-            let c = &mut *self.c_entry(id);
-            c.srx = srx;
-            c.peer_context = std::ptr::null_mut();
-        }
-        Ok((rc, self.c_entry(id)))
-    }
-
-    /// Posts an application receive. Messages waiting for it go back to the peer that
-    /// holds them (`start_msg` / `start_tag` of the peer that queued each), after the engine
-    /// lock is dropped. Every claimed message is started, whatever the others do; one whose
-    /// peer refuses its start is freed here and returned as the receive's error completion,
-    /// for the caller to write to the CQ (the receive was taken: it must complete).
-    pub(crate) fn recv(
-        &self,
-        kind: Kind,
-        from: Filter,
-        buf: RxBuf,
-        context: u64,
-        flags: Flags,
-    ) -> Result<Vec<CqErrEntry>> {
-        let mut started = Started::new();
-        {
-            let mut g = self.lock();
-            let size = buf.len();
-            g.post(
-                Recv {
-                    kind,
-                    from,
-                    buf,
-                    size,
-                    context,
-                    flags,
-                },
-                |eng, id| {
-                    let e = eng.entry(id).clone();
-                    // SAFETY: under the engine lock; the slot was just claimed for us.
-                    unsafe { self.fill(id, &e) };
-                    started.push(id);
-                },
-            )?;
-        }
-        let mut failed = Vec::new();
-        for id in started.iter() {
-            // SAFETY: claimed for this receive and not yet handed back to its peer.
-            if let Err(e) = unsafe { self.dispatch(id, kind, false) } {
-                failed.push(self.refused(id, kind, &e));
-            }
-        }
-        Ok(failed)
-    }
-
-    /// A claimed entry whose peer refused `start_*`: the peer keeps nothing of it, so its
-    /// slot is freed here; the receive's error completion says why.
-    #[cold]
-    fn refused(&self, id: u32, kind: Kind, e: &Error) -> CqErrEntry {
-        crate::fi_warn!("peer", "a peer refused to start a matched message: {e}");
-        let mut g = self.lock();
-        let entry = g.entry(id).clone();
-        if let Err(f) = g.free(id) {
-            crate::fi_warn!("peer", "{f}");
-        }
-        let what = if kind == Kind::Tag {
-            fi::FI_TAGGED
-        } else {
-            fi::FI_MSG
-        };
-        CqErrEntry {
-            op_context: entry.context,
-            flags: fi::FI_RECV | what,
-            tag: entry.tag,
-            err: e.errno(),
-            ..CqErrEntry::default()
-        }
-    }
-
     /// Hands entry `id` back to the peer that queued it: `start_*`, or `discard_*`.
-    ///
-    /// # Safety
-    /// The caller holds the claimed slot; after this the peer does.
-    unsafe fn dispatch(&self, id: u32, kind: Kind, discard: bool) -> Result<()> {
+    fn hand_back(&self, id: u32, kind: Kind, discard: bool) -> Result<()> {
         let c = self.c_entry(id);
-        // SAFETY: the caller's contract; the srx is the live fid_peer_srx of the peer that
-        // called get_* for this entry, whose ops it filled at fi_srx_context.
+        // SAFETY: the slot is claimed for us (Handoff's contract); its srx is the
+        // fid_peer_srx of the peer that called get_* for it (proven by its ops table), whose
+        // peer ops the peer filled at fi_srx_context.
         let rc = unsafe {
-            let srx = (*c).srx;
+            let srx = PeerSrx::from_c((*c).srx, "the entry's srx")?;
             let ops = srx
+                .hdr
+                .peer_ops
                 .as_ref()
-                .and_then(|s| s.peer_ops.as_ref())
                 .ok_or_else(|| Error::new(errno::EINVAL, "the peer's SRX has no peer ops"))?;
             let f = match (kind, discard) {
                 (Kind::Msg, false) => ops.start_msg,
@@ -401,6 +181,130 @@ impl OwnerSrx {
             return Err(Error::new(-rc, "the peer refused a matched message"));
         }
         Ok(())
+    }
+}
+
+impl OwnerSrx {
+    /// An engine of `capacity` entries (posted receives, messages in flight and unexpected
+    /// messages together), with their C entries.
+    pub(crate) fn new(capacity: usize) -> Arc<Self> {
+        Arc::new_cyclic(|me| {
+            let owner = me.as_ptr();
+            let rx = SharedRx::new(capacity, CEntries(Box::new([])));
+            let n = rx.lock().capacity();
+            let entries = (0..n)
+                .map(|_| PeerEntry {
+                    // SAFETY: a plain C struct; all-zero (NULL pointers) is valid.
+                    c: UnsafeCell::new(unsafe { std::mem::zeroed() }),
+                    iov: UnsafeCell::new(
+                        [libc::iovec {
+                            iov_base: std::ptr::null_mut(),
+                            iov_len: 0,
+                        }; PEER_IOV],
+                    ),
+                    desc: UnsafeCell::new([std::ptr::null_mut(); PEER_IOV]),
+                    owner,
+                })
+                .collect();
+            OwnerSrx {
+                rx: rx.with_handoff(CEntries(entries)),
+            }
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RxEngine<RxBuf>> {
+        self.rx.lock()
+    }
+
+    /// A `fid_peer_srx` for one peer's `fi_srx_context(FI_PEER)`. The peer fills
+    /// `peer_ops`; the owner keeps it and retires it when done with the peer.
+    pub(crate) fn peer(self: &Arc<Self>) -> Owned<PeerSrx> {
+        Owned::new(
+            fi::fid_peer_srx {
+                ep_fid: fi::fid_ep {
+                    fid: fid(
+                        // Peers bind it to their endpoints as an SRX (shm checks the class).
+                        fi::FI_CLASS_SRX_CTX,
+                        std::ptr::null_mut(),
+                        &PEER_SRX_FI_OPS,
+                    ),
+                    ops: std::ptr::null_mut(),
+                    cm: std::ptr::null_mut(),
+                    msg: std::ptr::null_mut(),
+                    rma: std::ptr::null_mut(),
+                    tagged: std::ptr::null_mut(),
+                    atomic: std::ptr::null_mut(),
+                    collective: std::ptr::null_mut(),
+                },
+                owner_ops: crate::capi::fid::ops(&SRX_OWNER_OPS),
+                peer_ops: std::ptr::null_mut(),
+            },
+            self.clone(),
+        )
+    }
+
+    pub(crate) fn set_min_multi_recv(&self, n: usize) {
+        self.lock().set_min_multi_recv(n);
+    }
+
+    /// The slot of a C entry handed out by this engine.
+    fn id_of(&self, e: *const fi::fi_peer_rx_entry) -> Result<u32> {
+        let entries = &self.rx.handoff().0;
+        let base = entries.as_ptr() as usize;
+        let at = e as usize;
+        let stride = size_of::<PeerEntry>();
+        if at < base || (at - base) % stride != 0 || (at - base) / stride >= entries.len() {
+            return Err(Error::new(
+                errno::EINVAL,
+                "not an rx entry of this owner's SRX",
+            ));
+        }
+        Ok(((at - base) / stride) as u32)
+    }
+
+    /// An arrival from a peer (`get_msg` / `get_tag`).
+    fn arrive(
+        &self,
+        srx: *mut fi::fid_peer_srx,
+        kind: Kind,
+        addr: u64,
+        tag: u64,
+        size: usize,
+    ) -> Result<(i32, *mut fi::fi_peer_rx_entry)> {
+        let (a, id) = self.rx.arrive(kind, addr, tag, size, srx as u64)?;
+        let rc = match a {
+            Arrival::Matched(_) => 0,
+            Arrival::Unexpected(_) => -errno::ENOENT,
+        };
+        let c = self.rx.handoff().c_entry(id);
+        // SAFETY: the slot was just claimed or allocated for this peer, not handed out yet.
+        unsafe {
+            (*c).srx = srx;
+            (*c).peer_context = std::ptr::null_mut();
+        }
+        Ok((rc, c))
+    }
+
+    /// Posts an application receive: every waiting message it claims goes back to its
+    /// peer; those a peer refuses come back as the receive's error completions, for the
+    /// caller to write to the CQ (see `core::peer::SharedRx::recv`).
+    pub(crate) fn recv(
+        &self,
+        kind: Kind,
+        from: Filter,
+        buf: RxBuf,
+        context: u64,
+        flags: Flags,
+    ) -> Result<Vec<CqErrEntry>> {
+        let size = buf.len();
+        self.rx.recv(Recv {
+            kind,
+            from,
+            buf,
+            size,
+            context,
+            flags,
+        })
     }
 
     /// `fi_cancel` of a posted receive: the caller reports it cancelled.
@@ -417,18 +321,7 @@ impl OwnerSrx {
     /// Discards the first unexpected message `from` accepts (`FI_DISCARD`): its peer drops
     /// it without a completion. None when none waits.
     pub(crate) fn discard(&self, kind: Kind, from: Filter) -> Result<Option<Peeked>> {
-        let (id, seen) = {
-            let mut g = self.lock();
-            let Some(id) = g.peek(kind, from) else {
-                return Ok(None);
-            };
-            let seen = Peeked::of(g.entry(id));
-            g.take_unexpected(id)?;
-            (id, seen)
-        };
-        // SAFETY: just taken from the unexpected list; the peer gets it back.
-        unsafe { self.dispatch(id, kind, true) }?;
-        Ok(Some(seen))
+        Ok(self.rx.discard(kind, from)?.map(|e| Peeked::of(&e)))
     }
 
     pub(crate) fn min_multi_recv(&self) -> usize {
@@ -438,21 +331,7 @@ impl OwnerSrx {
     /// Discards every unexpected message `peer` holds (its `fid_peer_srx`; the peer is
     /// going): each goes back to it with `discard_*`.
     pub(crate) fn discard_from(&self, peer: *const fi::fid_peer_srx) {
-        loop {
-            let taken = {
-                let mut g = self.lock();
-                g.first_unexpected(Some(peer as u64)).map(|id| {
-                    let kind = g.entry(id).kind;
-                    let _ = g.take_unexpected(id);
-                    (id, kind)
-                })
-            };
-            let Some((id, kind)) = taken else { return };
-            // SAFETY: just taken; the peer gets it back.
-            if let Err(e) = unsafe { self.dispatch(id, kind, true) } {
-                crate::fi_warn!("peer", "discarding an unexpected message: {e}");
-            }
-        }
+        self.rx.discard_from(peer as u64);
     }
 
     /// Entries in use (for tests and diagnostics).
@@ -460,6 +339,28 @@ impl OwnerSrx {
         self.lock().in_use()
     }
 }
+
+/// What one peer holds: its `fid_peer_srx` (the owner fills the owner ops, the peer its
+/// own), over the shared engine.
+pub(crate) type PeerSrx = Obj<fi::fid_peer_srx, Arc<OwnerSrx>>;
+impl Class for PeerSrx {
+    type Header = fi::fid_peer_srx;
+    const FCLASS: u32 = fi::FI_CLASS_SRX_CTX;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &PEER_SRX_FI_OPS
+    }
+}
+
+static PEER_SRX_FI_OPS: fi::fi_ops =
+    crate::capi::fid::fi_ops_of!(peer_srx_close, no_bind, no_control);
+static SRX_OWNER_OPS: fi::fi_ops_srx_owner = fi::fi_ops_srx_owner {
+    size: size_of::<fi::fi_ops_srx_owner>(),
+    get_msg: Some(get_msg),
+    get_tag: Some(get_tag),
+    queue_msg: Some(queue_msg),
+    queue_tag: Some(queue_tag),
+    free_entry: Some(free_entry),
+};
 
 /// The owner of a C entry, from its back pointer.
 ///

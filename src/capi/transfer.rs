@@ -15,12 +15,11 @@
 //! endpoint share the queue pair's receive queue with the application's, in posting order:
 //! RC has no header to tell them apart.
 
-use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Weak};
 
 use rfabric_sys::fabric as fi;
 
@@ -32,17 +31,18 @@ use crate::capi::nosys;
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
+use crate::core::peer::Delivery;
 use crate::verbs::cq::PeerTransferSink;
 use crate::verbs::MsgEndpoint;
 
 type Completion = std::result::Result<CqEntry, CqErrEntry>;
 
-/// The owner's end of one peer transfer link: where completions wait for the peer.
+/// The owner's end of one peer transfer link: where completions wait for the peer
+/// (delivered by `core::peer::Delivery`: in order, never re-entering the callbacks).
 pub(crate) struct TransferLink {
     peer_ep: AtomicPtr<fi::fid_ep>,
     peer_ops: AtomicPtr<fi::fi_ops_transfer_peer>,
-    pending: Mutex<VecDeque<Completion>>,
-    delivering: AtomicBool,
+    delivery: Delivery<Completion>,
 }
 
 impl TransferLink {
@@ -50,43 +50,29 @@ impl TransferLink {
         TransferLink {
             peer_ep: AtomicPtr::new(null_mut()),
             peer_ops: AtomicPtr::new(null_mut()),
-            pending: Mutex::new(VecDeque::with_capacity(depth)),
-            delivering: AtomicBool::new(false),
+            delivery: Delivery::new(depth),
         }
     }
 
-    fn pop(&self) -> Option<Completion> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front()
+    /// The peer's endpoint and callbacks are known: deliver what waited and what comes.
+    fn open(&self, peer_ep: *mut fi::fid_ep, ops: *mut fi::fi_ops_transfer_peer) {
+        self.peer_ep.store(peer_ep, Ordering::SeqCst);
+        self.peer_ops.store(ops, Ordering::SeqCst);
+        self.delivery.open(|c| self.call(c));
     }
 
-    /// Delivers what waits, unless a delivery of this link is running (it takes these too).
-    fn deliver(&self) {
-        loop {
-            // Until the peer's callbacks are known, completions wait (open delivers them).
-            if self.peer_ops.load(Ordering::SeqCst).is_null()
-                || self.delivering.swap(true, Ordering::SeqCst)
-            {
-                return;
-            }
-            let outer = IN_DELIVERY.replace(std::ptr::from_ref(self));
-            while let Some(c) = self.pop() {
-                self.call(c);
-            }
-            IN_DELIVERY.set(outer);
-            self.delivering.store(false, Ordering::SeqCst);
-            // A completion queued between the last pop and the store would wait otherwise.
-            if self
-                .pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
-            {
-                return;
-            }
+    /// Ends deliveries for a closing link (waiting for one running on another thread) and
+    /// returns the peer's endpoint to close.
+    fn detach(&self) -> *mut fi::fid_ep {
+        let dropped = self.delivery.detach();
+        if dropped > 0 {
+            crate::fi_info!(
+                "peer",
+                "{dropped} completions of a closing peer transfer link dropped"
+            );
         }
+        self.peer_ops.store(null_mut(), Ordering::SeqCst);
+        self.peer_ep.swap(null_mut(), Ordering::SeqCst)
     }
 
     fn call(&self, c: Completion) {
@@ -135,35 +121,9 @@ impl TransferLink {
     }
 }
 
-impl TransferLink {
-    /// Ends deliveries for a closing link and returns the peer's endpoint to close: no
-    /// callback starts after this, and one running on another thread is waited for, so the
-    /// peer's endpoint is closed only once no callback of ours is inside it (a callback that
-    /// closes its own link is not waited for: it is this thread).
-    fn detach(&self) -> *mut fi::fid_ep {
-        // SeqCst pairs with `deliver`: either it sees the NULL ops, or this sees it delivering.
-        self.peer_ops.store(null_mut(), Ordering::SeqCst);
-        if !std::ptr::eq(IN_DELIVERY.get(), self) {
-            while self.delivering.load(Ordering::SeqCst) {
-                std::thread::yield_now();
-            }
-        }
-        self.peer_ep.swap(null_mut(), Ordering::SeqCst)
-    }
-}
-
-thread_local! {
-    /// The link whose callbacks this thread is running, if any.
-    static IN_DELIVERY: std::cell::Cell<*const TransferLink> = const { std::cell::Cell::new(std::ptr::null()) };
-}
-
 impl PeerTransferSink for TransferLink {
     fn completion(&self, c: Completion) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(c);
-        self.deliver();
+        self.delivery.push(c, |c| self.call(c));
     }
 }
 
@@ -311,12 +271,9 @@ pub(crate) unsafe fn open(
             "the peer's fi_endpoint2(FI_PEER_TRANSFER) left its endpoint or its complete/comperr callbacks unset",
         ));
     }
-    link.peer_ep.store(peer_ep, Ordering::SeqCst);
+    // What completed while the peer was still setting up is delivered now.
     // SAFETY: as above.
-    link.peer_ops
-        .store(unsafe { (*ctx_ptr).peer_ops }, Ordering::SeqCst);
-    // What completed while the peer was still setting up.
-    link.deliver();
+    link.open(peer_ep, unsafe { (*ctx_ptr).peer_ops });
     crate::fi_info!("peer", "peer transfer link open over an RC endpoint");
     Ok((t, peer_ep))
 }
@@ -598,8 +555,7 @@ mod tests {
     fn closing_a_link_waits_for_a_callback_running_on_another_thread() {
         let link = Arc::new(TransferLink::new(4));
         let peer_ep = 0x1000 as *mut fi::fid_ep;
-        link.peer_ep.store(peer_ep, Ordering::SeqCst);
-        link.peer_ops.store(ops(&PEER_OPS), Ordering::SeqCst);
+        link.open(peer_ep, ops(&PEER_OPS));
         let l = link.clone();
         let t = std::thread::spawn(move || l.completion(entry()));
         while ENTERED.load(Ordering::SeqCst) == 0 {

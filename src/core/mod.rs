@@ -12,4 +12,5 @@ pub mod error;
 pub mod flags;
 pub mod info;
 pub mod log;
+pub mod peer;
 pub mod srx;
