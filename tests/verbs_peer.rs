@@ -9,8 +9,8 @@ use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::time::{Duration, Instant};
 
-use rfabric::capi::import::tests_support::{run_receiver, run_sender_child};
-use rfabric::capi::import::ShmImport;
+use rfabric::capi::ext::import::tests_support::{run_receiver, run_sender_child};
+use rfabric::capi::ext::import::ShmImport;
 use rfabric::core::cq::CqEntry;
 use rfabric::core::srx::Kind;
 use rfabric_sys::fabric as fi;

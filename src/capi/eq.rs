@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::domain::{unshared, CFabric};
+use crate::capi::fabric::CFabric;
+use crate::capi::fid::unshared;
 use crate::capi::fid::{
     bytes_mut, enosys, fi_ops_of, fid, guarded, guarded_len, no_bind, open_context, ops, put,
     strerror_out, Class, Obj,
@@ -251,7 +252,7 @@ unsafe fn write_event(
             if out.len() < need {
                 return Err(too_small(need, len));
             }
-            crate::capi::ep::join_completed(*fid);
+            crate::capi::mc::join_completed(*fid);
             let e = fi::fi_eq_entry {
                 fid: *fid as fi::fid_t,
                 context: open_context(*fid),

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rfabric_sys::fabric as fi;
 
@@ -144,16 +144,6 @@ pub(crate) unsafe fn ops_of(f: *const fi::fid, what: &str) -> Result<*const fi::
     // own writes of this field are atomic (retire).
     let ops = unsafe { AtomicPtr::from_ptr((&raw const (*f).ops).cast_mut()) };
     Ok(ops.load(Ordering::Acquire).cast_const())
-}
-
-/// Whether the fid at `f` carries `ops` (so is an open object of the type that table
-/// belongs to).
-///
-/// # Safety
-/// `f` is NULL or a readable `struct fid`.
-pub(crate) unsafe fn has_ops(f: *const fi::fid, ops: &'static fi::fi_ops) -> bool {
-    // SAFETY: the caller's contract.
-    matches!(unsafe { ops_of(f, "fid") }, Ok(o) if std::ptr::eq(o, ops))
 }
 
 /// Why the fid at `f`, carrying `ops`, is not an open object of class `fclass` of ours.
@@ -294,6 +284,54 @@ impl<H, T> Retire for Obj<H, T> {
         // SAFETY: made by Box::into_raw of this type (so with this layout); its fields
         // were dropped by drop_state, so only the memory is left.
         unsafe { std::alloc::dealloc(p as *mut u8, std::alloc::Layout::new::<Self>()) };
+    }
+}
+
+/// `EBUSY` while children (which hold the object alive) are open: fi_close order matters.
+pub(crate) fn unshared<T>(a: &Arc<T>, what: &str) -> Result<()> {
+    let n = Arc::strong_count(a) - 1;
+    if n > 0 {
+        return Err(Error::new(
+            errno::EBUSY,
+            format!("{n} objects opened from this {what} are still open: close them first"),
+        ));
+    }
+    Ok(())
+}
+/// An `fi_info` the application passes back (from `fi_getinfo` or an `FI_CONNREQ`).
+///
+/// # Safety
+/// `info` is NULL or a valid `fi_info`.
+pub(crate) unsafe fn from_c_nonnull(
+    info: *const fi::fi_info,
+    what: &str,
+) -> Result<crate::core::info::Info> {
+    if info.is_null() {
+        return Err(Error::new(errno::EINVAL, format!("{what} is NULL")));
+    }
+    // SAFETY: the caller's contract.
+    unsafe { crate::capi::info::from_c(info) }
+}
+/// What `fi_open_ops` on a domain opens: the extension interface, which `capi::ext`
+/// installs at `fi_prov_ini` (so the provider face does not import the part that calls
+/// other providers).
+pub(crate) type OpsOpen =
+    unsafe extern "C" fn(*mut fi::fid, *const c_char, u64, *mut *mut c_void, *mut c_void) -> i32;
+pub(crate) static DOMAIN_EXTENSION: std::sync::OnceLock<OpsOpen> = std::sync::OnceLock::new();
+
+/// `fi_open_ops` of a domain: the installed extension interface, else none.
+pub(crate) unsafe extern "C" fn domain_ops_open(
+    fid: *mut fi::fid,
+    name: *const c_char,
+    flags: u64,
+    ops: *mut *mut c_void,
+    context: *mut c_void,
+) -> i32 {
+    match DOMAIN_EXTENSION.get() {
+        // SAFETY: forwarded as received.
+        Some(f) => unsafe { f(fid, name, flags, ops, context) },
+        // SAFETY: as above.
+        None => unsafe { no_ops_open(fid, name, flags, ops, context) },
     }
 }
 

@@ -7,7 +7,7 @@ use std::ptr;
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::domain::fabric_open;
+use crate::capi::fabric::fabric_open;
 use crate::capi::fid::{c_str as arg, guarded};
 use crate::capi::info::{from_c, list_to_c};
 use crate::core::error::{errno, Error};
@@ -41,6 +41,8 @@ static PROVIDER: ProviderCell = ProviderCell(UnsafeCell::new(fi::fi_provider {
 #[no_mangle]
 pub extern "C" fn fi_prov_ini() -> *mut fi::fi_provider {
     debug_assert_eq!(PROVIDER_NAME, "rverbs");
+    // The composition root: the domain finds the extension interface through this hook.
+    crate::capi::ext::install();
     PROVIDER.0.get()
 }
 

@@ -9,7 +9,8 @@
 //!
 //! [`ShmImport`] attaches shm to an application's software SRX (`fi_srx_context` with
 //! `FI_TAGGED`/`FI_DIRECTED_RECV` caps) and the CQ bound to it: reads of that CQ drive
-//! shm. [`ShmSender`] is a plain shm endpoint, what another process sends with.
+//! shm. `ShmSender` (with the `test-support` feature) is a plain shm endpoint, what the
+//! two-process tests send with.
 
 use std::ffi::c_void;
 use std::mem::size_of;
@@ -23,8 +24,9 @@ use crate::core::peer::drain;
 
 /// shm completions moved per read of its CQ.
 const SHM_BATCH: usize = 16;
-use crate::capi::peer::{peer_cq, OwnerSrx, PeerCq, PeerCqTarget, PeerSrx};
-use crate::capi::srx::CSoftSrx;
+use crate::capi::peer::cq::{peer_cq, PeerCq, PeerCqTarget};
+use crate::capi::peer::srx::{OwnerSrx, PeerSrx};
+use crate::capi::soft_srx::CSoftSrx;
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::verbs::cq::PeerProgress;
@@ -126,6 +128,7 @@ impl ShmEp {
     }
 
     /// A plain shm endpoint with its own CQ (tagged format), enabled.
+    #[cfg(any(test, feature = "test-support"))]
     pub(crate) fn open_plain() -> Result<ShmEp> {
         let mut s = Self::open_domain()?;
         // SAFETY: the objects just opened; libfabric's API used as documented.
@@ -189,6 +192,7 @@ impl ShmEp {
         Ok(buf)
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Inserts a peer's name; its `fi_addr_t` in this endpoint's AV.
     pub(crate) fn insert(&self, name: &[u8]) -> Result<u64> {
         let mut addr = fi::FI_ADDR_NOTAVAIL;
@@ -409,7 +413,7 @@ impl ShmPeer {
         let rc = unsafe { ((*(*self.ep.cq).ops).readerr.expect("readerr"))(self.ep.cq, &mut e, 0) };
         check(rc, "fi_cq_readerr(shm)")?;
         // SAFETY: err_data has err_data_size bytes until the next read, per fi_cq(3).
-        let mut c = unsafe { crate::capi::peer::err_entry(&e) }?;
+        let mut c = unsafe { crate::capi::peer::cq::err_entry(&e) }?;
         // shm 1.17 leaves FI_COMPLETION in an error's flags and its errno negative.
         c.flags &= !fi::FI_COMPLETION;
         c.err = c.err.abs();
@@ -484,6 +488,7 @@ impl std::fmt::Debug for ShmImport {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl std::fmt::Debug for ShmSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ShmSender({} pending)", self.pending)
@@ -497,11 +502,13 @@ impl Drop for ShmImport {
 }
 
 /// A plain shm endpoint (tagged CQ), for sending to an imported peer from any process.
+#[cfg(any(test, feature = "test-support"))]
 pub struct ShmSender {
     ep: ShmEp,
     pending: usize,
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl ShmSender {
     pub fn open() -> Result<ShmSender> {
         Ok(ShmSender {
@@ -619,8 +626,8 @@ mod tests {
     //! libfabric 1.17's shm as the owner's peer, in one process: a plain shm endpoint sends
     //! to the imported one, whose receives come from the owner's engine.
     use super::*;
-    use crate::capi::peer::tests::SoftCq;
-    use crate::capi::peer::RxBuf;
+    use crate::capi::peer::cq::tests::SoftCq;
+    use crate::capi::peer::srx::RxBuf;
     use crate::core::cq::CqState;
     use crate::core::flags::Flags;
     use crate::core::srx::{Filter, Kind, ADDR_UNSPEC};
@@ -788,15 +795,15 @@ mod process_tests {
     //! shm in another process: the sender is this test binary run again as a child.
     use super::tests_support::*;
     use super::*;
-    use crate::capi::peer::tests::SoftCq;
-    use crate::capi::peer::RxBuf;
+    use crate::capi::peer::cq::tests::SoftCq;
+    use crate::capi::peer::srx::RxBuf;
     use crate::core::cq::CqState;
     use crate::core::flags::Flags;
     use crate::core::srx::{Filter, ADDR_UNSPEC};
     use std::sync::Mutex;
     use std::time::Duration;
 
-    const CHILD: &str = "capi::import::process_tests::shm_sender_child";
+    const CHILD: &str = "capi::ext::import::process_tests::shm_sender_child";
 
     /// Not a test of its own: the sending process of the test below (it fails when run
     /// without the receiver's name).
@@ -852,7 +859,7 @@ mod process_tests {
 
 /// The traffic of the two-process tests (the host test here, the device test of the verbs
 /// CQ in `tests/verbs_peer.rs`), shared by the sender and the receiver.
-#[doc(hidden)]
+#[cfg(any(test, feature = "test-support"))]
 pub mod tests_support {
     use super::*;
     use crate::core::srx::Kind;

@@ -23,11 +23,13 @@ use std::sync::{Arc, Weak};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::ep::{on_buf, on_iov, on_msg, CEp, Ep, SRX_CM, SRX_OPS};
+use crate::capi::ep::{on_buf, on_iov, on_msg};
 use crate::capi::fid::{
     fi_ops_of, fid, guarded, guarded_len, no_bind, no_control, ops, Class, Obj,
 };
+use crate::capi::msg_ep::CMsgEp;
 use crate::capi::nosys;
+use crate::capi::srx::{SRX_CM, SRX_OPS};
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
@@ -171,24 +173,28 @@ pub(crate) unsafe fn open(
     owner_info: *mut fi::fi_info,
 ) -> Result<(*mut fi::fid_ep, *mut fi::fid_ep)> {
     // SAFETY: the caller's contract.
-    let e = unsafe { CEp::from_c(ep, "ep") }?;
-    let Ep::Msg(m) = e.ep() else {
-        return Err(Error::new(
-            errno::EINVAL,
-            "peer transfers go over connected (FI_EP_MSG) endpoints",
-        ));
-    };
+    let m = &unsafe { CMsgEp::from_c(ep, "ep") }
+        .map_err(|_| {
+            Error::new(
+                errno::EINVAL,
+                "peer transfers go over connected (FI_EP_MSG) endpoints of rverbs",
+            )
+        })?
+        .inner
+        .ep;
     // SAFETY: the caller's contract; the ops table's size says which slots exist.
     let endpoint2 = unsafe {
         let d = peer_domain
             .as_ref()
             .and_then(|d| d.ops.as_ref())
             .ok_or_else(|| Error::new(errno::EINVAL, "peer_domain is NULL"))?;
-        let need = std::mem::offset_of!(fi::fi_ops_domain, endpoint2) + size_of::<usize>();
-        if d.size < need {
-            None
-        } else {
+        if crate::capi::ext::foreign::has_slot(
+            d.size,
+            std::mem::offset_of!(fi::fi_ops_domain, endpoint2),
+        ) {
             d.endpoint2
+        } else {
+            None
         }
     }
     .ok_or_else(|| {

@@ -8,8 +8,14 @@ use std::mem::size_of;
 use rfabric_sys::fabric as fi;
 
 use crate::capi::fid::{c_str, fi_ops_of, fid, guarded, no_bind, no_control, put, Class, Obj};
-use crate::capi::import::ShmImport;
+use crate::capi::peer::av::PeerAvSource;
+
+pub(crate) mod foreign;
+pub mod import;
+pub(crate) mod transfer;
+
 use crate::core::error::{errno, Error};
+use import::ShmImport;
 
 pub(crate) const PEER_OPS_NAME: &str = "rverbs_peer_v1";
 
@@ -53,7 +59,7 @@ static PEER_OPS: PeerOps = PeerOps {
     size: size_of::<PeerOps>(),
     import_shm,
     import_name,
-    open_transfer: crate::capi::transfer::open_transfer,
+    open_transfer: transfer::open_transfer,
     open_peer_domain,
     open_peer_eq,
     open_peer_av_set,
@@ -67,9 +73,24 @@ struct Kept<T>(#[allow(dead_code)] T); // held for the peer to read, never read 
                                        // only read by the peer.
 unsafe impl<T> Send for Kept<T> {}
 
-/// Whether a provider's ops table of `size` bytes has the slot at `offset`.
-fn has_slot(size: usize, offset: usize) -> bool {
-    size >= offset + size_of::<usize>()
+/// The owner's AV as a peer's `fid_peer_av` asks about it: its size, and where the owner's
+/// own datagram endpoints are in it.
+struct OwnerAv(std::sync::Weak<crate::verbs::AddressVector>);
+
+impl PeerAvSource for OwnerAv {
+    fn query(&self) -> (u32, usize) {
+        match self.0.upgrade() {
+            Some(av) => (av.attr().av_type.raw(), av.len()),
+            None => (fi::FI_AV_UNSPEC, 0),
+        }
+    }
+
+    fn ep_addr(&self, ep: *mut fi::fid_ep) -> Option<u64> {
+        let av = self.0.upgrade()?;
+        // SAFETY: the peer passes one of the owner's endpoints; its ops are checked.
+        let name = unsafe { crate::capi::dgram_ep::dgram_name(ep) }?;
+        av.find(&name)
+    }
 }
 
 /// fi_peer(3) peer domain: the owner calls the peer's `fi_domain2(FI_PEER)` with a
@@ -89,7 +110,8 @@ unsafe extern "C" fn open_peer_domain(
                 .as_ref()
                 .and_then(|f| f.ops.as_ref())
                 .ok_or_else(|| Error::new(errno::EINVAL, "peer_fabric is NULL"))?;
-            let d2 = if has_slot(f.size, std::mem::offset_of!(fi::fi_ops_fabric, domain2)) {
+            let d2 = if foreign::has_slot(f.size, std::mem::offset_of!(fi::fi_ops_fabric, domain2))
+            {
                 f.domain2
             } else {
                 None
@@ -159,6 +181,11 @@ unsafe extern "C" fn open_peer_eq(
         eq.keep_for_peer(Box::new(Kept(ctx)));
         Ok(())
     })
+}
+
+/// Lets `fi_open_ops` of a domain find this interface (see `fid::DOMAIN_EXTENSION`).
+pub(crate) fn install() {
+    let _ = crate::capi::fid::DOMAIN_EXTENSION.set(domain_ops_open);
 }
 
 /// `fi_open_ops` of an rverbs domain.
@@ -262,7 +289,7 @@ unsafe extern "C" fn open_peer_av(
     guarded("open_peer_av", || {
         // SAFETY: the application's rverbs AV, the peer's domain and NULL or an attr.
         let (c_av, av_open, mut a) = unsafe {
-            let av = crate::capi::domain::CAv::from_c(owner, "av")?;
+            let av = crate::capi::av::CAv::from_c(owner, "av")?;
             let d = peer_domain
                 .as_ref()
                 .and_then(|d| d.ops.as_ref())
@@ -272,8 +299,11 @@ unsafe extern "C" fn open_peer_av(
         };
         let av_open = av_open
             .ok_or_else(|| Error::new(errno::ENOSYS, "the peer domain has no fi_av_open"))?;
-        let src: std::sync::Arc<dyn crate::capi::peer::PeerAvSource> = c_av.inner.clone();
-        let p = crate::capi::peer::peer_av(std::sync::Arc::downgrade(&src));
+        let src: std::sync::Arc<dyn PeerAvSource> =
+            std::sync::Arc::new(OwnerAv(std::sync::Arc::downgrade(&c_av.inner)));
+        let p = crate::capi::peer::av::peer_av(std::sync::Arc::downgrade(&src));
+        // The adapter lives as long as the context that names it.
+        c_av.keep_for_peer(Box::new(Kept(src.clone())));
         drop(src);
         let mut ctx = Box::new(fi::fi_peer_av_context {
             size: size_of::<fi::fi_peer_av_context>(),
