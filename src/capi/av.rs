@@ -22,8 +22,8 @@ impl Class for CAv {
         &AV_FI_OPS
     }
 }
-static AV_FI_OPS: fi::fi_ops = fi_ops_of!(av_close, av_bind, no_control);
-static AV_OPS: fi::fi_ops_av = fi::fi_ops_av {
+pub(crate) static AV_FI_OPS: fi::fi_ops = fi_ops_of!(av_close, av_bind, no_control);
+pub(crate) static AV_OPS: fi::fi_ops_av = fi::fi_ops_av {
     size: std::mem::size_of::<fi::fi_ops_av>(),
     insert: Some(av_insert),
     insertsvc: Some(crate::capi::nosys::n6i),

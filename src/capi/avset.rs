@@ -55,8 +55,8 @@ impl Class for CAvSet {
     }
 }
 
-static AV_SET_FI_OPS: fi::fi_ops = fi_ops_of!(set_close, no_bind, no_control);
-static AV_SET_OPS: fi::fi_ops_av_set = fi::fi_ops_av_set {
+pub(crate) static AV_SET_FI_OPS: fi::fi_ops = fi_ops_of!(set_close, no_bind, no_control);
+pub(crate) static AV_SET_OPS: fi::fi_ops_av_set = fi::fi_ops_av_set {
     size: size_of::<fi::fi_ops_av_set>(),
     set_union: Some(set_union),
     intersect: Some(set_intersect),

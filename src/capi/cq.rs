@@ -25,8 +25,8 @@ impl Class for CCq {
     }
 }
 
-static CQ_FI_OPS: fi::fi_ops = fi_ops_of!(cq_close, no_bind, cq_control);
-static CQ_OPS: fi::fi_ops_cq = fi::fi_ops_cq {
+pub(crate) static CQ_FI_OPS: fi::fi_ops = fi_ops_of!(cq_close, no_bind, cq_control);
+pub(crate) static CQ_OPS: fi::fi_ops_cq = fi::fi_ops_cq {
     size: size_of::<fi::fi_ops_cq>(),
     read: Some(cq_read),
     readfrom: Some(cq_readfrom),

@@ -31,8 +31,8 @@ impl Class for CDgramEp {
     }
 }
 
-static DGRAM_EP_FI_OPS: fi::fi_ops = fi_ops_of!(dgram_close, dgram_bind, dgram_control);
-static DGRAM_EP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
+pub(crate) static DGRAM_EP_FI_OPS: fi::fi_ops = fi_ops_of!(dgram_close, dgram_bind, dgram_control);
+pub(crate) static DGRAM_EP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     size: size_of::<fi::fi_ops_ep>(),
     cancel: Some(n2),
     getopt: Some(dgram_getopt),
@@ -42,7 +42,7 @@ static DGRAM_EP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     rx_size_left: Some(n1),
     tx_size_left: Some(n1),
 };
-static DGRAM_EP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
+pub(crate) static DGRAM_EP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
     size: size_of::<fi::fi_ops_cm>(),
     setname: Some(dgram_setname),
     getname: Some(dgram_getname),
@@ -54,7 +54,7 @@ static DGRAM_EP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
     shutdown: Some(dgram_shutdown),
     join: Some(dgram_join),
 };
-static DGRAM_EP_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
+pub(crate) static DGRAM_EP_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     size: size_of::<fi::fi_ops_msg>(),
     recv: Some(dgram_recv),
     recvv: Some(dgram_recvv),

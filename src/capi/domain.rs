@@ -24,12 +24,12 @@ impl Class for CDomain {
         &DOMAIN_FI_OPS
     }
 }
-static DOMAIN_FI_OPS: fi::fi_ops = fi::fi_ops {
+pub(crate) static DOMAIN_FI_OPS: fi::fi_ops = fi::fi_ops {
     // The extension interface (fi_rverbs.h) opens on the domain.
     ops_open: Some(crate::capi::fid::domain_ops_open),
     ..fi_ops_of!(domain_close, domain_bind, no_control)
 };
-static DOMAIN_OPS: fi::fi_ops_domain = fi::fi_ops_domain {
+pub(crate) static DOMAIN_OPS: fi::fi_ops_domain = fi::fi_ops_domain {
     size: std::mem::size_of::<fi::fi_ops_domain>(),
     av_open: Some(av::av_open),
     cq_open: Some(cq::cq_open),

@@ -82,8 +82,8 @@ impl Class for CConnReq {
     }
 }
 
-static EQ_FI_OPS: fi::fi_ops = fi_ops_of!(eq_close, no_bind, eq_control);
-static EQ_OPS: fi::fi_ops_eq = fi::fi_ops_eq {
+pub(crate) static EQ_FI_OPS: fi::fi_ops = fi_ops_of!(eq_close, no_bind, eq_control);
+pub(crate) static EQ_OPS: fi::fi_ops_eq = fi::fi_ops_eq {
     size: size_of::<fi::fi_ops_eq>(),
     read: Some(eq_read),
     readerr: Some(eq_readerr),
@@ -91,7 +91,7 @@ static EQ_OPS: fi::fi_ops_eq = fi::fi_ops_eq {
     sread: Some(eq_sread),
     strerror: Some(eq_strerror),
 };
-static CONNREQ_FI_OPS: fi::fi_ops =
+pub(crate) static CONNREQ_FI_OPS: fi::fi_ops =
     fi_ops_of!(connreq_close, no_bind, crate::capi::fid::no_control);
 
 pub(crate) unsafe extern "C" fn eq_open(

@@ -24,7 +24,7 @@ impl Class for CFabric {
     }
 }
 pub(crate) static FABRIC_FI_OPS: fi::fi_ops = fi_ops_of!(fabric_close, fabric_bind, no_control);
-static FABRIC_OPS: fi::fi_ops_fabric = fi::fi_ops_fabric {
+pub(crate) static FABRIC_OPS: fi::fi_ops_fabric = fi::fi_ops_fabric {
     size: std::mem::size_of::<fi::fi_ops_fabric>(),
     domain: Some(domain::domain_open),
     passive_ep: Some(pep_open),

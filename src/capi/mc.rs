@@ -19,7 +19,7 @@ impl Class for CMc {
         &MC_FI_OPS
     }
 }
-static MC_FI_OPS: fi::fi_ops = fi_ops_of!(mc_close, no_bind, no_control);
+pub(crate) static MC_FI_OPS: fi::fi_ops = fi_ops_of!(mc_close, no_bind, no_control);
 /// `fi_join` of `group` by `ep`; the join completes on the endpoint's EQ.
 pub(crate) fn join(
     ep: &std::sync::Arc<DgramEndpoint>,

@@ -24,6 +24,8 @@ pub(crate) mod eq;
 pub mod ext;
 pub(crate) mod fabric;
 pub(crate) mod fid;
+#[cfg(feature = "test-support")]
+pub mod harness;
 pub mod info;
 pub(crate) mod mc;
 pub(crate) mod mr;

@@ -36,8 +36,8 @@ impl Class for CMsgEp {
     }
 }
 
-static MSG_EP_FI_OPS: fi::fi_ops = fi_ops_of!(msg_close, msg_bind, msg_control);
-static MSG_EP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
+pub(crate) static MSG_EP_FI_OPS: fi::fi_ops = fi_ops_of!(msg_close, msg_bind, msg_control);
+pub(crate) static MSG_EP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     size: size_of::<fi::fi_ops_ep>(),
     cancel: Some(n2),
     getopt: Some(msg_getopt),
@@ -47,7 +47,7 @@ static MSG_EP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     rx_size_left: Some(n1),
     tx_size_left: Some(n1),
 };
-static MSG_EP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
+pub(crate) static MSG_EP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
     size: size_of::<fi::fi_ops_cm>(),
     setname: Some(msg_setname),
     getname: Some(msg_getname),
@@ -59,7 +59,7 @@ static MSG_EP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
     shutdown: Some(msg_shutdown),
     join: Some(msg_join),
 };
-static MSG_EP_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
+pub(crate) static MSG_EP_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     size: size_of::<fi::fi_ops_msg>(),
     recv: Some(msg_recv),
     recvv: Some(msg_recvv),

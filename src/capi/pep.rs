@@ -25,8 +25,8 @@ impl Class for CPep {
         &PEP_FI_OPS
     }
 }
-static PEP_FI_OPS: fi::fi_ops = fi_ops_of!(pep_close, pep_bind, pep_control);
-static PEP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
+pub(crate) static PEP_FI_OPS: fi::fi_ops = fi_ops_of!(pep_close, pep_bind, pep_control);
+pub(crate) static PEP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     size: size_of::<fi::fi_ops_ep>(),
     cancel: Some(n2),
     getopt: Some(pep_getopt),
@@ -36,7 +36,7 @@ static PEP_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     rx_size_left: Some(n1),
     tx_size_left: Some(n1),
 };
-static PEP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
+pub(crate) static PEP_CM: fi::fi_ops_cm = fi::fi_ops_cm {
     size: size_of::<fi::fi_ops_cm>(),
     setname: Some(pep_setname),
     getname: Some(pep_getname),

@@ -65,8 +65,8 @@ pub(crate) fn wanted(caps: u64) -> bool {
     caps & (fi::FI_TAGGED | fi::FI_DIRECTED_RECV) != 0
 }
 
-static SOFT_FI_OPS: fi::fi_ops = fi_ops_of!(soft_close, soft_bind, soft_control);
-static SOFT_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
+pub(crate) static SOFT_FI_OPS: fi::fi_ops = fi_ops_of!(soft_close, soft_bind, soft_control);
+pub(crate) static SOFT_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     size: size_of::<fi::fi_ops_ep>(),
     cancel: Some(soft_cancel),
     getopt: Some(soft_getopt),
@@ -76,7 +76,7 @@ static SOFT_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     rx_size_left: Some(n1),
     tx_size_left: Some(n1),
 };
-static SOFT_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
+pub(crate) static SOFT_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     size: size_of::<fi::fi_ops_msg>(),
     recv: Some(soft_recv),
     recvv: Some(soft_recvv),
@@ -88,7 +88,7 @@ static SOFT_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     senddata: Some(n7),
     injectdata: Some(nosys::n5),
 };
-static SOFT_TAGGED: fi::fi_ops_tagged = fi::fi_ops_tagged {
+pub(crate) static SOFT_TAGGED: fi::fi_ops_tagged = fi::fi_ops_tagged {
     size: size_of::<fi::fi_ops_tagged>(),
     recv: Some(soft_trecv),
     recvv: Some(soft_trecvv),

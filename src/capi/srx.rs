@@ -23,7 +23,8 @@ impl Class for CSrx {
         &SRX_FI_OPS
     }
 }
-static SRX_FI_OPS: fi::fi_ops = fi_ops_of!(srx_close, no_bind, crate::capi::fid::no_control);
+pub(crate) static SRX_FI_OPS: fi::fi_ops =
+    fi_ops_of!(srx_close, no_bind, crate::capi::fid::no_control);
 /// A shared receive context is not an endpoint of its own: only receives apply.
 pub(crate) static SRX_OPS: fi::fi_ops_ep = fi::fi_ops_ep {
     size: size_of::<fi::fi_ops_ep>(),
@@ -47,7 +48,7 @@ pub(crate) static SRX_CM: fi::fi_ops_cm = fi::fi_ops_cm {
     shutdown: Some(n2i),
     join: Some(n5i),
 };
-static SRX_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
+pub(crate) static SRX_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     size: size_of::<fi::fi_ops_msg>(),
     recv: Some(srx_recv),
     recvv: Some(srx_recvv),

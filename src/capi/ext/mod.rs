@@ -221,7 +221,7 @@ impl Class for CImport {
     }
 }
 
-static IMPORT_FI_OPS: fi::fi_ops = fi_ops_of!(import_close, no_bind, no_control);
+pub(crate) static IMPORT_FI_OPS: fi::fi_ops = fi_ops_of!(import_close, no_bind, no_control);
 
 unsafe extern "C" fn import_shm(srx: *mut fi::fid_ep, import: *mut *mut fi::fid) -> i32 {
     guarded("import_shm", || {

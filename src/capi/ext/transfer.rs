@@ -146,7 +146,7 @@ impl Class for CTransferEp {
 }
 
 pub(crate) static TRANSFER_FI_OPS: fi::fi_ops = fi_ops_of!(transfer_close, no_bind, no_control);
-static TRANSFER_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
+pub(crate) static TRANSFER_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     size: size_of::<fi::fi_ops_msg>(),
     recv: Some(t_recv),
     recvv: Some(t_recvv),

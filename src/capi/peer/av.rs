@@ -30,9 +30,9 @@ impl Class for PeerAv {
     }
 }
 
-static PEER_AV_FI_OPS: fi::fi_ops =
+pub(crate) static PEER_AV_FI_OPS: fi::fi_ops =
     crate::capi::fid::fi_ops_of!(peer_av_close, no_bind, no_control);
-static AV_OWNER_OPS: fi::fi_ops_av_owner = fi::fi_ops_av_owner {
+pub(crate) static AV_OWNER_OPS: fi::fi_ops_av_owner = fi::fi_ops_av_owner {
     size: size_of::<fi::fi_ops_av_owner>(),
     query: Some(peer_av_query),
     ep_addr: Some(peer_av_ep_addr),

@@ -18,8 +18,8 @@ impl Class for PeerAvSet {
     }
 }
 
-static PEER_AV_SET_FI_OPS: fi::fi_ops = fi_ops_of!(peer_close, no_bind, no_control);
-static AV_SET_OWNER_OPS: fi::fi_ops_av_set_owner = fi::fi_ops_av_set_owner {
+pub(crate) static PEER_AV_SET_FI_OPS: fi::fi_ops = fi_ops_of!(peer_close, no_bind, no_control);
+pub(crate) static AV_SET_OWNER_OPS: fi::fi_ops_av_set_owner = fi::fi_ops_av_set_owner {
     size: size_of::<fi::fi_ops_av_set_owner>(),
     members: Some(peer_members),
 };

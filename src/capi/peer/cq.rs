@@ -43,9 +43,9 @@ impl Class for PeerCq {
     }
 }
 
-static PEER_CQ_FI_OPS: fi::fi_ops =
+pub(crate) static PEER_CQ_FI_OPS: fi::fi_ops =
     crate::capi::fid::fi_ops_of!(peer_cq_close, no_bind, no_control);
-static CQ_OWNER_OPS: fi::fi_ops_cq_owner = fi::fi_ops_cq_owner {
+pub(crate) static CQ_OWNER_OPS: fi::fi_ops_cq_owner = fi::fi_ops_cq_owner {
     size: size_of::<fi::fi_ops_cq_owner>(),
     write: Some(peer_cq_write),
     writeerr: Some(peer_cq_writeerr),

@@ -81,7 +81,6 @@ struct PeerEntry {
     c: UnsafeCell<fi::fi_peer_rx_entry>,
     iov: UnsafeCell<[libc::iovec; PEER_IOV]>,
     desc: UnsafeCell<[*mut c_void; PEER_IOV]>,
-    owner: *const OwnerSrx,
 }
 
 /// The receive engine of one owner SRX, shared by the application (posting) and by every
@@ -186,27 +185,23 @@ impl OwnerSrx {
     /// An engine of `capacity` entries (posted receives, messages in flight and unexpected
     /// messages together), with their C entries.
     pub(crate) fn new(capacity: usize) -> Arc<Self> {
-        Arc::new_cyclic(|me| {
-            let owner = me.as_ptr();
-            let rx = SharedRx::new(capacity, CEntries(Box::new([])));
-            let n = rx.lock().capacity();
-            let entries = (0..n)
-                .map(|_| PeerEntry {
-                    // SAFETY: a plain C struct; all-zero (NULL pointers) is valid.
-                    c: UnsafeCell::new(unsafe { std::mem::zeroed() }),
-                    iov: UnsafeCell::new(
-                        [libc::iovec {
-                            iov_base: std::ptr::null_mut(),
-                            iov_len: 0,
-                        }; PEER_IOV],
-                    ),
-                    desc: UnsafeCell::new([std::ptr::null_mut(); PEER_IOV]),
-                    owner,
-                })
-                .collect();
-            OwnerSrx {
-                rx: rx.with_handoff(CEntries(entries)),
-            }
+        let rx = SharedRx::new(capacity, CEntries(Box::new([])));
+        let n = rx.lock().capacity();
+        let entries = (0..n)
+            .map(|_| PeerEntry {
+                // SAFETY: a plain C struct; all-zero (NULL pointers) is valid.
+                c: UnsafeCell::new(unsafe { std::mem::zeroed() }),
+                iov: UnsafeCell::new(
+                    [libc::iovec {
+                        iov_base: std::ptr::null_mut(),
+                        iov_len: 0,
+                    }; PEER_IOV],
+                ),
+                desc: UnsafeCell::new([std::ptr::null_mut(); PEER_IOV]),
+            })
+            .collect();
+        Arc::new(OwnerSrx {
+            rx: rx.with_handoff(CEntries(entries)),
         })
     }
 
@@ -349,9 +344,9 @@ impl Class for PeerSrx {
     }
 }
 
-static PEER_SRX_FI_OPS: fi::fi_ops =
+pub(crate) static PEER_SRX_FI_OPS: fi::fi_ops =
     crate::capi::fid::fi_ops_of!(peer_srx_close, no_bind, no_control);
-static SRX_OWNER_OPS: fi::fi_ops_srx_owner = fi::fi_ops_srx_owner {
+pub(crate) static SRX_OWNER_OPS: fi::fi_ops_srx_owner = fi::fi_ops_srx_owner {
     size: size_of::<fi::fi_ops_srx_owner>(),
     get_msg: Some(get_msg),
     get_tag: Some(get_tag),
@@ -368,8 +363,12 @@ unsafe fn owner_of<'a>(e: *const fi::fi_peer_rx_entry) -> Result<(&'a OwnerSrx, 
     if e.is_null() {
         return Err(Error::new(errno::EINVAL, "entry is NULL"));
     }
-    // SAFETY: the caller's contract: the entry is the first field of a PeerEntry.
-    let o = unsafe { &*(*e.cast::<PeerEntry>()).owner };
+    // The entry names the fid_peer_srx it was handed through; that handle is proven ours
+    // by its ops (a closed one is a tombstone), and the entry by its place in that owner's
+    // table: nothing else in the entry is trusted.
+    // SAFETY: the caller's contract: a readable entry whose srx is NULL or a readable fid.
+    let srx = unsafe { PeerSrx::from_c((*e).srx, "the entry's srx") }?;
+    let o: &'a OwnerSrx = &srx.inner;
     let id = o.id_of(e)?;
     Ok((o, id))
 }
