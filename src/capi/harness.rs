@@ -100,6 +100,7 @@ static FOREIGN_FI_OPS: fi::fi_ops = fi_ops_of!(foreign_close, no_bind, no_contro
 /// The handles and buffers of one fuzz input.
 pub struct Pool {
     handles: Vec<*mut c_void>,
+    #[allow(clippy::vec_box)] // each slab stays at one address while pointers to it live
     bufs: Vec<Box<[u64; SLAB / 8]>>,
     fabric: *mut fi::fid_fabric,
     owner: Arc<OwnerSrx>,
@@ -445,7 +446,10 @@ pub fn call(p: &mut Pool, c: &mut dyn Choose) -> i64 {
                     2 => slot!(t, readerr)(hc, a1.cast(), flags) as i64,
                     3 => slot!(t, sread)(hc, a1, count, a2, 0) as i64,
                     4 => slot!(t, signal)(hc) as i64,
-                    _ => slot!(t, strerror)(hc, 0, a1, a2.cast(), l1) as i64 & 0,
+                    _ => {
+                        slot!(t, strerror)(hc, 0, a1, a2.cast(), l1);
+                        0
+                    }
                 }
             }
             7 => {
@@ -456,7 +460,10 @@ pub fn call(p: &mut Pool, c: &mut dyn Choose) -> i64 {
                     1 => slot!(t, readerr)(hq, a1.cast(), flags) as i64,
                     2 => slot!(t, write)(hq, flags as u32, a1, l1, flags) as i64,
                     3 => slot!(t, sread)(hq, a1.cast(), a2, l1, 0, flags) as i64,
-                    _ => slot!(t, strerror)(hq, 0, a1, a2.cast(), l1) as i64 & 0,
+                    _ => {
+                        slot!(t, strerror)(hq, 0, a1, a2.cast(), l1);
+                        0
+                    }
                 }
             }
             8 => {
@@ -466,7 +473,10 @@ pub fn call(p: &mut Pool, c: &mut dyn Choose) -> i64 {
                     0 => slot!(t, insert)(ha, a1, count, a2.cast(), flags, ctx) as i64,
                     1 => slot!(t, remove)(ha, a1.cast(), count, flags) as i64,
                     2 => slot!(t, lookup)(ha, flags, a1, a2.cast()) as i64,
-                    3 => slot!(t, straddr)(ha, a1, a2.cast(), a3.cast()) as i64 & 0,
+                    3 => {
+                        slot!(t, straddr)(ha, a1, a2.cast(), a3.cast());
+                        0
+                    }
                     _ => slot!(t, av_set)(ha, a1.cast(), a2.cast(), ctx) as i64,
                 }
             }
@@ -562,7 +572,8 @@ pub fn call(p: &mut Pool, c: &mut dyn Choose) -> i64 {
                     if c.pick(2) == 0 {
                         slot!(t, query)(ha, a1.cast()) as i64
                     } else {
-                        slot!(t, ep_addr)(ha, p.handle(c).cast()) as i64 & 0
+                        slot!(t, ep_addr)(ha, p.handle(c).cast());
+                        0
                     }
                 }
                 1 => {
