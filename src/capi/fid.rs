@@ -489,13 +489,23 @@ pub(crate) unsafe fn bytes<'a>(p: *const c_void, len: usize, what: &str) -> Resu
     Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
 }
 
+/// The most bytes of caller data rverbs copies in one call (event data, a peer's error
+/// data): a length past it is a caller's mistake, `-FI_EINVAL`.
+pub(crate) const MAX_COPY: usize = 1 << 30;
+
 /// A copy of the `len` bytes at `p`, with the allocation tried before any byte is read: a
-/// length no allocation can hold is `-FI_ENOMEM`, not an abort.
+/// length past [`MAX_COPY`] is `-FI_EINVAL`, one no allocation can hold `-FI_ENOMEM`, never
+/// an abort.
 ///
 /// # Safety
 /// `p` is NULL or valid for reads of `len` bytes.
 pub(crate) unsafe fn copy_in(p: *const c_void, len: usize, what: &str) -> Result<Vec<u8>> {
-    slice_len::<u8>(len, what)?;
+    if len > MAX_COPY {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("{what}: {len} bytes is more than rverbs copies ({MAX_COPY})"),
+        ));
+    }
     let mut v = Vec::new();
     v.try_reserve_exact(len).map_err(|_| {
         Error::new(

@@ -315,6 +315,18 @@ macro_rules! slot {
 
 /// Makes one hostile call, chosen by `c`, and returns what it answered.
 pub fn call(p: &mut Pool, c: &mut dyn Choose) -> i64 {
+    let kind = c.pick(16);
+    call_kind(p, c, kind)
+}
+
+/// As [`call`], playing only the misbehaving peer (the peer ops, the owner's receives meeting
+/// what the peer holds, and closes of the owner's objects under it).
+pub fn call_peer(p: &mut Pool, c: &mut dyn Choose) -> i64 {
+    let kind = 13 + c.pick(3);
+    call_kind(p, c, kind)
+}
+
+fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
     use crate::capi::*;
     PEER_FAILS.store(c.pick(3) == 0, std::sync::atomic::Ordering::Relaxed);
     let h = p.handle(c);
@@ -377,7 +389,7 @@ pub fn call(p: &mut Pool, c: &mut dyn Choose) -> i64 {
     unsafe {
         let hf = h.cast::<fi::fid>();
         let he = h.cast::<fi::fid_ep>();
-        match c.pick(16) {
+        match kind {
             0 => {
                 let t = fid_ops[c.pick(fid_ops.len())];
                 match c.pick(4) {

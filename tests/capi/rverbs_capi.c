@@ -664,7 +664,7 @@ static void bad_section(void)
 		struct fi_rx_attr ra = {.caps = FI_MSG | FI_TAGGED | FI_RECV, .size = (1U << 31) - 1};
 		struct fid_ep *srx;
 		EXPECT(fi_srx_context(domain, &ra, &srx, NULL), -FI_EINVAL);
-		EXPECT(fi_eq_write(eq, FI_NOTIFY, buf, 1ULL << 40, 0), -FI_ENOMEM);
+		EXPECT(fi_eq_write(eq, FI_NOTIFY, buf, 1ULL << 40, 0), -FI_EINVAL);
 		EXPECT(fi_eq_write(eq, FI_NOTIFY, buf, SIZE_MAX, 0), -FI_EINVAL);
 		struct fi_cq_data_entry one;
 		EXPECT(fi_cq_read(cq, &one, SIZE_MAX / 8), -FI_EINVAL);

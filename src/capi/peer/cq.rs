@@ -221,13 +221,13 @@ pub(crate) mod tests {
                 ),
                 -(errno::EINVAL as isize)
             );
-            // Error data a peer claims is 2^40 bytes: refused, not an aborted allocation
-            // (the bytes are never read: the allocation is tried first).
+            // Error data a peer claims is 2^40 bytes: refused before a byte is read or an
+            // allocation asked for.
             let huge = fi::fi_cq_err_entry {
                 err_data_size: 1 << 40,
                 ..err
             };
-            assert_eq!((o.writeerr.unwrap())(cq, &huge), -(errno::ENOMEM as isize));
+            assert_eq!((o.writeerr.unwrap())(cq, &huge), -(errno::EINVAL as isize));
             let past = fi::fi_cq_err_entry {
                 err_data_size: usize::MAX,
                 ..err
