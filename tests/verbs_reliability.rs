@@ -1141,6 +1141,19 @@ fn concurrent_posters_and_readers_of_one_endpoint_lose_nothing() {
     out.posted = posted.load(Ordering::Relaxed);
     out.failed = errors.load(Ordering::Relaxed);
     out.succeeded = completed.lock().unwrap().len() as u64 - out.failed;
+    {
+        // Which sends never completed, for whoever reads a failure (seen once, not explained).
+        let c = completed.lock().unwrap();
+        let missing: Vec<String> = (0..2u64)
+            .flat_map(|t| (0..per_thread).map(move |s| (t << 32) | s))
+            .filter(|x| !c.contains(x))
+            .take(8)
+            .map(|x| format!("poster {} seq {}", x >> 32, x & 0xffff_ffff))
+            .collect();
+        if !missing.is_empty() {
+            eprintln!("sends without a completion: {missing:?}");
+        }
+    }
     out.bytes_verified =
         (received.load(Ordering::Relaxed) - bad.load(Ordering::Relaxed)) * LEN as u64;
     if overruns.load(Ordering::Relaxed) > 0 {

@@ -554,9 +554,12 @@ impl MsgEndpoint {
             }
         }
         if let Some(tx) = tx {
+            // As for receives: the error state asserted again behind the marker, so that a
+            // send still waiting for its acknowledgement is flushed too.
             done &= qp
                 .post_send_inline(marker, &[], send_flags::SIGNALED, None)
                 .is_ok()
+                && qp.set_error().is_ok()
                 && tx.flush_until(marker, wait).unwrap_or(false);
         }
         if !done {
