@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::domain::CDomain;
 use crate::capi::fid::{
     bytes, bytes_mut, enosys, fi_ops_of, fid, guarded, guarded_ptr, no_control, ops, put, unshared,
     Class, Obj,
@@ -31,10 +30,14 @@ pub(crate) static AV_OPS: fi::fi_ops_av = fi::fi_ops_av {
     remove: Some(av_remove),
     lookup: Some(av_lookup),
     straddr: Some(av_straddr),
-    av_set: Some(crate::capi::avset::av_set_open),
+    av_set: Some(av_set_open),
 };
-pub(crate) unsafe extern "C" fn av_open(
-    domain: *mut fi::fid_domain,
+/// `fi_av_open` on `domain` (whose handle `domain.rs` proved).
+///
+/// # Safety
+/// `attr` is NULL or valid; `av` is NULL or writable.
+pub(crate) unsafe fn open(
+    domain: &Arc<crate::verbs::Domain>,
     attr: *mut fi::fi_av_attr,
     av: *mut *mut fi::fid_av,
     context: *mut c_void,
@@ -43,7 +46,7 @@ pub(crate) unsafe extern "C" fn av_open(
         // SAFETY: the application's domain fid and NULL or a valid attr.
         let (d, a) = unsafe {
             (
-                CDomain::from_c(domain, "domain")?,
+                domain,
                 attr.as_ref()
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
@@ -58,7 +61,7 @@ pub(crate) unsafe extern "C" fn av_open(
         let av_type = AvType::from_raw(a.type_)
             .ok_or_else(|| Error::new(errno::EINVAL, format!("av type {}", a.type_)))?;
         let v = AddressVector::open(
-            &d.inner,
+            d,
             &AvAttr {
                 av_type,
                 count: a.count,
@@ -223,4 +226,19 @@ pub(crate) unsafe fn copy_cstr(
         *len = s.len() + 1;
     }
     Ok(buf)
+}
+
+/// `fi_av_set` on this object: the handle is proven here, the child opens itself.
+unsafe extern "C" fn av_set_open(
+    av: *mut fi::fid_av,
+    attr: *mut fi::fi_av_set_attr,
+    set: *mut *mut fi::fid_av_set,
+    context: *mut c_void,
+) -> i32 {
+    // SAFETY: the application's handle (its ops are checked).
+    match unsafe { CAv::from_c(av, "av") } {
+        // SAFETY: forwarded as received.
+        Ok(p) => unsafe { crate::capi::avset::open(&p.inner, attr, set, context) },
+        Err(e) => guarded("fi_av_set", || Err(e)),
+    }
 }

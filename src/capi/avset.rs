@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::av::CAv;
 use crate::capi::fid::{fi_ops_of, fid, guarded, no_bind, no_control, ops, put, Class, Obj, Owned};
 use crate::capi::peer::av_set::{peer_av_set, PeerAvSet};
 use crate::core::error::{errno, Error, Result};
@@ -68,8 +67,11 @@ pub(crate) static AV_SET_OPS: fi::fi_ops_av_set = fi::fi_ops_av_set {
 
 /// `fi_av_set`: `count` addresses from `start_addr` to `end_addr` by `stride` (none when
 /// `count` is 0).
-pub(crate) unsafe extern "C" fn av_set_open(
-    av: *mut fi::fid_av,
+///
+/// # Safety
+/// `attr` is NULL or valid; `set` is NULL or writable.
+pub(crate) unsafe fn open(
+    av: &Arc<AddressVector>,
     attr: *mut fi::fi_av_set_attr,
     set: *mut *mut fi::fid_av_set,
     context: *mut c_void,
@@ -78,7 +80,7 @@ pub(crate) unsafe extern "C" fn av_set_open(
         // SAFETY: the application's AV and NULL or an attr (fi_av_set(3)).
         let (av, a) = unsafe {
             (
-                &CAv::from_c(av, "av")?.inner,
+                av,
                 attr.as_ref()
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )

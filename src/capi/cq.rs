@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::domain::CDomain;
 use crate::capi::fid::{
     enosys, fi_ops_of, fid, guarded, guarded_len, no_bind, ops, put, strerror_out, Class, Obj,
 };
@@ -50,8 +49,12 @@ pub(crate) fn put_err_entry(out: &mut fi::fi_cq_err_entry, e: &crate::core::cq::
     out.prov_errno = e.prov_errno;
 }
 
-pub(crate) unsafe extern "C" fn cq_open(
-    domain: *mut fi::fid_domain,
+/// `fi_cq_open` on `domain` (whose handle `domain.rs` proved).
+///
+/// # Safety
+/// `attr` is NULL or valid; `cq` is NULL or writable.
+pub(crate) unsafe fn open(
+    domain: &Arc<crate::verbs::Domain>,
     attr: *mut fi::fi_cq_attr,
     cq: *mut *mut fi::fid_cq,
     context: *mut c_void,
@@ -60,7 +63,7 @@ pub(crate) unsafe extern "C" fn cq_open(
         // SAFETY: the application's domain fid and NULL or a valid attr.
         let (d, a) = unsafe {
             (
-                CDomain::from_c(domain, "domain")?,
+                domain,
                 attr.as_ref()
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
@@ -79,7 +82,7 @@ pub(crate) unsafe extern "C" fn cq_open(
         if attr.wait_obj == WaitObj::Set || !a.wait_set.is_null() {
             return Err(enosys("wait sets (FI_WAIT_SET)"));
         }
-        let q = CompletionQueue::open(&d.inner, &attr)?;
+        let q = CompletionQueue::open(d, &attr)?;
         let p = CCq::into_raw(
             fi::fid_cq {
                 fid: fid(fi::FI_CLASS_CQ, context, &CQ_FI_OPS),

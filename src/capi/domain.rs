@@ -6,13 +6,12 @@ use std::sync::Arc;
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::fabric::CFabric;
 use crate::capi::fid::{
     enosys, fi_ops_of, fid, from_c_nonnull, guarded, no_control, ops, put, unshared, Class, Obj,
 };
 use crate::capi::nosys::{n3i, n4i, n5i};
-use crate::capi::{av, cq, dgram_ep, msg_ep, soft_srx, srx};
-use crate::core::error::{errno, Error};
+use crate::capi::{av, cq, dgram_ep, mr, msg_ep, soft_srx, srx};
+use crate::core::error::{errno, Error, Result};
 use crate::core::flags::EpType;
 use crate::verbs::Domain;
 
@@ -31,8 +30,8 @@ pub(crate) static DOMAIN_FI_OPS: fi::fi_ops = fi::fi_ops {
 };
 pub(crate) static DOMAIN_OPS: fi::fi_ops_domain = fi::fi_ops_domain {
     size: std::mem::size_of::<fi::fi_ops_domain>(),
-    av_open: Some(av::av_open),
-    cq_open: Some(cq::cq_open),
+    av_open: Some(av_open),
+    cq_open: Some(cq_open),
     endpoint: Some(endpoint_open),
     scalable_ep: Some(n4i),
     cntr_open: Some(n4i),
@@ -43,26 +42,25 @@ pub(crate) static DOMAIN_OPS: fi::fi_ops_domain = fi::fi_ops_domain {
     query_collective: Some(n4i),
     endpoint2: Some(endpoint_open2),
 };
-pub(crate) unsafe extern "C" fn domain_open(
-    fabric: *mut fi::fid_fabric,
+/// `fi_domain` on `fabric` (whose handle `fabric.rs` proved).
+///
+/// # Safety
+/// `info` is NULL or a valid `fi_info`; `dom` is NULL or writable.
+pub(crate) unsafe fn open(
+    fabric: &Arc<crate::verbs::Fabric>,
     info: *mut fi::fi_info,
     dom: *mut *mut fi::fid_domain,
     context: *mut c_void,
 ) -> i32 {
     guarded("fi_domain", || {
-        // SAFETY: libfabric's API contract: a fabric fid and an info from fi_getinfo.
-        let (f, info) = unsafe {
-            (
-                CFabric::from_c(fabric, "fabric")?,
-                from_c_nonnull(info, "info")?,
-            )
-        };
-        let d = Domain::open(&f.inner, &info)?;
+        // SAFETY: libfabric's API contract: an info from fi_getinfo.
+        let info = unsafe { from_c_nonnull(info, "info") }?;
+        let d = Domain::open(fabric, &info)?;
         let p = CDomain::into_raw(
             fi::fid_domain {
                 fid: fid(fi::FI_CLASS_DOMAIN, context, &DOMAIN_FI_OPS),
                 ops: ops(&DOMAIN_OPS),
-                mr: ops(&crate::capi::mr::MR_OPS),
+                mr: ops(&MR_OPS),
             },
             d,
         );
@@ -72,25 +70,6 @@ pub(crate) unsafe extern "C" fn domain_open(
             let _ = unsafe { CDomain::close(p, |_| Ok(())) };
         })
     })
-}
-pub(crate) unsafe extern "C" fn domain_open2(
-    fabric: *mut fi::fid_fabric,
-    info: *mut fi::fi_info,
-    dom: *mut *mut fi::fid_domain,
-    flags: u64,
-    context: *mut c_void,
-) -> i32 {
-    if flags != 0 {
-        return guarded("fi_domain2", || {
-            crate::capi::fid::no_peer_open(flags, "fi_domain2")?;
-            Err(Error::new(
-                errno::EBADFLAGS,
-                format!("fi_domain2 flags {flags:#x}: only FI_PEER is defined"),
-            ))
-        });
-    }
-    // SAFETY: forwarded as received.
-    unsafe { domain_open(fabric, info, dom, context) }
 }
 unsafe extern "C" fn domain_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the application passes the fid fi_domain returned.
@@ -196,11 +175,145 @@ unsafe extern "C" fn srx_open(
     })
 }
 
+/// `fi_av_open` on this object: the handle is proven here, the child opens itself.
+unsafe extern "C" fn av_open(
+    domain: *mut fi::fid_domain,
+    attr: *mut fi::fi_av_attr,
+    av: *mut *mut fi::fid_av,
+    context: *mut c_void,
+) -> i32 {
+    // SAFETY: the application's handle (its ops are checked).
+    match unsafe { CDomain::from_c(domain, "domain") } {
+        // SAFETY: forwarded as received.
+        Ok(p) => unsafe { av::open(&p.inner, attr, av, context) },
+        Err(e) => guarded("fi_av_open", || Err(e)),
+    }
+}
+
+/// `fi_cq_open` on this domain.
+unsafe extern "C" fn cq_open(
+    domain: *mut fi::fid_domain,
+    attr: *mut fi::fi_cq_attr,
+    cq: *mut *mut fi::fid_cq,
+    context: *mut c_void,
+) -> i32 {
+    // SAFETY: the application's domain handle (its ops are checked).
+    match unsafe { CDomain::from_c(domain, "domain") } {
+        // SAFETY: forwarded as received.
+        Ok(d) => unsafe { cq::open(&d.inner, attr, cq, context) },
+        Err(e) => guarded("fi_cq_open", || Err(e)),
+    }
+}
+
+// ---- memory registration (the domain's fi_ops_mr) ----------------------------------
+
+static MR_OPS: fi::fi_ops_mr = fi::fi_ops_mr {
+    size: std::mem::size_of::<fi::fi_ops_mr>(),
+    reg: Some(mr_reg),
+    regv: Some(mr_regv),
+    regattr: Some(mr_regattr),
+};
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn mr_reg(
+    domain: *mut fi::fid,
+    buf: *const c_void,
+    len: usize,
+    access: u64,
+    _offset: u64,
+    _requested_key: u64,
+    flags: u64,
+    mr: *mut *mut fi::fid_mr,
+    context: *mut c_void,
+) -> i32 {
+    guarded("fi_mr_reg", || {
+        // SAFETY: the application's buffer contract (fi_mr_reg(3)).
+        let p = unsafe {
+            let d = CDomain::from_c(domain.cast(), "domain")?;
+            mr::register(&d.inner, buf, len, access, flags, context)
+        }?;
+        // SAFETY: checked for NULL, writable per fi_mr_reg(3).
+        unsafe { put(mr, p, "mr") }.inspect_err(|_| {
+            // SAFETY: just made, never handed out.
+            let _ = unsafe { mr::CMr::close(p, |_| Ok(())) };
+        })
+    })
+}
+/// One range of an iov registration: verbs registers contiguous memory only.
+fn one_range(iov: *const libc::iovec, count: usize) -> Result<(*const c_void, usize)> {
+    if count != 1 || iov.is_null() {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("{count} ranges: rverbs registers one contiguous range (mr_iov_limit 1)"),
+        ));
+    }
+    // SAFETY: non-NULL and one element long, per fi_mr_regv(3).
+    let v = unsafe { *iov };
+    Ok((v.iov_base.cast_const(), v.iov_len))
+}
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn mr_regv(
+    domain: *mut fi::fid,
+    iov: *const libc::iovec,
+    count: usize,
+    access: u64,
+    offset: u64,
+    requested_key: u64,
+    flags: u64,
+    mr: *mut *mut fi::fid_mr,
+    context: *mut c_void,
+) -> i32 {
+    match one_range(iov, count) {
+        // SAFETY: forwarded as received.
+        Ok((buf, len)) => unsafe {
+            mr_reg(
+                domain,
+                buf,
+                len,
+                access,
+                offset,
+                requested_key,
+                flags,
+                mr,
+                context,
+            )
+        },
+        Err(e) => guarded("fi_mr_regv", || Err(e)),
+    }
+}
+unsafe extern "C" fn mr_regattr(
+    domain: *mut fi::fid,
+    attr: *const fi::fi_mr_attr,
+    flags: u64,
+    mr: *mut *mut fi::fid_mr,
+) -> i32 {
+    guarded("fi_mr_regattr", || {
+        // SAFETY: NULL or a valid attribute struct from the application.
+        let a =
+            unsafe { attr.as_ref() }.ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?;
+        if a.iface != fi::FI_HMEM_SYSTEM {
+            return Err(Error::new(
+                errno::ENOSYS,
+                "device memory (fi_mr_attr.iface other than FI_HMEM_SYSTEM) is not supported",
+            ));
+        }
+        let (buf, len) = one_range(a.mr_iov, a.iov_count)?;
+        // SAFETY: the application's buffer contract (fi_mr_reg(3)).
+        let p = unsafe {
+            let d = CDomain::from_c(domain.cast(), "domain")?;
+            mr::register(&d.inner, buf, len, a.access, flags, a.context)
+        }?;
+        // SAFETY: checked for NULL, writable per fi_mr_regattr(3).
+        unsafe { put(mr, p, "mr") }.inspect_err(|_| {
+            // SAFETY: just made, never handed out.
+            let _ = unsafe { mr::CMr::close(p, |_| Ok(())) };
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::capi::av::copy_cstr;
-    use crate::capi::fabric::CFabric;
     use crate::capi::fabric::FABRIC_FI_OPS;
     use crate::capi::mr::mr_of;
     use crate::capi::mr::MR_FI_OPS;

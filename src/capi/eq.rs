@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::fabric::CFabric;
 use crate::capi::fid::unshared;
 use crate::capi::fid::{
     bytes_mut, enosys, fi_ops_of, fid, guarded, guarded_len, no_bind, open_context, ops, put,
@@ -94,8 +93,12 @@ pub(crate) static EQ_OPS: fi::fi_ops_eq = fi::fi_ops_eq {
 pub(crate) static CONNREQ_FI_OPS: fi::fi_ops =
     fi_ops_of!(connreq_close, no_bind, crate::capi::fid::no_control);
 
-pub(crate) unsafe extern "C" fn eq_open(
-    fabric: *mut fi::fid_fabric,
+/// `fi_eq_open` on `fabric` (whose handle `fabric.rs` proved).
+///
+/// # Safety
+/// `attr` is NULL or valid; `eq` is NULL or writable.
+pub(crate) unsafe fn open(
+    fabric: &Arc<crate::verbs::Fabric>,
     attr: *mut fi::fi_eq_attr,
     eq: *mut *mut fi::fid_eq,
     context: *mut c_void,
@@ -104,7 +107,7 @@ pub(crate) unsafe extern "C" fn eq_open(
         // SAFETY: the application's fabric fid and NULL or a valid attr.
         let (f, a) = unsafe {
             (
-                CFabric::from_c(fabric, "fabric")?,
+                fabric,
                 attr.as_ref()
                     .ok_or_else(|| Error::new(errno::EINVAL, "attr is NULL"))?,
             )
@@ -119,7 +122,7 @@ pub(crate) unsafe extern "C" fn eq_open(
             return Err(enosys("wait sets (FI_WAIT_SET)"));
         }
         let q = EventQueue::open(
-            &f.inner,
+            f,
             &EqAttr {
                 size: a.size,
                 wait_obj,

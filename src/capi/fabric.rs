@@ -26,12 +26,12 @@ impl Class for CFabric {
 pub(crate) static FABRIC_FI_OPS: fi::fi_ops = fi_ops_of!(fabric_close, fabric_bind, no_control);
 pub(crate) static FABRIC_OPS: fi::fi_ops_fabric = fi::fi_ops_fabric {
     size: std::mem::size_of::<fi::fi_ops_fabric>(),
-    domain: Some(domain::domain_open),
+    domain: Some(domain_open),
     passive_ep: Some(pep_open),
-    eq_open: Some(eq::eq_open),
+    eq_open: Some(eq_open),
     wait_open: Some(n3i),
     trywait: Some(trywait),
-    domain2: Some(domain::domain_open2),
+    domain2: Some(domain_open2),
 };
 /// `fi_fabric` (the provider's `fabric` entry).
 pub(crate) unsafe extern "C" fn fabric_open(
@@ -139,4 +139,55 @@ unsafe extern "C" fn pep_open(
         unsafe { *pep = p };
         Ok(())
     })
+}
+
+/// `fi_eq_open` on this object: the handle is proven here, the child opens itself.
+unsafe extern "C" fn eq_open(
+    fabric: *mut fi::fid_fabric,
+    attr: *mut fi::fi_eq_attr,
+    eq: *mut *mut fi::fid_eq,
+    context: *mut c_void,
+) -> i32 {
+    // SAFETY: the application's handle (its ops are checked).
+    match unsafe { CFabric::from_c(fabric, "fabric") } {
+        // SAFETY: forwarded as received.
+        Ok(p) => unsafe { eq::open(&p.inner, attr, eq, context) },
+        Err(e) => guarded("fi_eq_open", || Err(e)),
+    }
+}
+
+/// `fi_domain` on this fabric.
+unsafe extern "C" fn domain_open(
+    fabric: *mut fi::fid_fabric,
+    info: *mut fi::fi_info,
+    dom: *mut *mut fi::fid_domain,
+    context: *mut c_void,
+) -> i32 {
+    // SAFETY: the application's fabric handle (its ops are checked).
+    match unsafe { CFabric::from_c(fabric, "fabric") } {
+        // SAFETY: forwarded as received.
+        Ok(f) => unsafe { domain::open(&f.inner, info, dom, context) },
+        Err(e) => guarded("fi_domain", || Err(e)),
+    }
+}
+
+/// `fi_domain2`: flags are for peer domains, which rverbs does not open as a peer.
+unsafe extern "C" fn domain_open2(
+    fabric: *mut fi::fid_fabric,
+    info: *mut fi::fi_info,
+    dom: *mut *mut fi::fid_domain,
+    flags: u64,
+    context: *mut c_void,
+) -> i32 {
+    if flags != 0 {
+        return guarded("fi_domain2", || {
+            crate::capi::fid::no_peer_open(flags, "fi_domain2")?;
+            Err(Error::new(
+                errno::EBADFLAGS,
+                format!("fi_domain2 flags {flags:#x}: only FI_PEER is defined"),
+            ))
+        });
+    }
+    // SAFETY: forwarded as received.
+    unsafe { domain_open(fabric, info, dom, context) }
 }
