@@ -207,7 +207,7 @@ unsafe extern "C" fn cq_open(
 
 // ---- memory registration (the domain's fi_ops_mr) ----------------------------------
 
-static MR_OPS: fi::fi_ops_mr = fi::fi_ops_mr {
+pub(crate) static MR_OPS: fi::fi_ops_mr = fi::fi_ops_mr {
     size: std::mem::size_of::<fi::fi_ops_mr>(),
     reg: Some(mr_reg),
     regv: Some(mr_regv),
@@ -314,7 +314,7 @@ unsafe extern "C" fn mr_regattr(
 mod tests {
     use super::*;
     use crate::capi::av::copy_cstr;
-    use crate::capi::fabric::FABRIC_FI_OPS;
+    use crate::capi::fabric::{CFabric, FABRIC_FI_OPS};
     use crate::capi::mr::mr_of;
     use crate::capi::mr::MR_FI_OPS;
     use crate::capi::provider::fi_prov_ini;

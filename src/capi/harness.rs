@@ -517,7 +517,7 @@ fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
                 }
             }
             11 => {
-                let t = &mr::MR_OPS;
+                let t = &domain::MR_OPS;
                 let mut out = null_mut();
                 match c.pick(3) {
                     0 => slot!(t, reg)(hf, a1, l1, flags, 0, 0, flags, &mut out, ctx) as i64,
