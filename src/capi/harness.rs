@@ -265,7 +265,6 @@ impl Drop for Pool {
         self.srx.take();
         self.cq.take();
         self.av.take();
-        let _ = &self.owner;
     }
 }
 

@@ -730,10 +730,10 @@ impl CompletionQueue {
     }
 
     pub(crate) fn unregister_owner(&self, qp_num: u32) {
-        self.owners
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(q, _)| *q != qp_num);
+        let mut v = self.owners.write().unwrap_or_else(|p| p.into_inner());
+        v.retain(|(q, o)| *q != qp_num && o.strong_count() > 0);
+        // With the last owner gone, reads take no lock again.
+        self.has_owners.store(!v.is_empty(), Ordering::SeqCst);
     }
 
     /// Moves device completions into the software queue, in order, until the flush of the
