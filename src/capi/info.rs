@@ -133,6 +133,7 @@ unsafe fn fill(p: *mut fi::fi_info, i: &Info) -> Result<()> {
         e.max_order_raw_size = i.ep_attr.max_order_raw_size;
         e.max_order_war_size = i.ep_attr.max_order_war_size;
         e.max_order_waw_size = i.ep_attr.max_order_waw_size;
+        e.mem_tag_format = i.ep_attr.mem_tag_format;
         e.tx_ctx_cnt = i.ep_attr.tx_ctx_cnt;
         e.rx_ctx_cnt = i.ep_attr.rx_ctx_cnt;
 
@@ -293,6 +294,7 @@ pub unsafe fn from_c(p: *const fi::fi_info) -> Result<Info> {
                 max_order_raw_size: e.max_order_raw_size,
                 max_order_war_size: e.max_order_war_size,
                 max_order_waw_size: e.max_order_waw_size,
+                mem_tag_format: e.mem_tag_format,
                 tx_ctx_cnt: e.tx_ctx_cnt,
                 rx_ctx_cnt: e.rx_ctx_cnt,
             };

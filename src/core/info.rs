@@ -46,6 +46,8 @@ pub struct EpAttr {
     pub max_order_raw_size: usize,
     pub max_order_war_size: usize,
     pub max_order_waw_size: usize,
+    /// Tag bits of tagged endpoints (`FI_TAG_GENERIC`-style layout); 0 without `FI_TAGGED`.
+    pub mem_tag_format: u64,
     pub tx_ctx_cnt: usize,
     pub rx_ctx_cnt: usize,
 }

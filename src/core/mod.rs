@@ -13,4 +13,5 @@ pub mod flags;
 pub mod info;
 pub mod log;
 pub mod peer;
+pub mod rdm;
 pub mod srx;

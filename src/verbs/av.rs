@@ -1,4 +1,5 @@
-//! Address vectors (`fi_av`) for datagram endpoints: UD names mapped to address handles.
+//! Address vectors (`fi_av`): UD names mapped to address handles (datagram endpoints), and
+//! RDM endpoint names (connected on first use by the RDM endpoint).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -9,6 +10,7 @@ use crate::core::addr::fill_name;
 use crate::core::av::AvTable;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::AvType;
+use crate::core::rdm::RdmName;
 use crate::verbs::{os_err, Domain};
 
 /// The Q_Key of every rverbs datagram endpoint (high bit clear: not a controlled key).
@@ -69,10 +71,18 @@ pub struct AvAttr {
     pub count: usize,
 }
 
-/// An address vector of datagram endpoint names (`fi_av_open`).
+/// What an address names: a datagram endpoint (with the handle to reach it) or an RDM
+/// endpoint, told apart by the name's length.
+#[derive(Clone, Debug)]
+pub(crate) enum Dest {
+    Ud(UdDest),
+    Rdm(RdmName),
+}
+
+/// An address vector of endpoint names (`fi_av_open`).
 #[derive(Debug)]
 pub struct AddressVector {
-    table: RwLock<AvTable<UdDest>>,
+    table: RwLock<AvTable<Dest>>,
     /// One address handle per remote port, made on first use and shared by its entries.
     ahs: Mutex<HashMap<[u8; 16], Arc<AddressHandle>>>,
     attr: AvAttr,
@@ -116,6 +126,10 @@ impl AddressVector {
 
     /// Inserts one endpoint name (`fi_av_insert`); returns its `fi_addr_t`.
     pub fn insert(&self, name: &[u8]) -> Result<u64> {
+        if name.len() == RdmName::LEN {
+            let n = RdmName::parse(name)?;
+            return Ok(self.write().insert(&n.to_bytes(), Dest::Rdm(n)));
+        }
         let n = UdName::parse(name)?;
         let ah = {
             let mut ahs = self.ahs.lock().unwrap_or_else(|p| p.into_inner());
@@ -140,12 +154,12 @@ impl AddressVector {
             qpn: n.qpn,
             qkey: n.qkey,
         };
-        Ok(self.write().insert(&n.to_bytes(), peer))
+        Ok(self.write().insert(&n.to_bytes(), Dest::Ud(peer)))
     }
 
     /// Inserts a destination made elsewhere (a multicast group's), under `name`.
     pub(crate) fn insert_dest(&self, name: &UdName, dest: UdDest) -> u64 {
-        self.write().insert(&name.to_bytes(), dest)
+        self.write().insert(&name.to_bytes(), Dest::Ud(dest))
     }
 
     /// Removes an address (`fi_av_remove`); later sends to it fail with `-FI_EINVAL`.
@@ -161,6 +175,9 @@ impl AddressVector {
 
     /// `fi_av_straddr`: a printable form of an endpoint name.
     pub fn straddr(name: &[u8]) -> Result<String> {
+        if name.len() == RdmName::LEN {
+            return RdmName::parse(name).map(|n| n.to_str());
+        }
         UdName::parse(name).map(|n| n.to_str())
     }
 
@@ -169,24 +186,49 @@ impl AddressVector {
         self.read().find(&name.to_bytes())
     }
 
+    /// The address an RDM endpoint name was inserted at, for `FI_SOURCE`.
+    pub fn find_rdm(&self, name: &RdmName) -> Option<u64> {
+        self.read().find(&name.to_bytes())
+    }
+
+    /// The RDM endpoint name at `addr`.
+    pub(crate) fn rdm_name(&self, addr: u64) -> Result<RdmName> {
+        match self.read().get(addr) {
+            Some(Dest::Rdm(n)) => Ok(*n),
+            Some(Dest::Ud(_)) => Err(Error::new(
+                errno::EINVAL,
+                format!("fi_addr {addr:#x} names a datagram endpoint, not an RDM one"),
+            )),
+            None => Err(unknown(addr)),
+        }
+    }
+
     /// Runs `f` on the peer at `addr`, or fails with `-FI_EINVAL` for an unknown address.
     #[inline]
     pub(crate) fn with_peer<R>(&self, addr: u64, f: impl FnOnce(&UdDest) -> R) -> Result<R> {
         let t = self.read();
         match t.get(addr) {
-            Some(p) => Ok(f(p)),
-            None => Err(Error::new(
+            Some(Dest::Ud(p)) => Ok(f(p)),
+            Some(Dest::Rdm(_)) => Err(Error::new(
                 errno::EINVAL,
-                format!("fi_addr {addr:#x} is not in the endpoint's address vector (never inserted, or removed)"),
+                format!("fi_addr {addr:#x} names an RDM endpoint, not a datagram one"),
             )),
+            None => Err(unknown(addr)),
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, AvTable<UdDest>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, AvTable<Dest>> {
         self.table.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AvTable<UdDest>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AvTable<Dest>> {
         self.table.write().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+fn unknown(addr: u64) -> Error {
+    Error::new(
+        errno::EINVAL,
+        format!("fi_addr {addr:#x} is not in the endpoint's address vector (never inserted, or removed)"),
+    )
 }

@@ -15,7 +15,7 @@ pub struct Domain {
     pd: Arc<ProtectionDomain>,
     device: Device,
     info: Info,
-    _fabric: Arc<Fabric>,
+    fabric: Arc<Fabric>,
 }
 
 impl Domain {
@@ -36,7 +36,7 @@ impl Domain {
             pd,
             device,
             info: info.clone(),
-            _fabric: fabric.clone(),
+            fabric: fabric.clone(),
         }))
     }
 
@@ -46,6 +46,10 @@ impl Domain {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    pub(crate) fn fabric(&self) -> &Arc<Fabric> {
+        &self.fabric
     }
 
     pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {

@@ -255,6 +255,40 @@ pub(crate) fn dgram_info(dev: &Device) -> Result<Info> {
     Ok(i)
 }
 
+/// `FI_TAG_GENERIC`: all 64 tag bits are the application's.
+pub const TAG_GENERIC: u64 = 0xaaaa_aaaa_aaaa_aaaa;
+
+/// The RDM endpoint info a device offers: RC connections made on first use, software
+/// matching, eager messages through provider buffers (no registration asked of the
+/// application).
+pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
+    let mut i = msg_info(dev)?;
+    let eager = crate::verbs::rdm_ep::eager_size()?;
+    let recv = Flags::MSG | Flags::TAGGED | Flags::RECV | Flags::DIRECTED_RECV | Flags::SOURCE;
+    i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv;
+    i.addr_format = AddrFormat::Unspec;
+    i.tx_attr.caps = Flags::MSG | Flags::TAGGED | Flags::SEND;
+    i.rx_attr.caps = recv;
+    i.tx_attr.msg_order = fi::FI_ORDER_SAS;
+    i.rx_attr.msg_order = fi::FI_ORDER_SAS;
+    i.tx_attr.comp_order = fi::FI_ORDER_NONE;
+    i.rx_attr.comp_order = fi::FI_ORDER_NONE;
+    i.tx_attr.inject_size = eager;
+    i.tx_attr.iov_limit = rfabric_sys::verbs::MAX_IOV;
+    i.rx_attr.iov_limit = 1;
+    i.ep_attr.ep_type = EpType::Rdm;
+    i.ep_attr.protocol = fi::FI_PROTO_UNSPEC;
+    i.ep_attr.max_msg_size = eager;
+    i.ep_attr.max_order_raw_size = 0;
+    i.ep_attr.max_order_war_size = 0;
+    i.ep_attr.max_order_waw_size = 0;
+    i.ep_attr.mem_tag_format = TAG_GENERIC;
+    i.domain_attr.mr_mode = MrMode::empty();
+    i.domain_attr.cq_data_size = 8;
+    i.domain_attr.max_err_data = 0;
+    Ok(i)
+}
+
 fn resolve(node: Option<&str>, service: Option<&str>, passive: bool) -> Result<Option<SocketAddr>> {
     if node.is_none() && service.is_none() {
         return Ok(None);
@@ -378,12 +412,19 @@ pub fn getinfo(
         .filter(|d| only.as_ref().is_none_or(|n| n == &d.name))
     {
         let dgram = hints.ep_attr.ep_type == EpType::Dgram;
+        let rdm = hints.ep_attr.ep_type == EpType::Rdm;
         let mut info = if dgram {
             dgram_info(dev)?
+        } else if rdm {
+            rdm_info(dev)?
         } else {
             msg_info(dev)?
         };
-        if dgram {
+        if rdm {
+            // RDM names come from fi_getname (RdmName), not from IP addresses.
+            info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
+            info.dest_addr = None;
+        } else if dgram {
             // Datagram names are FI_ADDR_IB_UD (fi_getname, fi_av_insert): an IP address
             // here would be read as one.
             info.src_addr = None;
@@ -396,7 +437,7 @@ pub fn getinfo(
             .dest_addr
             .as_ref()
             .or(info.src_addr.as_ref())
-            .filter(|_| !dgram)
+            .filter(|_| !dgram && !rdm)
         {
             info.addr_format = addr_format_of(a);
         }

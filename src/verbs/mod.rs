@@ -17,6 +17,7 @@ pub mod mr;
 pub mod msg_ep;
 pub(crate) mod multi_recv;
 pub mod pep;
+pub mod rdm_ep;
 pub mod srx;
 pub(crate) mod wr_id;
 
@@ -31,6 +32,7 @@ pub use info::{devices, getinfo, Device};
 pub use mr::MemoryRegion;
 pub use msg_ep::MsgEndpoint;
 pub use pep::PassiveEndpoint;
+pub use rdm_ep::{RdmEndpoint, RecvBuf};
 pub use srx::SharedRxContext;
 
 use crate::core::error::{errno, Error};

@@ -41,6 +41,9 @@ struct Control {
     id: Option<CmId>,
     eq: Option<Arc<EventQueue>>,
     cqs: CqBinding,
+    /// A connection of an RDM endpoint, which reserves CQ entries for all of its
+    /// connections at once (its send buffers and its SRQ bound them).
+    reserved_by_owner: bool,
 }
 
 /// State shared between the endpoint and its event queue.
@@ -167,7 +170,9 @@ impl Drop for EpShared {
         if let (Some(eq), Some(ident)) = (c.eq.take(), ident) {
             eq.unregister(ident);
         }
-        if let (Some(cq), Some(q)) = (&c.cqs.rx_cq, qpn) {
+        // An RDM endpoint's connection: its owner keeps routing the QP's completions still
+        // in the CQ, and unregisters it when it closes.
+        if let (Some(cq), Some(q), false) = (&c.cqs.rx_cq, qpn, c.reserved_by_owner) {
             cq.unregister_owner(q);
         }
     }
@@ -365,7 +370,11 @@ impl MsgEndpoint {
         );
         // Each receive the QP can complete needs a CQ entry: its own queue's, or the SRQ's.
         let rx_depth = srx.map_or(want.max_recv_wr, |s| s.size() as u32);
-        c.cqs.reserve(want.max_send_wr, rx_depth)?;
+        if c.reserved_by_owner {
+            c.cqs.reserve(0, 0)?;
+        } else {
+            c.cqs.reserve(want.max_send_wr, rx_depth)?;
+        }
         let (tx, rx) = (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone());
         let (Some(tx), Some(rx)) = (tx, rx) else {
             unreachable!("reserve checked both CQs are bound")
@@ -436,8 +445,19 @@ impl MsgEndpoint {
     }
 
     #[inline]
-    fn qp(&self) -> Result<&QpHandle> {
+    pub(crate) fn qp(&self) -> Result<&QpHandle> {
         self.shared.qp().ok_or_else(not_enabled)
+    }
+
+    /// Marks the endpoint a connection of an RDM endpoint, before `enable`: its CQ entries
+    /// are the owner's to reserve.
+    pub(crate) fn reserved_by_owner(&self) {
+        self.shared.ctl().reserved_by_owner = true;
+    }
+
+    /// Disconnects without waiting for a flush (an RDM endpoint's connection closing).
+    pub(crate) fn disconnect(&self) {
+        self.shared.disconnect_quietly();
     }
 
     fn require_eq(&self) -> Result<()> {

@@ -36,6 +36,10 @@ pub(crate) enum Kind {
     /// A datagram receive smaller than the MTU, with a provider overflow element behind it
     /// so that a longer datagram is reported truncated (with `olen`) instead of lost.
     DgramShort = 7,
+    /// An RDM endpoint's bounce buffer on its SRQ; the context is the buffer's index.
+    RdmRecv = 8,
+    /// An RDM endpoint's send from a bounce buffer; the context is the buffer's index.
+    RdmSend = 9,
 }
 
 /// The kind of a send: with remote CQ data (immediate data) or without.
@@ -89,7 +93,11 @@ pub(crate) fn is_marker(wr_id: u64) -> bool {
 #[inline(always)]
 pub(crate) fn is_owned(wr_id: u64) -> bool {
     let k = (wr_id >> KIND_SHIFT) & KIND_MASK;
-    k == Kind::MultiRecv as u64 || k == Kind::DgramRecv as u64 || k == Kind::DgramShort as u64
+    k == Kind::MultiRecv as u64
+        || k == Kind::DgramRecv as u64
+        || k == Kind::DgramShort as u64
+        || k == Kind::RdmRecv as u64
+        || k == Kind::RdmSend as u64
 }
 
 #[inline(always)]

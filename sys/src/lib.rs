@@ -9,6 +9,7 @@
 pub mod clock;
 pub mod cm;
 pub mod fabric;
+pub mod mem;
 pub mod verbs;
 pub mod wait;
 

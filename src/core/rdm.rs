@@ -1,0 +1,399 @@
+//! Reliable connectionless (`FI_EP_RDM`) protocol state, with no I/O: the endpoint name,
+//! the wire header in front of eager data, and each peer's link (an RC connection made on
+//! first use, with simultaneous connects resolved by name order). The verbs RDM endpoint
+//! drives these and only moves bytes.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use crate::core::error::{errno, Error, Result};
+
+/// The name of an RDM endpoint (`fi_getname`), 40 bytes: what a peer needs to connect (the
+/// listener's IP address and port) and to tell whether it is on this host (the host id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RdmName {
+    /// The listener's address; IPv4 as an IPv4-mapped IPv6 address.
+    pub ip: [u8; 16],
+    pub port: u16,
+    /// Same value for every endpoint of one host (from its boot id).
+    pub host: u64,
+    /// Tells apart endpoints that reuse a listener's port over time.
+    pub nonce: u32,
+}
+
+const NAME_MAGIC: [u8; 2] = *b"rD";
+const NAME_VERSION: u8 = 1;
+
+impl RdmName {
+    pub const LEN: usize = 40;
+
+    pub fn new(listener: SocketAddr, host: u64, nonce: u32) -> Self {
+        let ip = match listener.ip() {
+            IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
+            IpAddr::V6(v) => v.octets(),
+        };
+        RdmName {
+            ip,
+            port: listener.port(),
+            host,
+            nonce,
+        }
+    }
+
+    /// Where its listener waits for connections.
+    pub fn sockaddr(&self) -> SocketAddr {
+        let v6 = Ipv6Addr::from(self.ip);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), self.port),
+            None => SocketAddr::new(IpAddr::V6(v6), self.port),
+        }
+    }
+
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..2].copy_from_slice(&NAME_MAGIC);
+        b[2] = NAME_VERSION;
+        b[4..6].copy_from_slice(&self.port.to_be_bytes());
+        b[8..24].copy_from_slice(&self.ip);
+        b[24..32].copy_from_slice(&self.host.to_le_bytes());
+        b[32..36].copy_from_slice(&self.nonce.to_le_bytes());
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() != Self::LEN || b[0..2] != NAME_MAGIC || b[2] != NAME_VERSION {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "not an rverbs RDM endpoint name ({} bytes; a name is the {} bytes fi_getname gives)",
+                    b.len(),
+                    Self::LEN
+                ),
+            ));
+        }
+        let mut ip = [0u8; 16];
+        ip.copy_from_slice(&b[8..24]);
+        Ok(RdmName {
+            ip,
+            port: u16::from_be_bytes([b[4], b[5]]),
+            host: u64::from_le_bytes(b[24..32].try_into().unwrap_or_default()),
+            nonce: u32::from_le_bytes(b[32..36].try_into().unwrap_or_default()),
+        })
+    }
+
+    /// `fi_av_straddr`'s form: `fi_rverbs_rdm://<ip>:<port>/<host>/<nonce>`.
+    pub fn to_str(&self) -> String {
+        format!(
+            "fi_rverbs_rdm://{}/{:#x}/{:#x}",
+            self.sockaddr(),
+            self.host,
+            self.nonce
+        )
+    }
+}
+
+/// What a message carries: untagged (`fi_msg`) or tagged (`fi_tagged`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Msg = 1,
+    Tag = 2,
+}
+
+/// The header in front of each eager message's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub op: Op,
+    pub tag: u64,
+    /// `FI_REMOTE_CQ_DATA`.
+    pub data: Option<u64>,
+    /// Bytes of payload behind the header.
+    pub len: u32,
+}
+
+const HDR_MAGIC: u8 = 0xe7;
+const HAS_DATA: u8 = 1;
+
+impl Header {
+    pub const LEN: usize = 24;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0] = HDR_MAGIC;
+        b[1] = self.op as u8;
+        b[2] = if self.data.is_some() { HAS_DATA } else { 0 };
+        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.tag.to_le_bytes());
+        b[16..24].copy_from_slice(&self.data.unwrap_or(0).to_le_bytes());
+        b
+    }
+
+    /// Reads the header of a received message of `received` bytes in all.
+    pub fn decode(b: &[u8], received: usize) -> Result<Header> {
+        let bad = |why: String| Error::new(errno::EIO, format!("malformed RDM message: {why}"));
+        if received < Self::LEN || b.len() < Self::LEN {
+            return Err(bad(format!("{received} bytes, shorter than its header")));
+        }
+        if b[0] != HDR_MAGIC {
+            return Err(bad(format!("header magic {:#x}", b[0])));
+        }
+        let op = match b[1] {
+            1 => Op::Msg,
+            2 => Op::Tag,
+            o => return Err(bad(format!("operation {o}"))),
+        };
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let len = u32::from_le_bytes(b[4..8].try_into().unwrap_or_default());
+        if len as usize != received - Self::LEN {
+            return Err(bad(format!(
+                "header says {len} bytes, {} arrived",
+                received - Self::LEN
+            )));
+        }
+        Ok(Header {
+            op,
+            tag: u64_at(8),
+            data: (b[2] & HAS_DATA != 0).then(|| u64_at(16)),
+            len,
+        })
+    }
+}
+
+/// A peer's link: no connection, one being made, or one carrying its traffic. `C` names a
+/// connection (the transport's token).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link<C> {
+    Idle,
+    /// Our connect is under way; sends wait.
+    Connecting(C),
+    /// The peer's connect, accepted while ours was under way (or instead of one); sends wait.
+    Accepting(C),
+    Connected(C),
+}
+
+/// What to do with a send to a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendPath<C> {
+    /// Post it on this connection.
+    Post(C),
+    /// Queue it behind the connection under way.
+    Wait,
+    /// Queue it and start connecting (then call [`PeerLink::connecting`]).
+    Connect,
+}
+
+/// The answer to a peer's connection request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    Accept,
+    /// Our own connect wins (the lower name's connection is kept); the peer accepts ours.
+    Reject,
+}
+
+/// One peer's connection state, made on first use from either side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerLink<C> {
+    pub link: Link<C>,
+    /// Our connect that lost a simultaneous race: its rejection is expected, not an error.
+    pub superseded: Option<C>,
+}
+
+impl<C: Copy + PartialEq> Default for PeerLink<C> {
+    fn default() -> Self {
+        PeerLink {
+            link: Link::Idle,
+            superseded: None,
+        }
+    }
+}
+
+impl<C: Copy + PartialEq> PeerLink<C> {
+    pub fn send_path(&self) -> SendPath<C> {
+        match self.link {
+            Link::Connected(c) => SendPath::Post(c),
+            Link::Connecting(_) | Link::Accepting(_) => SendPath::Wait,
+            Link::Idle => SendPath::Connect,
+        }
+    }
+
+    /// Our connect `c` started.
+    pub fn connecting(&mut self, c: C) {
+        self.link = Link::Connecting(c);
+    }
+
+    /// A connection request from the peer named `remote`, to us named `local`. When both
+    /// connect at once, the connection the lower name opened is kept on both sides.
+    pub fn request(&self, local: &[u8], remote: &[u8]) -> Request {
+        match self.link {
+            Link::Idle => Request::Accept,
+            Link::Connecting(_) if remote < local => Request::Accept,
+            // Ours wins, or a connection is already up or being accepted: a request now is
+            // a duplicate (the peer's stale retry), refused.
+            _ => Request::Reject,
+        }
+    }
+
+    /// We accepted the peer's request as connection `c`; an own connect under way is
+    /// superseded.
+    pub fn accepting(&mut self, c: C) {
+        if let Link::Connecting(own) = self.link {
+            self.superseded = Some(own);
+        }
+        self.link = Link::Accepting(c);
+    }
+
+    /// Connection `c` is established; true when it carries this peer's traffic from now on
+    /// (the waiting sends go there).
+    pub fn established(&mut self, c: C) -> bool {
+        match self.link {
+            Link::Connecting(x) | Link::Accepting(x) if x == c => {
+                self.link = Link::Connected(c);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Connection `c` failed to connect (refused or unreachable); true when the waiting
+    /// sends fail with it, false when it was superseded or unknown.
+    pub fn failed(&mut self, c: C) -> bool {
+        if self.superseded == Some(c) {
+            self.superseded = None;
+            return false;
+        }
+        match self.link {
+            Link::Connecting(x) | Link::Accepting(x) if x == c => {
+                self.link = Link::Idle;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Connection `c` went down (the peer disconnected or closed); the next send connects
+    /// again. True when it was the peer's link.
+    pub fn disconnected(&mut self, c: C) -> bool {
+        if self.superseded == Some(c) {
+            self.superseded = None;
+        }
+        match self.link {
+            Link::Connected(x) | Link::Connecting(x) | Link::Accepting(x) if x == c => {
+                self.link = Link::Idle;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A host id shared by every process of this machine: from the kernel's boot id, else
+/// the host name, hashed (FNV-1a).
+pub fn host_id(boot_id: Option<&str>, hostname: &str) -> u64 {
+    let src = boot_id
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .unwrap_or(hostname);
+    src.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_refuse_other_bytes() {
+        for a in ["192.168.7.2:4791", "[fe80::1]:18515"] {
+            let n = RdmName::new(a.parse().unwrap(), 0x1122_3344_5566_7788, 9);
+            let b = n.to_bytes();
+            assert_eq!(RdmName::parse(&b).unwrap(), n);
+            assert_eq!(n.sockaddr(), a.parse().unwrap());
+            assert!(RdmName::parse(&b[..39]).is_err());
+            let mut c = b;
+            c[0] = 0;
+            assert_eq!(RdmName::parse(&c).unwrap_err().errno(), errno::EINVAL);
+        }
+        assert!(
+            RdmName::parse(&[0u8; 24]).is_err(),
+            "a UD name is not an RDM name"
+        );
+    }
+
+    #[test]
+    fn headers_round_trip_and_lengths_must_agree() {
+        let h = Header {
+            op: Op::Tag,
+            tag: u64::MAX - 3,
+            data: Some(0xdead_beef_0000_0001),
+            len: 100,
+        };
+        let b = h.encode();
+        assert_eq!(Header::decode(&b, Header::LEN + 100).unwrap(), h);
+        assert!(Header::decode(&b, Header::LEN + 99).is_err());
+        assert!(Header::decode(&b[..10], 10).is_err());
+        let u = Header {
+            op: Op::Msg,
+            tag: 0,
+            data: None,
+            len: 0,
+        };
+        assert_eq!(Header::decode(&u.encode(), Header::LEN).unwrap(), u);
+        let mut bad = u.encode();
+        bad[1] = 7;
+        assert_eq!(
+            Header::decode(&bad, Header::LEN).unwrap_err().errno(),
+            errno::EIO
+        );
+    }
+
+    #[test]
+    fn first_send_connects_and_later_ones_wait_then_post() {
+        let mut p = PeerLink::<u32>::default();
+        assert_eq!(p.send_path(), SendPath::Connect);
+        p.connecting(1);
+        assert_eq!(p.send_path(), SendPath::Wait);
+        assert!(p.established(1));
+        assert_eq!(p.send_path(), SendPath::Post(1));
+        assert!(p.disconnected(1));
+        assert_eq!(p.send_path(), SendPath::Connect, "a later send reconnects");
+    }
+
+    #[test]
+    fn simultaneous_connects_keep_the_lower_names_connection_on_both_sides() {
+        let (low, high) = (b"aaaa".as_slice(), b"bbbb".as_slice());
+        // Each side started its own connect, then sees the other's request.
+        let mut at_low = PeerLink::<u32>::default();
+        at_low.connecting(10);
+        let mut at_high = PeerLink::<u32>::default();
+        at_high.connecting(20);
+        assert_eq!(at_low.request(low, high), Request::Reject);
+        assert_eq!(at_high.request(high, low), Request::Accept);
+        at_high.accepting(21);
+        // The high side's own connect is refused by the low side: expected, no error.
+        assert!(!at_high.failed(20));
+        assert!(at_high.established(21));
+        assert!(at_low.established(10));
+        assert_eq!(at_low.send_path(), SendPath::Post(10));
+        assert_eq!(at_high.send_path(), SendPath::Post(21));
+    }
+
+    #[test]
+    fn a_refused_connect_fails_its_sends_and_duplicates_are_refused() {
+        let mut p = PeerLink::<u32>::default();
+        p.connecting(3);
+        assert!(p.failed(3));
+        assert_eq!(p.send_path(), SendPath::Connect);
+        assert!(!p.failed(3), "reported once");
+        p.connecting(4);
+        p.established(4);
+        assert_eq!(p.request(b"b", b"a"), Request::Reject, "already connected");
+        assert!(!p.disconnected(99), "an unknown connection changes nothing");
+        assert_eq!(p.send_path(), SendPath::Post(4));
+    }
+
+    #[test]
+    fn host_ids_follow_the_boot_id() {
+        assert_eq!(host_id(Some("abc\n"), "x"), host_id(Some("abc"), "y"));
+        assert_ne!(host_id(Some("abc"), "x"), host_id(Some("abd"), "x"));
+        assert_eq!(host_id(None, "node1"), host_id(Some(""), "node1"));
+    }
+}

@@ -1,0 +1,1306 @@
+//! Reliable connectionless endpoints (`FI_EP_RDM`, DESIGN.md decision 11): RC connections
+//! made on first use from either side, provider bounce buffers on one SRQ per endpoint
+//! (receive memory O(1) in peers), and software matching in `core::srx`.
+//!
+//! Messages travel eagerly: a header (`core::rdm::Header`) and the payload, copied into a
+//! registered send buffer, so application buffers need no registration. Larger messages
+//! (rendezvous) are not built yet: `max_msg_size` says how large a message may be.
+//!
+//! Locks: `Inner` is taken inside a CQ poll (owned completions), so nothing that holds it
+//! may take a CQ lock: completions made outside a poll are written once it is released,
+//! and connections are opened and bound outside it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
+use rfabric_sys::mem::{copy_out, CopyTarget, ForeignBuf};
+use rfabric_sys::verbs::{self as sv, send_flags, WorkCompletion};
+
+use crate::core::cq::{CqEntry, CqErrEntry};
+use crate::core::eq::EqEvent;
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::{EpType, Flags};
+use crate::core::info::{Info, RxAttr};
+use crate::core::rdm::{host_id, Header, Op, PeerLink, RdmName, Request, SendPath};
+use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
+use crate::verbs::cq::{Owned, PeerProgress, RecvOwner};
+use crate::verbs::ep_common::{lock, CqBinding};
+use crate::verbs::eq::ConnRequest;
+use crate::verbs::wr_id::{self, Kind};
+use crate::verbs::{
+    AddressVector, CompletionQueue, Domain, EqAttr, EventQueue, MemoryRegion, MsgEndpoint,
+    PassiveEndpoint, SharedRxContext,
+};
+
+/// The context of the listener's events on the endpoint's own EQ (connections use their
+/// index).
+const LISTENER: u64 = u64::MAX >> 8;
+
+/// Bytes of each bounce buffer, header included (`FI_RVERBS_RDM_BUFFER_SIZE`).
+fn buffer_size() -> Result<usize> {
+    match crate::core::env::get_usize_or("FI_RVERBS_RDM_BUFFER_SIZE", 8192)? {
+        n @ 256..=1048576 => Ok(n),
+        n => Err(Error::new(
+            errno::EINVAL,
+            format!("FI_RVERBS_RDM_BUFFER_SIZE={n}: use 256 to 1048576 bytes"),
+        )),
+    }
+}
+
+/// The largest message the eager protocol carries: a bounce buffer less its header.
+pub(crate) fn eager_size() -> Result<usize> {
+    Ok(buffer_size()? - Header::LEN)
+}
+
+/// Where a receive's bytes go: registered memory of the application's, or a C buffer.
+#[derive(Clone, Debug)]
+pub enum RecvBuf {
+    Region {
+        mr: Arc<sv::MemoryRegion>,
+        offset: usize,
+        len: usize,
+    },
+    Foreign(ForeignBuf),
+}
+
+impl RecvBuf {
+    /// `len` bytes at `offset` of `mr`.
+    pub fn region(mr: &MemoryRegion, offset: usize, len: usize) -> Result<Self> {
+        if offset.checked_add(len).is_none_or(|e| e > mr.len()) {
+            return Err(mr.range_error(offset, len));
+        }
+        Ok(RecvBuf::Region {
+            mr: mr.sys().clone(),
+            offset,
+            len,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            RecvBuf::Region { len, .. } => *len,
+            RecvBuf::Foreign(f) => f.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn addr(&self) -> u64 {
+        match self {
+            RecvBuf::Region { mr, offset, .. } => mr.addr() + *offset as u64,
+            RecvBuf::Foreign(f) => f.addr(),
+        }
+    }
+
+    fn target(&self, at: usize) -> CopyTarget<'_> {
+        match self {
+            RecvBuf::Region { mr, offset, .. } => CopyTarget::Region(mr, offset + at),
+            RecvBuf::Foreign(f) => CopyTarget::Foreign(f, at),
+        }
+    }
+}
+
+/// A send buffer in flight.
+#[derive(Clone, Copy, Debug, Default)]
+struct TxMeta {
+    context: u64,
+    flags: Flags,
+    tag: u64,
+    data: u64,
+    /// No success completion wanted (`fi_inject`, or selective completion without
+    /// `FI_COMPLETION`).
+    quiet: bool,
+    /// The connection it was posted on (`u32::MAX` while it waits for one).
+    conn: u32,
+}
+
+/// A received bounce buffer held for an unexpected message.
+#[derive(Clone, Copy, Debug, Default)]
+struct RxMeta {
+    data: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Peer {
+    name: RdmName,
+    bytes: [u8; RdmName::LEN],
+    /// Its address in the endpoint's AV (`FI_ADDR_NOTAVAIL` until found there).
+    addr: u64,
+    link: PeerLink<u32>,
+    /// Send buffers waiting for the link.
+    waiting: VecDeque<u32>,
+}
+
+#[derive(Debug)]
+enum ConnSlot {
+    /// Being opened outside the lock.
+    Opening {
+        peer: u32,
+    },
+    Open(Conn),
+}
+
+#[derive(Debug)]
+struct Conn {
+    ep: MsgEndpoint,
+    peer: u32,
+    /// Sends posted and not yet completed: the connection goes once it is down and this is 0.
+    in_flight: u32,
+    down: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    engine: RxEngine<RecvBuf>,
+    peers: Vec<Peer>,
+    by_name: HashMap<[u8; RdmName::LEN], u32>,
+    conns: Vec<Option<ConnSlot>>,
+    /// The peer behind each queue pair ever connected (messages may still be polled after
+    /// their connection went); the CQs route these QPs' completions here until close.
+    qpn_peer: HashMap<u32, u32>,
+    tx_free: Vec<u32>,
+    tx: Vec<TxMeta>,
+    rx: Vec<RxMeta>,
+}
+
+#[derive(Debug)]
+struct Enabled {
+    /// First to go: connections (their QPs) before the SRQ and buffers they use.
+    inner: Mutex<Inner>,
+    pep: PassiveEndpoint,
+    eq: Arc<EventQueue>,
+    name: RdmName,
+    bytes: [u8; RdmName::LEN],
+    srx: Arc<SharedRxContext>,
+    rx_pool: MemoryRegion,
+    tx_pool: MemoryRegion,
+    slot: usize,
+    tx_cq: Arc<CompletionQueue>,
+    rx_cq: Arc<CompletionQueue>,
+    av: Arc<AddressVector>,
+    tx_selective: bool,
+    rx_selective: bool,
+    /// Connections opened, for tests and logs.
+    opened: AtomicU32,
+}
+
+#[derive(Debug, Default)]
+struct Ctl {
+    av: Option<Arc<AddressVector>>,
+    cqs: CqBinding,
+    tx_selective: bool,
+    rx_selective: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    me: Weak<Shared>,
+    on: OnceLock<Enabled>,
+    ctl: Mutex<Ctl>,
+    info: Info,
+    domain: Arc<Domain>,
+}
+
+/// A reliable connectionless endpoint (`fi_endpoint` with `FI_EP_RDM`).
+#[derive(Debug)]
+pub struct RdmEndpoint {
+    sh: Arc<Shared>,
+}
+
+fn not_enabled() -> Error {
+    Error::new(
+        errno::EOPBADSTATE,
+        "endpoint not enabled: bind an AV and CQs, then enable it",
+    )
+}
+
+/// A process-unique nonce for names: the process id and a counter.
+fn nonce() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    std::process::id().rotate_left(12) ^ NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn this_host() -> u64 {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    host_id(boot.as_deref(), host.trim())
+}
+
+impl RdmEndpoint {
+    /// Opens an RDM endpoint on `domain` with the attributes of `info` (an RDM info).
+    pub fn open(domain: &Arc<Domain>, info: &Info) -> Result<Self> {
+        if info.ep_attr.ep_type != EpType::Rdm {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("{:?} info given to an RDM endpoint", info.ep_attr.ep_type),
+            ));
+        }
+        Ok(RdmEndpoint {
+            sh: Arc::new_cyclic(|me| Shared {
+                me: me.clone(),
+                on: OnceLock::new(),
+                ctl: Mutex::default(),
+                info: info.clone(),
+                domain: domain.clone(),
+            }),
+        })
+    }
+
+    /// Binds the address vector its destinations come from (`fi_ep_bind` of an AV).
+    pub fn bind_av(&self, av: &Arc<AddressVector>) -> Result<()> {
+        let mut c = lock(&self.sh.ctl);
+        if self.sh.on.get().is_some() {
+            return Err(Error::new(errno::EOPBADSTATE, "bind before enabling"));
+        }
+        if c.av.is_some() {
+            return Err(Error::new(errno::EINVAL, "endpoint already bound to an AV"));
+        }
+        if !Arc::ptr_eq(av.domain(), &self.sh.domain) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the AV belongs to another domain",
+            ));
+        }
+        c.av = Some(av.clone());
+        Ok(())
+    }
+
+    /// Binds a CQ for `FI_TRANSMIT` and/or `FI_RECV` completions, with
+    /// `FI_SELECTIVE_COMPLETION` if asked.
+    pub fn bind_cq(&self, cq: &Arc<CompletionQueue>, flags: Flags) -> Result<()> {
+        let mut c = lock(&self.sh.ctl);
+        if self.sh.on.get().is_some() {
+            return Err(Error::new(errno::EOPBADSTATE, "bind before enabling"));
+        }
+        let (tx, rx) = (flags.contains(Flags::TRANSMIT), flags.contains(Flags::RECV));
+        if !tx && !rx {
+            return Err(Error::new(
+                errno::EINVAL,
+                "bind a CQ with FI_TRANSMIT and/or FI_RECV",
+            ));
+        }
+        if (tx && c.cqs.tx_cq.is_some()) || (rx && c.cqs.rx_cq.is_some()) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "a CQ is already bound for that direction",
+            ));
+        }
+        let sel = flags.contains(Flags::SELECTIVE_COMPLETION);
+        if tx {
+            cq.bind()?;
+            c.cqs.tx_cq = Some(cq.clone());
+            c.tx_selective = sel;
+        }
+        if rx {
+            cq.bind()?;
+            c.cqs.rx_cq = Some(cq.clone());
+            c.rx_selective = sel;
+        }
+        Ok(())
+    }
+
+    /// Starts the endpoint (`fi_enable`): its listener, SRQ and buffers.
+    pub fn enable(&self) -> Result<()> {
+        let mut c = lock(&self.sh.ctl);
+        if self.sh.on.get().is_some() {
+            return Ok(());
+        }
+        let av = c.av.clone().ok_or_else(|| {
+            Error::new(
+                errno::ENOAV,
+                "bind an address vector before enabling an RDM endpoint",
+            )
+        })?;
+        let info = &self.sh.info;
+        let dev = self.sh.domain.device();
+        let slot = buffer_size()?;
+        let tx_n = info.tx_attr.size.clamp(1, dev.attr.max_qp_wr as usize);
+        let rx_n = info
+            .rx_attr
+            .size
+            .clamp(1, dev.attr.max_srq_wr.max(1) as usize);
+        // One CQ entry per send buffer and per SRQ receive, whatever the number of peers.
+        c.cqs.reserve(tx_n as u32, rx_n as u32)?;
+        let reserved = (|| {
+            let (Some(tx_cq), Some(rx_cq)) = (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone()) else {
+                unreachable!("reserve checked both CQs are bound")
+            };
+            let srx = SharedRxContext::open(
+                &self.sh.domain,
+                &RxAttr {
+                    size: rx_n,
+                    iov_limit: 1,
+                    ..Default::default()
+                },
+            )?;
+            let rx_pool = MemoryRegion::alloc(&self.sh.domain, rx_n * slot, Flags::RECV)?;
+            let tx_pool = MemoryRegion::alloc(&self.sh.domain, tx_n * slot, Flags::SEND)?;
+            let eq = EventQueue::open(self.sh.domain.fabric(), &EqAttr::default())?;
+            let mut linfo = self.sh.msg_info()?;
+            let ip = linfo.src_addr.map(|a| a.ip()).ok_or_else(|| {
+                Error::new(
+                    errno::EADDRNOTAVAIL,
+                    format!(
+                        "{} has no IP address: RDM endpoints connect through rdma_cm",
+                        dev.name
+                    ),
+                )
+            })?;
+            linfo.src_addr = Some(std::net::SocketAddr::new(ip, 0));
+            let pep = PassiveEndpoint::open(self.sh.domain.fabric(), &linfo, LISTENER)?;
+            pep.bind_eq(&eq)?;
+            pep.listen()?;
+            let at = pep
+                .getname()
+                .ok_or_else(|| Error::new(errno::EADDRNOTAVAIL, "the listener has no address"))?;
+            let name = RdmName::new(at, this_host(), nonce());
+            Ok::<_, Error>(Enabled {
+                inner: Mutex::new(Inner {
+                    engine: RxEngine::new(rx_n + info.rx_attr.size.max(1)),
+                    peers: Vec::new(),
+                    by_name: HashMap::new(),
+                    conns: Vec::new(),
+                    qpn_peer: HashMap::new(),
+                    tx_free: (0..tx_n as u32).rev().collect(),
+                    tx: vec![TxMeta::default(); tx_n],
+                    rx: vec![RxMeta::default(); rx_n],
+                }),
+                pep,
+                eq,
+                name,
+                bytes: name.to_bytes(),
+                srx,
+                rx_pool,
+                tx_pool,
+                slot,
+                tx_cq,
+                rx_cq,
+                av,
+                tx_selective: c.tx_selective,
+                rx_selective: c.rx_selective,
+                opened: AtomicU32::new(0),
+            })
+        })();
+        let en = match reserved {
+            Ok(en) => en,
+            Err(e) => {
+                c.cqs.unreserve();
+                return Err(e);
+            }
+        };
+        for i in 0..rx_n as u32 {
+            post_bounce(&en, i)?;
+        }
+        let _ = self.sh.on.set(en);
+        let Some(en) = self.sh.on.get() else {
+            unreachable!()
+        };
+        let me: Weak<dyn PeerProgress> = self.sh.me.clone();
+        en.rx_cq.add_peer(me.clone())?;
+        if !Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
+            en.tx_cq.add_peer(me)?;
+        }
+        crate::fi_info!(
+            "rdm",
+            "RDM endpoint {} enabled: {} send and {} receive buffers of {} bytes",
+            en.name.to_str(),
+            tx_n,
+            rx_n,
+            slot
+        );
+        Ok(())
+    }
+
+    fn en(&self) -> Result<&Enabled> {
+        self.sh.on.get().ok_or_else(not_enabled)
+    }
+
+    /// The endpoint's name (`fi_getname`): what peers insert into their AVs.
+    pub fn getname(&self) -> Result<RdmName> {
+        Ok(self.en()?.name)
+    }
+
+    /// The largest message it carries (eager only, for now).
+    pub fn max_msg_size(&self) -> usize {
+        self.sh.on.get().map_or_else(
+            || eager_size().unwrap_or(8192 - Header::LEN),
+            |en| en.slot - Header::LEN,
+        )
+    }
+
+    /// `fi_inject` size: every message up to the eager size is copied at once.
+    pub fn inject_size(&self) -> usize {
+        self.max_msg_size()
+    }
+
+    /// Connections made so far (from either side).
+    pub fn connections_opened(&self) -> u32 {
+        self.sh
+            .on
+            .get()
+            .map_or(0, |e| e.opened.load(Ordering::Relaxed))
+    }
+
+    /// `fi_send`.
+    pub fn send(&self, buf: &[u8], dest: u64, context: u64) -> Result<()> {
+        self.post(&[buf], dest, Op::Msg, 0, None, context, Flags::empty())
+    }
+
+    /// `fi_senddata`: with `FI_REMOTE_CQ_DATA`.
+    pub fn senddata(&self, buf: &[u8], data: u64, dest: u64, context: u64) -> Result<()> {
+        self.post(
+            &[buf],
+            dest,
+            Op::Msg,
+            0,
+            Some(data),
+            context,
+            Flags::empty(),
+        )
+    }
+
+    /// `fi_tsend`.
+    pub fn tsend(&self, buf: &[u8], tag: u64, dest: u64, context: u64) -> Result<()> {
+        self.post(&[buf], dest, Op::Tag, tag, None, context, Flags::empty())
+    }
+
+    /// `fi_tsenddata`.
+    pub fn tsenddata(
+        &self,
+        buf: &[u8],
+        data: u64,
+        tag: u64,
+        dest: u64,
+        context: u64,
+    ) -> Result<()> {
+        self.post(
+            &[buf],
+            dest,
+            Op::Tag,
+            tag,
+            Some(data),
+            context,
+            Flags::empty(),
+        )
+    }
+
+    /// `fi_inject`: the buffer is free at return and no completion is written.
+    pub fn inject(&self, buf: &[u8], dest: u64) -> Result<()> {
+        self.post(&[buf], dest, Op::Msg, 0, None, 0, Flags::INJECT)
+    }
+
+    /// `fi_tinject`.
+    pub fn tinject(&self, buf: &[u8], tag: u64, dest: u64) -> Result<()> {
+        self.post(&[buf], dest, Op::Tag, tag, None, 0, Flags::INJECT)
+    }
+
+    /// `fi_sendmsg` / `fi_tsendmsg` (with `tag`): gathered from `iov`, with `data` as
+    /// `FI_REMOTE_CQ_DATA`, and `flags` (`FI_INJECT`, `FI_COMPLETION`, …).
+    pub fn sendmsg(
+        &self,
+        iov: &[&[u8]],
+        dest: u64,
+        tag: Option<u64>,
+        data: Option<u64>,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        let op = if tag.is_some() { Op::Tag } else { Op::Msg };
+        self.post(iov, dest, op, tag.unwrap_or(0), data, context, flags)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post(
+        &self,
+        iov: &[&[u8]],
+        dest: u64,
+        op: Op,
+        tag: u64,
+        data: Option<u64>,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        wr_id::check(context)?;
+        let en = self.en()?;
+        let len: usize = iov.iter().map(|b| b.len()).sum();
+        let max = en.slot - Header::LEN;
+        if len > max {
+            return Err(Error::new(
+                errno::EMSGSIZE,
+                format!("a {len}-byte message: RDM messages are at most {max} bytes (max_msg_size; larger ones need the rendezvous protocol, not built yet)"),
+            ));
+        }
+        let name = en.av.rdm_name(dest)?;
+        let quiet = flags.contains(Flags::INJECT)
+            || (en.tx_selective && !flags.contains(Flags::COMPLETION));
+        let kind = match op {
+            Op::Msg => Flags::MSG,
+            Op::Tag => Flags::TAGGED,
+        };
+        let mut g = lock(&en.inner);
+        let Some(slot) = g.tx_free.pop() else {
+            return Err(Error::new(
+                errno::EAGAIN,
+                "every send buffer is in flight: read the CQ to complete some",
+            ));
+        };
+        let off = slot as usize * en.slot;
+        let hdr = Header {
+            op,
+            tag,
+            data,
+            len: len as u32,
+        };
+        let mut at = off + Header::LEN;
+        let copied = en.tx_pool.write_at(off, &hdr.encode()).and_then(|_| {
+            iov.iter().try_for_each(|b| {
+                en.tx_pool.write_at(at, b)?;
+                at += b.len();
+                Ok(())
+            })
+        });
+        if let Err(e) = copied {
+            g.tx_free.push(slot);
+            return Err(e);
+        }
+        g.tx[slot as usize] = TxMeta {
+            context,
+            flags: kind
+                | Flags::SEND
+                | if data.is_some() {
+                    Flags::REMOTE_CQ_DATA
+                } else {
+                    Flags::empty()
+                },
+            tag,
+            data: data.unwrap_or(0),
+            quiet,
+            conn: u32::MAX,
+        };
+        let peer = peer_for(&mut g, &name, dest);
+        match g.peers[peer as usize].link.send_path() {
+            SendPath::Post(c) => {
+                let r = post_on(en, &mut g, c, slot);
+                if r.is_err() {
+                    g.tx_free.push(slot);
+                }
+                r
+            }
+            SendPath::Wait => {
+                g.peers[peer as usize].waiting.push_back(slot);
+                Ok(())
+            }
+            SendPath::Connect => {
+                g.peers[peer as usize].waiting.push_back(slot);
+                let c = new_conn(&mut g, peer);
+                g.peers[peer as usize].link.connecting(c);
+                drop(g);
+                let opened = self.sh.open_conn(en, c, None);
+                let mut g = lock(&en.inner);
+                // Installed before connecting, so that its first message finds it.
+                let started = opened.and_then(|ep| {
+                    install(en, &mut g, c, peer, ep);
+                    let Some(conn) = open_conn_mut(&mut g, c) else {
+                        unreachable!("installed above")
+                    };
+                    conn.ep.connect(&en.bytes)
+                });
+                match started {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        crate::fi_warn!("rdm", "connecting to {}: {e}", name.to_str());
+                        let gone = uninstall(&mut g, c);
+                        g.peers[peer as usize].link.failed(c);
+                        // The send that started it fails at once; others queued meanwhile
+                        // complete in error.
+                        let q = std::mem::take(&mut g.peers[peer as usize].waiting);
+                        let mut errs = Vec::new();
+                        for s in q {
+                            g.tx_free.push(s);
+                            if s != slot {
+                                errs.push(tx_error(&g.tx[s as usize], e.errno()));
+                            }
+                        }
+                        drop(g);
+                        drop(gone);
+                        for x in errs {
+                            let _ = en.tx_cq.writeerr(x);
+                        }
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    /// `fi_recv`: a receive from `from` (`FI_ADDR_UNSPEC`: anyone).
+    pub fn recv(&self, buf: RecvBuf, from: u64, context: u64) -> Result<()> {
+        self.recvmsg(buf, RxKind::Msg, from, 0, 0, context, Flags::empty())
+    }
+
+    /// `fi_trecv`: a receive of tags equal to `tag` outside the `ignore` bits.
+    pub fn trecv(
+        &self,
+        buf: RecvBuf,
+        from: u64,
+        tag: u64,
+        ignore: u64,
+        context: u64,
+    ) -> Result<()> {
+        self.recvmsg(buf, RxKind::Tag, from, tag, ignore, context, Flags::empty())
+    }
+
+    /// `fi_recvmsg` / `fi_trecvmsg`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn recvmsg(
+        &self,
+        buf: RecvBuf,
+        kind: RxKind,
+        from: u64,
+        tag: u64,
+        ignore: u64,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        wr_id::check(context)?;
+        let en = self.en()?;
+        let unsupported = flags
+            - (Flags::COMPLETION
+                | Flags::MSG
+                | Flags::TAGGED
+                | Flags::RECV
+                | Flags::REMOTE_CQ_DATA);
+        if !unsupported.is_empty() {
+            return Err(Error::new(
+                errno::ENOSYS,
+                format!("receive flags {unsupported:?} are not built on RDM endpoints yet"),
+            ));
+        }
+        let from_addr = if from == ADDR_UNSPEC {
+            ADDR_UNSPEC
+        } else {
+            en.av.rdm_name(from)?;
+            from
+        };
+        let size = buf.len();
+        let mut g = lock(&en.inner);
+        let mut started = None;
+        g.engine.post(
+            Recv {
+                kind,
+                from: Filter {
+                    addr: from_addr,
+                    tag,
+                    ignore,
+                },
+                buf,
+                size,
+                context,
+                flags,
+            },
+            |_, id| started = Some(id),
+        )?;
+        let done = started.map(|id| deliver(en, &mut g, id));
+        drop(g);
+        write_out(&en.rx_cq, done);
+        Ok(())
+    }
+
+    /// `fi_cancel`: takes back the posted receive with `context`; its completion is an
+    /// `FI_ECANCELED` error. `-FI_ENOENT` when none waits.
+    pub fn cancel(&self, context: u64) -> Result<()> {
+        let en = self.en()?;
+        let e = lock(&en.inner).engine.cancel(context);
+        match e {
+            Some(e) => {
+                let kind = if e.kind == RxKind::Tag {
+                    Flags::TAGGED
+                } else {
+                    Flags::MSG
+                };
+                en.rx_cq.writeerr(CqErrEntry {
+                    op_context: context,
+                    flags: (kind | Flags::RECV).bits(),
+                    tag: e.tag,
+                    err: errno::ECANCELED,
+                    ..Default::default()
+                })
+            }
+            None => Err(Error::new(
+                errno::ENOENT,
+                "no posted receive has that context",
+            )),
+        }
+    }
+
+    /// Drives connection events (reading a bound CQ does this too).
+    pub fn progress(&self) {
+        self.sh.progress();
+    }
+}
+
+/// The peer named `name` (at `addr` in the AV, or `FI_ADDR_NOTAVAIL`), added on first use.
+fn peer_for(g: &mut Inner, name: &RdmName, addr: u64) -> u32 {
+    let bytes = name.to_bytes();
+    if let Some(&p) = g.by_name.get(&bytes) {
+        let peer = &mut g.peers[p as usize];
+        if peer.addr == FI_ADDR_NOTAVAIL {
+            peer.addr = addr;
+        }
+        return p;
+    }
+    let p = g.peers.len() as u32;
+    g.peers.push(Peer {
+        name: *name,
+        bytes,
+        addr,
+        link: PeerLink::default(),
+        waiting: VecDeque::new(),
+    });
+    g.by_name.insert(bytes, p);
+    p
+}
+
+fn new_conn(g: &mut Inner, peer: u32) -> u32 {
+    let slot = ConnSlot::Opening { peer };
+    match g.conns.iter().position(Option::is_none) {
+        Some(i) => {
+            g.conns[i] = Some(slot);
+            i as u32
+        }
+        None => {
+            g.conns.push(Some(slot));
+            g.conns.len() as u32 - 1
+        }
+    }
+}
+
+fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
+    let qpn = ep.qp().map(|q| q.qp_num()).unwrap_or(0);
+    g.qpn_peer.insert(qpn, peer);
+    g.conns[c as usize] = Some(ConnSlot::Open(Conn {
+        ep,
+        peer,
+        in_flight: 0,
+        down: false,
+    }));
+    crate::fi_debug!(
+        "rdm",
+        "{} connection {c} (QP {qpn}) to {}",
+        en.name.to_str(),
+        g.peers[peer as usize].name.to_str()
+    );
+}
+
+fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
+    match g.conns.get_mut(c as usize) {
+        Some(Some(ConnSlot::Open(conn))) => Some(conn),
+        _ => None,
+    }
+}
+
+/// Posts send buffer `slot` on connection `c`.
+fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
+    let Some(conn) = open_conn_mut(g, c) else {
+        return Err(Error::new(errno::EIO, "the peer's connection is gone"));
+    };
+    let qp = conn.ep.qp()?;
+    let wr = wr_id::encode(slot as u64, Kind::RdmSend, false);
+    let off = slot as usize * en.slot;
+    let hdr_len = {
+        let mut b = [0u8; Header::LEN];
+        en.tx_pool.read_at(off, &mut b)?;
+        Header::LEN + u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize
+    };
+    qp.post_send_mr(
+        wr,
+        en.tx_pool.sys(),
+        off,
+        hdr_len,
+        send_flags::SIGNALED,
+        None,
+    )
+    .map_err(|e| Error::os(e, "ibv_post_send"))?;
+    conn.in_flight += 1;
+    g.tx[slot as usize].conn = c;
+    Ok(())
+}
+
+fn post_bounce(en: &Enabled, i: u32) -> Result<()> {
+    let sge = en
+        .rx_pool
+        .sys()
+        .sge(i as usize * en.slot, en.slot)
+        .ok_or_else(|| Error::new(errno::EINVAL, "bounce buffer outside its pool"))?;
+    en.srx
+        .srq()
+        .post_recv(wr_id::encode(i as u64, Kind::RdmRecv, false), &[sge])
+        .map_err(|e| Error::os(e, "ibv_post_srq_recv"))
+}
+
+fn tx_error(m: &TxMeta, err: i32) -> CqErrEntry {
+    CqErrEntry {
+        op_context: m.context,
+        flags: m.flags.bits(),
+        tag: m.tag,
+        data: m.data,
+        err,
+        ..Default::default()
+    }
+}
+
+/// Delivers the message of claimed entry `id` from the bounce buffer it holds into the
+/// receive's buffer, frees the entry and posts the bounce buffer again; returns the
+/// receive's completion and its source.
+fn deliver(
+    en: &Enabled,
+    g: &mut Inner,
+    id: u32,
+) -> Option<std::result::Result<(CqEntry, u64), CqErrEntry>> {
+    let e = g.engine.entry(id).clone();
+    let slot = e.owner as u32;
+    let data = g.rx[slot as usize].data;
+    let cap = e
+        .buf
+        .as_ref()
+        .map_or(0, |b| b.len().saturating_sub(e.offset));
+    let n = e.size.min(cap);
+    let copied = match &e.buf {
+        Some(b) if n > 0 => copy_out(
+            en.rx_pool.sys(),
+            slot as usize * en.slot + Header::LEN,
+            n,
+            b.target(e.offset),
+        )
+        .map_err(|err| Error::os(err, "copying a received message")),
+        _ => Ok(()),
+    };
+    let _ = g.engine.free(id);
+    if let Err(err) = post_bounce(en, slot) {
+        crate::fi_warn!("rdm", "reposting bounce buffer {slot}: {err}");
+    }
+    let kind = if e.kind == RxKind::Tag {
+        Flags::TAGGED
+    } else {
+        Flags::MSG
+    };
+    let mut flags = kind | Flags::RECV | (e.flags & Flags::MULTI_RECV);
+    if data.is_some() {
+        flags |= Flags::REMOTE_CQ_DATA;
+    }
+    let buf = if e.flags.contains(Flags::MULTI_RECV) {
+        e.buf.as_ref().map_or(0, |b| b.addr() + e.offset as u64)
+    } else {
+        0
+    };
+    if n < e.size || copied.is_err() {
+        return Some(Err(CqErrEntry {
+            op_context: e.context,
+            flags: flags.bits(),
+            len: n,
+            buf,
+            data: data.unwrap_or(0),
+            tag: e.tag,
+            olen: e.size - n,
+            err: if copied.is_err() {
+                errno::EIO
+            } else {
+                errno::ETRUNC
+            },
+            ..Default::default()
+        }));
+    }
+    if en.rx_selective && !e.flags.contains(Flags::COMPLETION) {
+        return None;
+    }
+    Some(Ok((
+        CqEntry {
+            op_context: e.context,
+            flags: flags.bits(),
+            len: n,
+            buf,
+            data: data.unwrap_or(0),
+            tag: e.tag,
+        },
+        e.addr,
+    )))
+}
+
+fn write_out(
+    cq: &CompletionQueue,
+    c: Option<Option<std::result::Result<(CqEntry, u64), CqErrEntry>>>,
+) {
+    let r = match c.flatten() {
+        Some(Ok((e, from))) => cq.write(e, from),
+        Some(Err(e)) => cq.writeerr(e),
+        None => Ok(()),
+    };
+    if let Err(e) = r {
+        crate::fi_warn!("rdm", "completion not written: {e}");
+    }
+}
+
+fn to_owned(c: Option<std::result::Result<(CqEntry, u64), CqErrEntry>>) -> Option<Owned> {
+    match c? {
+        Ok((e, from)) => Some(Owned::Entry(e, from)),
+        Err(e) => Some(Owned::Errors(vec![e])),
+    }
+}
+
+impl Shared {
+    /// The MSG info its connections are opened with: the device's own MSG attributes (an
+    /// RDM info's inject size is the eager size, far above what a QP inlines), one send
+    /// element, send queues as deep as the endpoint's send buffers.
+    fn msg_info(&self) -> Result<Info> {
+        let dev = self.domain.device();
+        let mut i = crate::verbs::info::msg_info(dev)?;
+        i.tx_attr.size = self.info.tx_attr.size.clamp(1, dev.attr.max_qp_wr as usize);
+        i.tx_attr.iov_limit = 1;
+        i.rx_attr.size = 1;
+        i.rx_attr.iov_limit = 1;
+        i.src_addr = self
+            .info
+            .src_addr
+            .or_else(|| dev.ipv4.map(|ip| std::net::SocketAddr::new(ip.into(), 0)));
+        Ok(i)
+    }
+
+    /// Opens, binds and enables a connection's MSG endpoint (outside the lock): to `to`
+    /// (its listener) when connecting, or on the request in `info` when accepting.
+    fn open_conn(&self, en: &Enabled, c: u32, accept: Option<&Info>) -> Result<MsgEndpoint> {
+        let info = match accept {
+            Some(i) => {
+                let mut i = i.clone();
+                i.ep_attr.ep_type = EpType::Msg;
+                i
+            }
+            None => {
+                let mut i = self.msg_info()?;
+                let g = lock(&en.inner);
+                let Some(ConnSlot::Opening { peer }) = g.conns[c as usize] else {
+                    unreachable!("a connection being opened")
+                };
+                i.dest_addr = Some(g.peers[peer as usize].name.sockaddr());
+                i
+            }
+        };
+        let ep = MsgEndpoint::open(&self.domain, &info, c as u64)?;
+        ep.reserved_by_owner();
+        ep.bind_eq(&en.eq)?;
+        ep.bind_cq(&en.tx_cq, Flags::TRANSMIT)?;
+        ep.bind_cq(&en.rx_cq, Flags::RECV)?;
+        ep.bind_srx(&en.srx)?;
+        ep.enable()?;
+        let qpn = ep.qp()?.qp_num();
+        let owner: Weak<dyn RecvOwner> = self.me.clone();
+        en.rx_cq.register_owner(qpn, owner.clone());
+        en.tx_cq.register_owner(qpn, owner);
+        en.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(ep)
+    }
+
+    fn progress(&self) {
+        let Some(en) = self.on.get() else { return };
+        loop {
+            match en.eq.read() {
+                Ok(ev) => self.on_event(en, ev),
+                Err(e) if e.errno() == errno::EAVAIL => match en.eq.readerr() {
+                    Ok(err) => self.on_failed(en, err.fid as u32, err.err),
+                    Err(_) => break,
+                },
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn on_event(&self, en: &Enabled, ev: EqEvent) {
+        match ev {
+            EqEvent::ConnReq { info, data, .. } => self.on_request(en, *info, &data),
+            EqEvent::Connected { fid, .. } => {
+                let c = fid as u32;
+                let mut g = lock(&en.inner);
+                let Some(conn) = open_conn_mut(&mut g, c) else {
+                    return;
+                };
+                let peer = conn.peer;
+                if !g.peers[peer as usize].link.established(c) {
+                    return; // the passive side of a loopback, or a superseded connect
+                }
+                let q = std::mem::take(&mut g.peers[peer as usize].waiting);
+                let mut errs = Vec::new();
+                for s in q {
+                    if let Err(e) = post_on(en, &mut g, c, s) {
+                        g.tx_free.push(s);
+                        errs.push(tx_error(&g.tx[s as usize], e.errno()));
+                    }
+                }
+                drop(g);
+                for x in errs {
+                    let _ = en.tx_cq.writeerr(x);
+                }
+            }
+            EqEvent::Shutdown { fid } => {
+                let c = fid as u32;
+                let mut g = lock(&en.inner);
+                let Some(conn) = open_conn_mut(&mut g, c) else {
+                    return;
+                };
+                conn.down = true;
+                let peer = conn.peer;
+                g.peers[peer as usize].link.disconnected(c);
+                // Sends that waited for a link that went down before carrying them.
+                let q = std::mem::take(&mut g.peers[peer as usize].waiting);
+                let errs: Vec<_> = q
+                    .into_iter()
+                    .map(|s| {
+                        g.tx_free.push(s);
+                        tx_error(&g.tx[s as usize], errno::ECONNABORTED)
+                    })
+                    .collect();
+                let gone = reap(&mut g, c);
+                drop(g);
+                drop(gone);
+                for x in errs {
+                    let _ = en.tx_cq.writeerr(x);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A connect of ours failed (refused, or the peer unreachable).
+    fn on_failed(&self, en: &Enabled, c: u32, err: i32) {
+        let mut g = lock(&en.inner);
+        let peer = match g.conns.get(c as usize) {
+            Some(Some(ConnSlot::Open(conn))) => conn.peer,
+            _ => return,
+        };
+        let fail = g.peers[peer as usize].link.failed(c);
+        let mut errs = Vec::new();
+        if fail {
+            crate::fi_warn!(
+                "rdm",
+                "connection to {} failed: errno {err}",
+                g.peers[peer as usize].name.to_str()
+            );
+            let q = std::mem::take(&mut g.peers[peer as usize].waiting);
+            for s in q {
+                g.tx_free.push(s);
+                errs.push(tx_error(&g.tx[s as usize], err));
+            }
+        }
+        if let Some(conn) = open_conn_mut(&mut g, c) {
+            conn.down = true;
+        }
+        let gone = reap(&mut g, c);
+        drop(g);
+        drop(gone);
+        for x in errs {
+            let _ = en.tx_cq.writeerr(x);
+        }
+    }
+
+    fn on_request(&self, en: &Enabled, info: Info, data: &[u8]) {
+        let Some(req) = info
+            .handle
+            .clone()
+            .and_then(|h| h.downcast::<ConnRequest>().ok())
+        else {
+            return;
+        };
+        let remote = match RdmName::parse(data) {
+            Ok(n) => n,
+            Err(e) => {
+                crate::fi_warn!("rdm", "refusing a connection request: {e}");
+                let _ = en.pep.reject(&req, &[]);
+                return;
+            }
+        };
+        let mut g = lock(&en.inner);
+        let addr = en.av.find_rdm(&remote).unwrap_or(FI_ADDR_NOTAVAIL);
+        let peer = peer_for(&mut g, &remote, addr);
+        let loopback = remote == en.name;
+        if !loopback {
+            let p = &g.peers[peer as usize];
+            if p.link.request(&en.bytes, &p.bytes) == Request::Reject {
+                drop(g);
+                crate::fi_debug!("rdm", "refusing {}: our connect wins", remote.to_str());
+                let _ = en.pep.reject(&req, &[]);
+                return;
+            }
+        }
+        let c = new_conn(&mut g, peer);
+        if !loopback {
+            g.peers[peer as usize].link.accepting(c);
+        }
+        drop(g);
+        let opened = self.open_conn(en, c, Some(&info));
+        let mut g = lock(&en.inner);
+        let accepted = opened.and_then(|conn| {
+            install(en, &mut g, c, peer, conn);
+            let Some(conn) = open_conn_mut(&mut g, c) else {
+                unreachable!("installed above")
+            };
+            conn.ep.accept(&en.bytes)
+        });
+        if let Err(e) = accepted {
+            crate::fi_warn!("rdm", "accepting {}: {e}", remote.to_str());
+            let gone = uninstall(&mut g, c);
+            if !loopback {
+                g.peers[peer as usize].link.failed(c);
+            }
+            drop(g);
+            drop(gone);
+        }
+    }
+
+    /// A send or receive completion of one of the endpoint's connections.
+    fn completion(&self, en: &Enabled, wc: &WorkCompletion) -> Option<Owned> {
+        let id = wr_id::context(wc.wr_id()) as u32;
+        let ok = wc.status() == sv::wc_status::IBV_WC_SUCCESS;
+        if wr_id::is_kind(wc.wr_id(), Kind::RdmSend) {
+            let mut g = lock(&en.inner);
+            let m = g.tx[id as usize];
+            g.tx_free.push(id);
+            let gone = open_conn_mut(&mut g, m.conn).and_then(|conn| {
+                conn.in_flight -= 1;
+                conn.down.then_some(())
+            });
+            let gone = gone.and_then(|_| reap(&mut g, m.conn));
+            drop(g);
+            drop(gone);
+            return if ok {
+                (!m.quiet).then(|| {
+                    Owned::Entry(
+                        CqEntry {
+                            op_context: m.context,
+                            flags: m.flags.bits(),
+                            ..Default::default()
+                        },
+                        FI_ADDR_NOTAVAIL,
+                    )
+                })
+            } else {
+                let mut e = tx_error(&m, crate::verbs::cq::status_errno(wc.status()));
+                e.prov_errno = wc.status() as i32;
+                Some(Owned::Errors(vec![e]))
+            };
+        }
+        if !ok {
+            // Bounce buffers flushed as the endpoint closes: nothing the application posted.
+            return None;
+        }
+        let mut g = lock(&en.inner);
+        let mut hdr = [0u8; Header::LEN];
+        let off = id as usize * en.slot;
+        let parsed = en
+            .rx_pool
+            .read_at(off, &mut hdr)
+            .and_then(|_| Header::decode(&hdr, wc.byte_len() as usize));
+        let h = match parsed {
+            Ok(h) => h,
+            Err(e) => {
+                crate::fi_warn!("rdm", "dropping a message: {e}");
+                let _ = post_bounce(en, id);
+                return None;
+            }
+        };
+        let src = g.qpn_peer.get(&wc.qp_num()).copied();
+        let addr = match src {
+            Some(p) => {
+                let peer = &mut g.peers[p as usize];
+                if peer.addr == FI_ADDR_NOTAVAIL {
+                    peer.addr = en.av.find_rdm(&peer.name).unwrap_or(FI_ADDR_NOTAVAIL);
+                }
+                peer.addr
+            }
+            None => FI_ADDR_NOTAVAIL,
+        };
+        let kind = match h.op {
+            Op::Msg => RxKind::Msg,
+            Op::Tag => RxKind::Tag,
+        };
+        g.rx[id as usize] = RxMeta { data: h.data };
+        match g
+            .engine
+            .arrive(kind, addr, h.tag, h.len as usize, id as u64)
+        {
+            Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
+            Ok(Arrival::Unexpected(e)) => {
+                // The bounce buffer holds it until a receive comes.
+                let _ = g.engine.queue(e);
+                None
+            }
+            Err(e) => {
+                crate::fi_warn!("rdm", "receive engine full, message dropped: {e}");
+                let _ = post_bounce(en, id);
+                None
+            }
+        }
+    }
+}
+
+/// Takes connection `c` out whatever its state (a connect or accept that failed).
+fn uninstall(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
+    match g.conns.get_mut(c as usize).and_then(Option::take) {
+        Some(ConnSlot::Open(conn)) => Some(conn.ep),
+        _ => None,
+    }
+}
+
+/// Takes connection `c` out once it is down with nothing in flight (dropped by the caller
+/// once the lock is released: dropping it unregisters it from the EQ and CQ).
+fn reap(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
+    match g.conns.get(c as usize) {
+        Some(Some(ConnSlot::Open(conn))) if conn.down && conn.in_flight == 0 => {}
+        _ => return None,
+    }
+    let Some(ConnSlot::Open(conn)) = g.conns[c as usize].take() else {
+        return None;
+    };
+    Some(conn.ep)
+}
+
+impl RecvOwner for Shared {
+    fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned> {
+        let en = self.on.get()?;
+        self.completion(en, wc)
+    }
+}
+
+impl PeerProgress for Shared {
+    fn progress(&self) {
+        Shared::progress(self);
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let Some(en) = self.on.get_mut() else { return };
+        let g = en.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        for c in g.conns.iter().flatten() {
+            if let ConnSlot::Open(conn) = c {
+                conn.ep.disconnect();
+            }
+        }
+        g.conns.clear();
+        for q in g.qpn_peer.keys() {
+            en.tx_cq.unregister_owner(*q);
+            en.rx_cq.unregister_owner(*q);
+        }
+    }
+}
+
+impl Drop for RdmEndpoint {
+    fn drop(&mut self) {
+        if let Some(en) = self.sh.on.get() {
+            let me: Weak<dyn PeerProgress> = self.sh.me.clone();
+            en.rx_cq.remove_peer(&me);
+            en.tx_cq.remove_peer(&me);
+        }
+    }
+}

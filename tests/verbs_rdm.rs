@@ -1,0 +1,421 @@
+//! Device tests: reliable connectionless (RDM) endpoints, connected on first use, with
+//! software matching. On the host without a device they skip; in the VM
+//! (`RFABRIC_REQUIRE_DEVICE=1`) they fail.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rfabric::core::cq::{CqEntry as TaggedEntry, CqErrEntry};
+use rfabric::core::srx::Kind as RxKind;
+use rfabric::verbs::*;
+use rfabric::*;
+
+const ANY: u64 = u64::MAX;
+
+fn rdm_info() -> Option<Info> {
+    device_info()?;
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::MSG | Flags::SOURCE | Flags::DIRECTED_RECV;
+    Some(
+        getinfo(None, None, Flags::empty(), Some(&hints))
+            .unwrap()
+            .remove(0),
+    )
+}
+
+struct Node {
+    ep: RdmEndpoint,
+    cq: Arc<CompletionQueue>,
+    av: Arc<AddressVector>,
+    mr: MemoryRegion,
+}
+
+/// Endpoints in one domain, each with its CQ (tagged format) and its own AV holding every
+/// name, inserted in the same order (so fi_addr `i` is node `i` everywhere).
+fn nodes(info: &Info, n: usize, sel: bool) -> Vec<Node> {
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, info).unwrap();
+    let v: Vec<Node> = (0..n)
+        .map(|_| {
+            let cq = CompletionQueue::open(
+                &domain,
+                &CqAttr {
+                    format: CqFormat::Tagged,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let av = AddressVector::open(
+                &domain,
+                &AvAttr {
+                    av_type: AvType::Table,
+                    count: n,
+                },
+            )
+            .unwrap();
+            let ep = RdmEndpoint::open(&domain, info).unwrap();
+            let f = if sel {
+                Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION
+            } else {
+                Flags::TRANSMIT | Flags::RECV
+            };
+            ep.bind_cq(&cq, f).unwrap();
+            ep.bind_av(&av).unwrap();
+            ep.enable().unwrap();
+            let mr = MemoryRegion::alloc(&domain, 1 << 16, Flags::RECV).unwrap();
+            Node { ep, cq, av, mr }
+        })
+        .collect();
+    let names: Vec<_> = v
+        .iter()
+        .map(|x| x.ep.getname().unwrap().to_bytes())
+        .collect();
+    for x in &v {
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(x.av.insert(name).unwrap(), i as u64);
+        }
+    }
+    v
+}
+
+/// Drives every node; returns what `want` reads first (entry and source), polling 10 s.
+fn next(nodes: &[Node], want: usize) -> Result<(TaggedEntry, u64)> {
+    let t = Instant::now();
+    loop {
+        for (i, n) in nodes.iter().enumerate() {
+            if i == want {
+                continue;
+            }
+            n.ep.progress();
+        }
+        let mut e = [TaggedEntry::default(); 1];
+        let mut src = [0u64; 1];
+        match nodes[want].cq.readfrom(&mut e, &mut src) {
+            Ok(1) => return Ok((e[0], src[0])),
+            Ok(_) => {}
+            Err(err) if err.is_again() => {}
+            Err(err) => return Err(err),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no completion in 10 s"
+        );
+    }
+}
+
+fn next_ok(nodes: &[Node], want: usize) -> (TaggedEntry, u64) {
+    match next(nodes, want) {
+        Ok(x) => x,
+        Err(e) => panic!("{e}: {:?}", nodes[want].cq.readerr()),
+    }
+}
+
+fn next_err(nodes: &[Node], want: usize) -> CqErrEntry {
+    match next(nodes, want) {
+        Err(e) if e.errno() == errno::EAVAIL => nodes[want].cq.readerr().unwrap(),
+        other => panic!("expected an error completion, got {other:?}"),
+    }
+}
+
+/// Reads nothing more for a while (every node driven).
+fn quiet(nodes: &[Node], who: usize) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        for n in nodes {
+            n.ep.progress();
+        }
+        let mut e = [TaggedEntry::default(); 1];
+        match nodes[who].cq.read(&mut e) {
+            Err(err) if err.is_again() => {}
+            other => panic!(
+                "unexpected completion: {other:?} {:?}",
+                nodes[who].cq.readerr()
+            ),
+        }
+    }
+}
+
+fn recv_buf(n: &Node, slot: usize, len: usize) -> RecvBuf {
+    RecvBuf::region(&n.mr, slot * 4096, len).unwrap()
+}
+
+fn read(n: &Node, slot: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    n.mr.read_at(slot * 4096, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn getinfo_offers_rdm_with_tags_and_no_registration_required() {
+    let Some(i) = rdm_info() else { return };
+    assert_eq!(i.ep_attr.ep_type, EpType::Rdm);
+    assert!(i
+        .caps
+        .contains(Flags::TAGGED | Flags::MSG | Flags::SOURCE | Flags::DIRECTED_RECV));
+    assert!(!i.domain_attr.mr_mode.contains(MrMode::LOCAL));
+    assert_eq!(i.domain_attr.cq_data_size, 8);
+    assert_eq!(i.ep_attr.mem_tag_format, 0xaaaa_aaaa_aaaa_aaaa);
+    assert_eq!(i.mode, Mode::empty());
+    assert!(i.tx_attr.inject_size >= 4096);
+    assert_eq!(i.ep_attr.max_msg_size, i.tx_attr.inject_size);
+}
+
+#[test]
+fn first_send_connects_and_messages_arrive_in_order_with_their_source() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    for k in 0..8u64 {
+        v[0].ep
+            .tsend(&pattern(100 + k as usize, k as u8), 0x77, 1, 100 + k)
+            .unwrap();
+    }
+    // Untagged too: the two never match each other.
+    v[0].ep.send(&pattern(33, 9), 1, 200).unwrap();
+    for k in 0..8usize {
+        v[1].ep
+            .trecv(recv_buf(&v[1], k, 4096), 0, 0x77, 0, k as u64)
+            .unwrap();
+    }
+    v[1].ep.recv(recv_buf(&v[1], 9, 4096), ANY, 9).unwrap();
+    let mut seen = vec![];
+    for _ in 0..9 {
+        let (e, src) = next_ok(&v, 1);
+        assert_eq!(src, 0, "FI_SOURCE names the sender's fi_addr");
+        seen.push(e.op_context);
+        let k = e.op_context as usize;
+        if k == 9 {
+            assert_eq!(
+                e.flags & (Flags::MSG | Flags::RECV).bits(),
+                (Flags::MSG | Flags::RECV).bits()
+            );
+            assert_eq!(e.len, 33);
+            assert_eq!(read(&v[1], 9, 33), pattern(33, 9));
+        } else {
+            assert_eq!(e.tag, 0x77);
+            assert_eq!(e.len, 100 + k);
+            assert_ne!(e.flags & Flags::TAGGED.bits(), 0);
+            assert_eq!(read(&v[1], k, e.len), pattern(e.len, k as u8));
+        }
+    }
+    let tagged: Vec<_> = seen.iter().copied().filter(|c| *c != 9).collect();
+    assert_eq!(tagged, (0..8).collect::<Vec<_>>(), "FI_ORDER_SAS");
+    let mut sends = vec![];
+    for _ in 0..9 {
+        sends.push(next_ok(&v, 0).0.op_context);
+    }
+    sends.sort();
+    assert_eq!(sends, (100..108).chain([200]).collect::<Vec<_>>());
+    assert_eq!(v[0].ep.connections_opened(), 1);
+    assert_eq!(v[1].ep.connections_opened(), 1);
+    // Replies ride the connection the first send made.
+    v[1].ep.send(b"back", 0, 5).unwrap();
+    v[0].ep.recv(recv_buf(&v[0], 0, 64), 1, 6).unwrap();
+    let (e, src) = next_ok(&v, 0);
+    assert_eq!((e.op_context, e.len, src), (6, 4, 1));
+    assert_eq!(v[0].ep.connections_opened(), 1);
+    assert_eq!(v[1].ep.connections_opened(), 1);
+}
+
+#[test]
+fn simultaneous_first_sends_settle_on_one_connection_and_lose_nothing() {
+    let Some(info) = rdm_info() else { return };
+    for round in 0..3 {
+        let v = nodes(&info, 2, false);
+        // Both connect before either reads its CQ.
+        for k in 0..4u64 {
+            v[0].ep.tsend(&pattern(64, k as u8), 1, 1, k).unwrap();
+            v[1].ep.tsend(&pattern(64, 10 + k as u8), 2, 0, k).unwrap();
+        }
+        for k in 0..4usize {
+            v[0].ep
+                .trecv(recv_buf(&v[0], k, 64), 1, 2, 0, 10 + k as u64)
+                .unwrap();
+            v[1].ep
+                .trecv(recv_buf(&v[1], k, 64), 0, 1, 0, 10 + k as u64)
+                .unwrap();
+        }
+        for (who, seed) in [(0usize, 10u8), (1, 0)] {
+            let mut recvs = vec![];
+            let mut sends = 0;
+            while recvs.len() < 4 || sends < 4 {
+                let (e, _) = next_ok(&v, who);
+                if e.op_context >= 10 {
+                    let k = e.op_context as usize - 10;
+                    assert_eq!(
+                        read(&v[who], k, 64),
+                        pattern(64, seed + k as u8),
+                        "round {round}"
+                    );
+                    recvs.push(k);
+                } else {
+                    sends += 1;
+                }
+            }
+            assert_eq!(recvs, vec![0, 1, 2, 3], "order kept across the race");
+        }
+    }
+}
+
+#[test]
+fn unexpected_messages_wait_for_their_receive_and_tags_match_under_ignore_bits() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    for (k, tag) in [0x1_00u64, 0x2_00, 0x1_01, 0x3_00].iter().enumerate() {
+        v[0].ep
+            .tsend(&pattern(40, k as u8), *tag, 1, k as u64)
+            .unwrap();
+    }
+    for _ in 0..4 {
+        next_ok(&v, 0);
+    }
+    quiet(&v, 1);
+    // Tag 0x1_xx with the low byte ignored: 0x100 then 0x101, in arrival order.
+    v[1].ep
+        .trecv(recv_buf(&v[1], 0, 64), ANY, 0x1_00, 0xff, 1)
+        .unwrap();
+    v[1].ep
+        .trecv(recv_buf(&v[1], 1, 64), ANY, 0x1_00, 0xff, 2)
+        .unwrap();
+    v[1].ep
+        .trecv(recv_buf(&v[1], 2, 64), ANY, 0x3_00, 0, 3)
+        .unwrap();
+    let mut got = vec![];
+    for _ in 0..3 {
+        let (e, _) = next_ok(&v, 1);
+        got.push((e.op_context, e.tag));
+    }
+    assert_eq!(got, vec![(1, 0x1_00), (2, 0x1_01), (3, 0x3_00)]);
+    assert_eq!(read(&v[1], 1, 40), pattern(40, 2));
+    // 0x2_00 still waits; a receive directed at another source does not take it.
+    v[1].ep
+        .trecv(recv_buf(&v[1], 3, 64), 1, 0x2_00, 0, 4)
+        .unwrap();
+    quiet(&v, 1);
+    v[1].ep.cancel(4).unwrap();
+    let e = next_err(&v, 1);
+    assert_eq!((e.op_context, e.err), (4, errno::ECANCELED));
+    assert_eq!(v[1].ep.cancel(4).unwrap_err().errno(), errno::ENOENT);
+    v[1].ep
+        .trecv(recv_buf(&v[1], 3, 64), 0, 0x2_00, 0, 5)
+        .unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 5);
+}
+
+#[test]
+fn truncation_reports_olen_and_remote_cq_data_keeps_64_bits() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    v[1].ep.trecv(recv_buf(&v[1], 0, 10), ANY, 5, 0, 1).unwrap();
+    v[0].ep.tsend(&pattern(30, 1), 5, 1, 1).unwrap();
+    let e = next_err(&v, 1);
+    assert_eq!(
+        (e.op_context, e.err, e.len, e.olen),
+        (1, errno::ETRUNC, 10, 20)
+    );
+    assert_eq!(read(&v[1], 0, 10), pattern(30, 1)[..10]);
+    let data = 0xfedc_ba98_7654_3210;
+    v[1].ep.recv(recv_buf(&v[1], 1, 64), ANY, 2).unwrap();
+    v[0].ep.senddata(b"with data", data, 1, 2).unwrap();
+    let (e, _) = next_ok(&v, 1);
+    assert_eq!(e.data, data);
+    assert_ne!(e.flags & Flags::REMOTE_CQ_DATA.bits(), 0);
+    let max = v[0].ep.max_msg_size();
+    assert_eq!(
+        v[0].ep.send(&vec![0u8; max + 1], 1, 3).unwrap_err().errno(),
+        errno::EMSGSIZE
+    );
+    assert_eq!(
+        v[0].ep.send(b"x", 7, 3).unwrap_err().errno(),
+        errno::EINVAL,
+        "an address never inserted"
+    );
+}
+
+#[test]
+fn inject_and_selective_completion_write_no_send_completion() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, true);
+    let big = pattern(v[0].ep.inject_size(), 3);
+    let mut scratch = big.clone();
+    v[0].ep.inject(&scratch, 1).unwrap();
+    scratch.fill(0); // the buffer is free at return
+    v[0].ep.send(b"plain", 1, 7).unwrap();
+    v[0].ep
+        .sendmsg(&[b"wi", b"th"], 1, None, None, 8, Flags::COMPLETION)
+        .unwrap();
+    for k in 0..3 {
+        v[1].ep
+            .recvmsg(
+                recv_buf(&v[1], 2 * k, 4096 * 2),
+                RxKind::Msg,
+                ANY,
+                0,
+                0,
+                k as u64,
+                Flags::COMPLETION,
+            )
+            .unwrap();
+    }
+    for k in 0..3usize {
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!(e.op_context, k as u64);
+    }
+    assert_eq!(read(&v[1], 0, big.len()), big);
+    assert_eq!(read(&v[1], 2, 5), b"plain");
+    assert_eq!(read(&v[1], 4, 4), b"with");
+    let (e, _) = next_ok(&v, 0);
+    assert_eq!(
+        e.op_context, 8,
+        "only the send asking FI_COMPLETION completes"
+    );
+    quiet(&v, 0);
+}
+
+#[test]
+fn sends_to_itself_go_over_loopback() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 1, false);
+    v[0].ep.trecv(recv_buf(&v[0], 0, 64), 0, 9, 0, 1).unwrap();
+    v[0].ep.tsend(b"to myself", 9, 0, 2).unwrap();
+    let mut got = vec![];
+    for _ in 0..2 {
+        let (e, src) = next_ok(&v, 0);
+        got.push(e.op_context);
+        if e.op_context == 1 {
+            assert_eq!(src, 0);
+            assert_eq!(read(&v[0], 0, 9), b"to myself");
+        }
+    }
+    got.sort();
+    assert_eq!(got, vec![1, 2]);
+}
+
+#[test]
+fn a_peer_that_closes_is_no_error_and_a_later_send_reconnects_or_fails_cleanly() {
+    let Some(info) = rdm_info() else { return };
+    let mut v = nodes(&info, 3, false);
+    v[0].ep.send(b"hello", 1, 1).unwrap();
+    v[1].ep.recv(recv_buf(&v[1], 0, 64), ANY, 1).unwrap();
+    next_ok(&v, 1);
+    next_ok(&v, 0);
+    // Node 1 goes away at the end of its job: node 0 sees nothing.
+    let gone = v.remove(1);
+    drop(gone);
+    quiet(&v, 0);
+    // A later send to the departed address fails as an error completion, nothing hangs.
+    v[0].ep.send(b"anyone?", 1, 2).map_or_else(
+        |e| assert!(e.errno() != 0),
+        |_| {
+            let e = next_err(&v, 0);
+            assert_eq!(e.op_context, 2);
+        },
+    );
+    // Others are unaffected.
+    v[0].ep.send(b"still here", 2, 3).unwrap();
+    v[1].ep.recv(recv_buf(&v[1], 0, 64), ANY, 4).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 4);
+}
