@@ -63,6 +63,8 @@ fn libfabric_loads_rverbs_and_fi_info_lists_its_endpoints() {
         msg.contains("FI_EP_MSG") && msg.contains("FI_PROTO_RDMA_CM_IB_RC"),
         "{msg}"
     );
+    let rdm = fi_info(&dir, &["-p", "rverbs", "-t", "FI_EP_RDM"]);
+    assert!(rdm.contains("FI_EP_RDM"), "{rdm}");
     let dgram = fi_info(&dir, &["-p", "rverbs", "-t", "FI_EP_DGRAM"]);
     assert!(
         dgram.contains("FI_EP_DGRAM") && dgram.contains("FI_PROTO_IB_UD"),
@@ -193,6 +195,11 @@ fn c_program_closed_reused_foreign_and_forged_handles_are_refused() {
 }
 
 #[test]
+fn c_program_moves_tagged_and_untagged_messages_over_rdm_endpoints() {
+    run_capi_section("rdm");
+}
+
+#[test]
 fn c_program_bad_calls_get_their_error_codes() {
     run_capi_section("bad");
 }
@@ -272,6 +279,11 @@ fn pingpong(ep: &str, port: u16, sizes: &[&str]) {
 #[test]
 fn fi_pingpong_runs_over_rverbs_msg_endpoints() {
     pingpong("msg", 47611, &["64", "256", "1k", "4k", "64k", "1m"]);
+}
+
+#[test]
+fn fi_pingpong_runs_over_rverbs_rdm_endpoints() {
+    pingpong("rdm", 47613, &["64", "256", "1k", "4k"]);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use crate::capi::fid::{
 };
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::AvType;
-use crate::verbs::{AddressVector, AvAttr, UdName};
+use crate::verbs::{AddressVector, AvAttr};
 
 pub(crate) type CAv = Obj<fi::fid_av, Arc<AddressVector>>;
 impl Class for CAv {
@@ -93,7 +93,7 @@ unsafe extern "C" fn av_bind(_f: *mut fi::fid, _b: *mut fi::fid, _flags: u64) ->
         Err(enosys("binding an EQ to an AV (asynchronous inserts)"))
     })
 }
-/// `fi_av_insert`: `count` names of `UdName::LEN` bytes; synchronous. Failed entries get
+/// `fi_av_insert`: `count` names of the AV's name length (its domain's endpoint type's); synchronous. Failed entries get
 /// `FI_ADDR_NOTAVAIL`; the return is how many went in.
 unsafe extern "C" fn av_insert(
     av: *mut fi::fid_av,
@@ -112,13 +112,14 @@ unsafe extern "C" fn av_insert(
                 format!("insert flags {flags:#x} are not supported"),
             ));
         }
+        let name_len = a.inner.name_len();
         let n = count
-            .checked_mul(UdName::LEN)
+            .checked_mul(name_len)
             .ok_or_else(|| Error::new(errno::EINVAL, "count overflows"))?;
         // SAFETY: `count` names of the AV's address length, per fi_av_insert(3).
         let names = unsafe { bytes(addr, n, "addr") }?;
         let mut inserted = 0;
-        for (i, name) in names.chunks_exact(UdName::LEN).enumerate() {
+        for (i, name) in names.chunks_exact(name_len).enumerate() {
             let r = a.inner.insert(name);
             if let Err(e) = &r {
                 crate::fi_info!("av", "fi_av_insert of address {i}: {e}");
@@ -189,14 +190,18 @@ unsafe extern "C" fn av_lookup(
     })
 }
 unsafe extern "C" fn av_straddr(
-    _av: *mut fi::fid_av,
+    av: *mut fi::fid_av,
     addr: *const c_void,
     buf: *mut c_char,
     len: *mut usize,
 ) -> *const c_char {
     guarded_ptr("fi_av_straddr", || {
-        // SAFETY: an address of the AV's format (UdName::LEN bytes), per fi_av_straddr(3).
-        let name = unsafe { bytes(addr, UdName::LEN, "addr") }?;
+        // SAFETY: the application's AV fid; an address of the AV's format, per
+        // fi_av_straddr(3).
+        let name = unsafe {
+            let a = CAv::from_c(av, "av")?;
+            bytes(addr, a.inner.name_len(), "addr")?
+        };
         let s = AddressVector::straddr(name)?;
         // SAFETY: NULL or the application's length and buffer.
         unsafe { copy_cstr(&s, buf, len) }

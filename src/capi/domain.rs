@@ -10,7 +10,7 @@ use crate::capi::fid::{
     enosys, fi_ops_of, fid, from_c_nonnull, guarded, no_control, ops, put, unshared, Class, Obj,
 };
 use crate::capi::nosys::{n3i, n4i, n5i};
-use crate::capi::{av, cq, dgram_ep, mr, msg_ep, soft_srx, srx};
+use crate::capi::{av, cq, dgram_ep, mr, msg_ep, rdm_ep, soft_srx, srx};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::EpType;
 use crate::verbs::Domain;
@@ -107,6 +107,7 @@ unsafe extern "C" fn endpoint_open(
         };
         let p = match i.ep_attr.ep_type {
             EpType::Dgram => dgram_ep::open(&d.inner, &i, context)?,
+            EpType::Rdm => rdm_ep::open(&d.inner, &i, context)?,
             _ => {
                 if !handle.is_null() {
                     // SAFETY: fi_info.handle of an FI_CONNREQ event (its ops are checked).

@@ -43,7 +43,11 @@ fn addr_copy(a: &Option<std::net::SocketAddr>) -> Result<(*mut libc::c_void, usi
     let Some(a) = a else {
         return Ok((ptr::null_mut(), 0));
     };
-    let b = sockaddr_bytes(a);
+    bytes_copy(&sockaddr_bytes(a))
+}
+
+/// A `malloc`ed copy of `b` (libfabric's core frees it with the info).
+fn bytes_copy(b: &[u8]) -> Result<(*mut libc::c_void, usize)> {
     // SAFETY: malloc returns NULL or b.len() writable bytes.
     let p = unsafe { libc::malloc(b.len()) };
     if p.is_null() {
@@ -98,7 +102,10 @@ unsafe fn fill(p: *mut fi::fi_info, i: &Info) -> Result<()> {
         o.mode = i.mode.bits();
         o.addr_format = i.addr_format.raw();
         (o.src_addr, o.src_addrlen) = addr_copy(&i.src_addr)?;
-        (o.dest_addr, o.dest_addrlen) = addr_copy(&i.dest_addr)?;
+        (o.dest_addr, o.dest_addrlen) = match &i.dest_name {
+            Some(n) => bytes_copy(n)?,
+            None => addr_copy(&i.dest_addr)?,
+        };
 
         o.tx_attr = calloc()?;
         let t = &mut *o.tx_attr;
@@ -218,6 +225,19 @@ unsafe fn addr(p: *const libc::c_void, len: usize) -> Result<Option<std::net::So
     parse_sockaddr(b).map(Some)
 }
 
+/// The RDM endpoint name at `p` (NULL, or not one: `None`).
+///
+/// # Safety
+/// `p` is NULL or points at `len` readable bytes.
+unsafe fn rdm_name(p: *const libc::c_void, len: usize) -> Result<Option<Vec<u8>>> {
+    if p.is_null() || len != crate::core::rdm::RdmName::LEN {
+        return Ok(None);
+    }
+    // SAFETY: the caller's contract.
+    let b = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    Ok(crate::core::rdm::RdmName::parse(b).ok().map(|_| b.to_vec()))
+}
+
 /// Checks that an `FI_ADDR_IB_UD` address (NULL: none) is a datagram endpoint name.
 ///
 /// # Safety
@@ -250,9 +270,19 @@ pub unsafe fn from_c(p: *const fi::fi_info) -> Result<Info> {
         let addr_format = enum_of(o.addr_format, AddrFormat::from_raw, "addr_format")?;
         // Datagram names (FI_ADDR_IB_UD) go into address vectors, not into fi_info: a hint
         // carrying one (fi_pingpong's client copies the server's) is checked and set aside.
+        let mut dest_name = None;
         let (src_addr, dest_addr) = if addr_format == AddrFormat::IbUd {
             ud_name(o.src_addr, o.src_addrlen, "src_addr")?;
             ud_name(o.dest_addr, o.dest_addrlen, "dest_addr")?;
+            (None, None)
+        } else if addr_format == AddrFormat::Unspec
+            && (rdm_name(o.src_addr, o.src_addrlen)?.is_some()
+                || rdm_name(o.dest_addr, o.dest_addrlen)?.is_some())
+        {
+            // RDM names (FI_FORMAT_UNSPEC, fi_pingpong's client copies the server's): the
+            // destination is kept in its own form; a source one names a listener the
+            // endpoint chooses itself.
+            dest_name = rdm_name(o.dest_addr, o.dest_addrlen)?;
             (None, None)
         } else {
             (
@@ -266,6 +296,7 @@ pub unsafe fn from_c(p: *const fi::fi_info) -> Result<Info> {
             addr_format,
             src_addr,
             dest_addr,
+            dest_name,
             ..Default::default()
         };
         if let Some(t) = o.tx_attr.as_ref() {

@@ -34,5 +34,6 @@ pub(crate) mod nosys;
 pub(crate) mod peer;
 pub(crate) mod pep;
 pub mod provider;
+pub(crate) mod rdm_ep;
 pub(crate) mod soft_srx;
 pub(crate) mod srx;

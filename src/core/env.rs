@@ -52,6 +52,11 @@ pub const KNOBS: &[Knob] = &[
         default: "2000",
         help: "address and route resolution timeout of rdma_cm",
     },
+    Knob {
+        name: "FI_RVERBS_RDM_BUFFER_SIZE",
+        default: "8192",
+        help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 24-byte header",
+    },
 ];
 
 /// Reads a numeric knob; a malformed value is an error naming the variable, not a silent default.

@@ -95,6 +95,10 @@ pub struct Info {
     pub addr_format: AddrFormat,
     pub src_addr: Option<SocketAddr>,
     pub dest_addr: Option<SocketAddr>,
+    /// A destination in the provider's own format (`FI_FORMAT_UNSPEC`): an RDM endpoint's
+    /// name, as `fi_getname` gave it (an application copies a peer's into its hints and
+    /// inserts the answer's into its AV).
+    pub dest_name: Option<Vec<u8>>,
     pub handle: Option<Handle>,
     pub tx_attr: TxAttr,
     pub rx_attr: RxAttr,

@@ -120,6 +120,16 @@ impl AddressVector {
         self.len() == 0
     }
 
+    /// The length of the names it takes: RDM names in a domain opened for RDM endpoints,
+    /// UD names otherwise.
+    pub fn name_len(&self) -> usize {
+        if self.domain.info().ep_attr.ep_type == crate::core::flags::EpType::Rdm {
+            RdmName::LEN
+        } else {
+            UdName::LEN
+        }
+    }
+
     pub(crate) fn domain(&self) -> &Arc<Domain> {
         &self.domain
     }

@@ -424,6 +424,7 @@ pub fn getinfo(
             // RDM names come from fi_getname (RdmName), not from IP addresses.
             info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
             info.dest_addr = None;
+            info.dest_name = hints.dest_name.clone();
         } else if dgram {
             // Datagram names are FI_ADDR_IB_UD (fi_getname, fi_av_insert): an IP address
             // here would be read as one.

@@ -26,7 +26,7 @@ use crate::core::info::{Info, RxAttr};
 use crate::core::rdm::{host_id, Header, Op, PeerLink, RdmName, Request, SendPath};
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
 use crate::verbs::cq::{Owned, PeerProgress, RecvOwner};
-use crate::verbs::ep_common::{lock, CqBinding};
+use crate::verbs::ep_common::{check_send_flags, lock, CqBinding};
 use crate::verbs::eq::ConnRequest;
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{
@@ -100,6 +100,37 @@ impl RecvBuf {
         match self {
             RecvBuf::Region { mr, offset, .. } => CopyTarget::Region(mr, offset + at),
             RecvBuf::Foreign(f) => CopyTarget::Foreign(f, at),
+        }
+    }
+}
+
+/// Where a send's bytes come from.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Slices(&'a [&'a [u8]]),
+    Region(&'a MemoryRegion, usize, usize),
+}
+
+impl Src<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Src::Slices(v) => v.iter().map(|b| b.len()).sum(),
+            Src::Region(_, _, len) => *len,
+        }
+    }
+
+    /// Copies the bytes to `at` in `pool`.
+    fn copy_to(&self, pool: &MemoryRegion, mut at: usize) -> Result<()> {
+        match self {
+            Src::Slices(v) => v.iter().try_for_each(|b| {
+                pool.write_at(at, b)?;
+                at += b.len();
+                Ok(())
+            }),
+            Src::Region(mr, off, len) => {
+                copy_out(mr.sys(), *off, *len, CopyTarget::Region(pool.sys(), at))
+                    .map_err(|_| mr.range_error(*off, *len))
+            }
         }
     }
 }
@@ -424,6 +455,11 @@ impl RdmEndpoint {
         Ok(self.en()?.name)
     }
 
+    /// `fi_getname` into a C buffer, with fi_cm(3)'s `addrlen` rules.
+    pub fn getname_into(&self, buf: &mut [u8], addrlen: &mut usize) -> Result<()> {
+        crate::core::addr::fill_name(&self.getname()?.to_bytes(), buf, addrlen)
+    }
+
     /// The largest message it carries (eager only, for now).
     pub fn max_msg_size(&self) -> usize {
         self.sh.on.get().map_or_else(
@@ -447,13 +483,21 @@ impl RdmEndpoint {
 
     /// `fi_send`.
     pub fn send(&self, buf: &[u8], dest: u64, context: u64) -> Result<()> {
-        self.post(&[buf], dest, Op::Msg, 0, None, context, Flags::empty())
+        self.post(
+            Src::Slices(&[buf]),
+            dest,
+            Op::Msg,
+            0,
+            None,
+            context,
+            Flags::empty(),
+        )
     }
 
     /// `fi_senddata`: with `FI_REMOTE_CQ_DATA`.
     pub fn senddata(&self, buf: &[u8], data: u64, dest: u64, context: u64) -> Result<()> {
         self.post(
-            &[buf],
+            Src::Slices(&[buf]),
             dest,
             Op::Msg,
             0,
@@ -465,7 +509,15 @@ impl RdmEndpoint {
 
     /// `fi_tsend`.
     pub fn tsend(&self, buf: &[u8], tag: u64, dest: u64, context: u64) -> Result<()> {
-        self.post(&[buf], dest, Op::Tag, tag, None, context, Flags::empty())
+        self.post(
+            Src::Slices(&[buf]),
+            dest,
+            Op::Tag,
+            tag,
+            None,
+            context,
+            Flags::empty(),
+        )
     }
 
     /// `fi_tsenddata`.
@@ -478,7 +530,7 @@ impl RdmEndpoint {
         context: u64,
     ) -> Result<()> {
         self.post(
-            &[buf],
+            Src::Slices(&[buf]),
             dest,
             Op::Tag,
             tag,
@@ -490,12 +542,28 @@ impl RdmEndpoint {
 
     /// `fi_inject`: the buffer is free at return and no completion is written.
     pub fn inject(&self, buf: &[u8], dest: u64) -> Result<()> {
-        self.post(&[buf], dest, Op::Msg, 0, None, 0, Flags::INJECT)
+        self.post(
+            Src::Slices(&[buf]),
+            dest,
+            Op::Msg,
+            0,
+            None,
+            0,
+            Flags::INJECT,
+        )
     }
 
     /// `fi_tinject`.
     pub fn tinject(&self, buf: &[u8], tag: u64, dest: u64) -> Result<()> {
-        self.post(&[buf], dest, Op::Tag, tag, None, 0, Flags::INJECT)
+        self.post(
+            Src::Slices(&[buf]),
+            dest,
+            Op::Tag,
+            tag,
+            None,
+            0,
+            Flags::INJECT,
+        )
     }
 
     /// `fi_sendmsg` / `fi_tsendmsg` (with `tag`): gathered from `iov`, with `data` as
@@ -510,13 +578,46 @@ impl RdmEndpoint {
         flags: Flags,
     ) -> Result<()> {
         let op = if tag.is_some() { Op::Tag } else { Op::Msg };
-        self.post(iov, dest, op, tag.unwrap_or(0), data, context, flags)
+        self.post(
+            Src::Slices(iov),
+            dest,
+            op,
+            tag.unwrap_or(0),
+            data,
+            context,
+            flags,
+        )
+    }
+
+    /// A send of `len` bytes at `offset` of a registered region (`FI_MR_LOCAL` callers,
+    /// and the tools): `tag` makes it tagged; `flags` as [`Self::sendmsg`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_region(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        dest: u64,
+        tag: Option<u64>,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        let op = if tag.is_some() { Op::Tag } else { Op::Msg };
+        self.post(
+            Src::Region(mr, offset, len),
+            dest,
+            op,
+            tag.unwrap_or(0),
+            None,
+            context,
+            flags,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
     fn post(
         &self,
-        iov: &[&[u8]],
+        src: Src<'_>,
         dest: u64,
         op: Op,
         tag: u64,
@@ -525,8 +626,15 @@ impl RdmEndpoint {
         flags: Flags,
     ) -> Result<()> {
         wr_id::check(context)?;
+        check_send_flags(flags)?;
+        if flags.contains(Flags::DELIVERY_COMPLETE) {
+            return Err(Error::new(
+                errno::ENOSYS,
+                "FI_DELIVERY_COMPLETE is not built on RDM endpoints yet (sends complete once the peer's device has the message: FI_TRANSMIT_COMPLETE)",
+            ));
+        }
         let en = self.en()?;
-        let len: usize = iov.iter().map(|b| b.len()).sum();
+        let len = src.len();
         let max = en.slot - Header::LEN;
         if len > max {
             return Err(Error::new(
@@ -555,14 +663,10 @@ impl RdmEndpoint {
             data,
             len: len as u32,
         };
-        let mut at = off + Header::LEN;
-        let copied = en.tx_pool.write_at(off, &hdr.encode()).and_then(|_| {
-            iov.iter().try_for_each(|b| {
-                en.tx_pool.write_at(at, b)?;
-                at += b.len();
-                Ok(())
-            })
-        });
+        let copied = en
+            .tx_pool
+            .write_at(off, &hdr.encode())
+            .and_then(|_| src.copy_to(&en.tx_pool, off + Header::LEN));
         if let Err(e) = copied {
             g.tx_free.push(slot);
             return Err(e);
@@ -680,7 +784,10 @@ impl RdmEndpoint {
                 format!("receive flags {unsupported:?} are not built on RDM endpoints yet"),
             ));
         }
-        let from_addr = if from == ADDR_UNSPEC {
+        // fi_msg(3): the source is ignored unless the endpoint has FI_DIRECTED_RECV.
+        let directed = self.sh.info.caps.contains(Flags::DIRECTED_RECV)
+            || self.sh.info.rx_attr.caps.contains(Flags::DIRECTED_RECV);
+        let from_addr = if from == ADDR_UNSPEC || !directed {
             ADDR_UNSPEC
         } else {
             en.av.rdm_name(from)?;

@@ -1448,6 +1448,140 @@ static void hints_section(void)
 	printf("ok hints\n");
 }
 
+/* Reads one completion of `want` within 10 s, driving `other` (the peer endpoint's CQ) meanwhile. */
+static long rdm_next(struct fid_cq *want, struct fid_cq *other, struct fi_cq_tagged_entry *e,
+		     fi_addr_t *src)
+{
+	time_t end = time(NULL) + 10;
+	for (;;) {
+		long r = fi_cq_readfrom(want, e, 1, src);
+		if (r != -FI_EAGAIN)
+			return r;
+		(void)fi_cq_read(other, NULL, 0);
+		if (time(NULL) > end)
+			FAIL("no RDM completion within 10 s");
+	}
+}
+
+static void rdm_section(void)
+{
+	struct fi_info *h = fi_allocinfo(), *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_cq *cq[2];
+	struct fid_av *av[2];
+	struct fid_ep *ep[2];
+	struct fi_av_attr aa = {.type = FI_AV_TABLE};
+	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err = {0};
+	uint8_t name[2][64], small[4], sbuf[256];
+	size_t len;
+	fi_addr_t src, got;
+	char str[128];
+	uint8_t *rbuf = malloc(BUF); /* unregistered: RDM asks no FI_MR_LOCAL */
+
+	TRUE(h && rbuf);
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_MSG | FI_TAGGED | FI_SOURCE | FI_DIRECTED_RECV;
+	h->mode = 0;
+	h->domain_attr->mr_mode = 0;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	EXPECT(info->ep_attr->type, FI_EP_RDM);
+	TRUE(!(info->domain_attr->mr_mode & FI_MR_LOCAL));
+	EXPECT(info->domain_attr->cq_data_size, 8);
+	TRUE(info->ep_attr->mem_tag_format == 0xaaaaaaaaaaaaaaaaULL); /* providers' FI_TAG_GENERIC */
+	TRUE((info->caps & (FI_TAGGED | FI_SOURCE)) == (FI_TAGGED | FI_SOURCE));
+	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, info, &domain, NULL));
+	for (int i = 0; i < 2; i++) {
+		OK(fi_cq_open(domain, &ca, &cq[i], NULL));
+		OK(fi_av_open(domain, &aa, &av[i], NULL));
+		OK(fi_endpoint(domain, info, &ep[i], NULL));
+		EXPECT(fi_enable(ep[i]), -FI_ENOAV);
+		OK(fi_ep_bind(ep[i], &av[i]->fid, 0));
+		OK(fi_ep_bind(ep[i], &cq[i]->fid, FI_TRANSMIT | FI_RECV));
+		OK(fi_enable(ep[i]));
+		len = sizeof small;
+		EXPECT(fi_getname(&ep[i]->fid, small, &len), -FI_ETOOSMALL);
+		EXPECT(len, 40);
+		len = sizeof name[i];
+		OK(fi_getname(&ep[i]->fid, name[i], &len));
+		EXPECT(len, 40);
+	}
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 2; j++) {
+			EXPECT(fi_av_insert(av[i], name[j], 1, &got, 0, NULL), 1);
+			EXPECT(got, (fi_addr_t)j);
+		}
+	len = sizeof str;
+	TRUE(fi_av_straddr(av[0], name[1], str, &len) && !strncmp(str, "fi_rverbs_rdm://", 16));
+
+	/* Tagged, from and to unregistered memory: the receiver knows the source. */
+	fill(sbuf, 200, 3);
+	OK(fi_trecv(ep[1], rbuf, BUF, NULL, FI_ADDR_UNSPEC, 0x42, 0, (void *)1));
+	OK(fi_tsend(ep[0], sbuf, 200, NULL, 1, 0x42, (void *)2));
+	EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+	TRUE(e.op_context == (void *)1 && e.len == 200 && e.tag == 0x42 &&
+	     (e.flags & (FI_TAGGED | FI_RECV)) == (FI_TAGGED | FI_RECV));
+	EXPECT(src, 0);
+	check(rbuf, 200, 3);
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	TRUE(e.op_context == (void *)2 && (e.flags & (FI_TAGGED | FI_SEND)) == (FI_TAGGED | FI_SEND));
+
+	/* 64-bit remote CQ data, untagged, the other way. */
+	OK(fi_recv(ep[0], rbuf, 64, NULL, 1, (void *)3));
+	OK(fi_senddata(ep[1], sbuf, 10, NULL, 0x1122334455667788ULL, 0, (void *)4));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	TRUE(e.op_context == (void *)3 && (e.flags & FI_REMOTE_CQ_DATA) &&
+	     e.data == 0x1122334455667788ULL && e.len == 10);
+	EXPECT(src, 1);
+	EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+	EXPECT(e.op_context, (void *)4);
+
+	/* tinject: the buffer is free at return, and no completion is written. */
+	fill(sbuf, 256, 9);
+	OK(fi_tinject(ep[0], sbuf, 256, 1, 7));
+	memset(sbuf, 0, sizeof sbuf);
+	OK(fi_trecv(ep[1], rbuf, BUF, NULL, 0, 7, 0, (void *)5));
+	EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+	TRUE(e.op_context == (void *)5 && e.len == 256);
+	check(rbuf, 256, 9);
+	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+
+	/* Cancel: the receive completes as FI_ECANCELED; a second cancel finds nothing. */
+	OK(fi_trecv(ep[1], rbuf, BUF, NULL, 0, 99, 0, (void *)6));
+	OK(fi_cancel(&ep[1]->fid, (void *)6));
+	EXPECT(fi_cq_read(cq[1], &e, 1), -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(cq[1], &err, 0), 1);
+	TRUE(err.op_context == (void *)6 && err.err == FI_ECANCELED);
+	EXPECT(fi_cancel(&ep[1]->fid, (void *)6), -FI_ENOENT);
+
+	/* What is not built yet says so; what is wrong says why. */
+	{
+		struct iovec iov = {.iov_base = rbuf, .iov_len = 64};
+		struct fi_msg_tagged tm = {.msg_iov = &iov, .iov_count = 1, .addr = 0, .tag = 1};
+		EXPECT(fi_trecvmsg(ep[1], &tm, FI_PEEK), -FI_ENOSYS);
+		EXPECT(fi_tsendmsg(ep[0], &tm, FI_DELIVERY_COMPLETE), -FI_ENOSYS);
+		EXPECT(fi_tsend(ep[0], rbuf, info->ep_attr->max_msg_size + 1, NULL, 1, 1, NULL),
+		       -FI_EMSGSIZE);
+		EXPECT(fi_send(ep[0], sbuf, 1, NULL, 5, NULL), -FI_EINVAL);
+		EXPECT(fi_connect(ep[0], name[1], NULL, 0), -FI_EINVAL);
+	}
+	for (int i = 0; i < 2; i++) {
+		OK(fi_close(&ep[i]->fid));
+		OK(fi_close(&av[i]->fid));
+		OK(fi_close(&cq[i]->fid));
+	}
+	OK(fi_close(&domain->fid));
+	OK(fi_close(&fabric->fid));
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	free(rbuf);
+	printf("ok rdm\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
@@ -1462,6 +1596,8 @@ int main(int argc, char **argv)
 		handle_section();
 	if (!only || !strcmp(only, "hints"))
 		hints_section();
+	if (!only || !strcmp(only, "rdm"))
+		rdm_section();
 	if (only && !strcmp(only, "peer"))
 		peer_section(argv[0]);
 	if (only && !strcmp(only, "shm-send") && argc > 2)

@@ -9,9 +9,11 @@ use super::options::Opts;
 /// The client's parameters, sent to the server over the TCP control connection.
 pub(super) fn encode_params(o: &Opts) -> String {
     format!(
-        "rfab1 test={} ud={} all={} size={} iters={} depth={} inline={}\n",
+        "rfab1 test={} ud={} rdm={} tagged={} all={} size={} iters={} depth={} inline={}\n",
         o.test as u8,
         o.ud as u8,
+        o.rdm as u8,
+        o.tagged as u8,
         o.all as u8,
         o.size,
         o.iters,
@@ -40,6 +42,8 @@ pub(super) fn decode_params(o: &mut Opts, line: &str) -> Result<(), String> {
             }
             "test" => {}
             "ud" => o.ud = n != 0,
+            "rdm" => o.rdm = n != 0,
+            "tagged" => o.tagged = n != 0,
             "all" => o.all = n != 0,
             "size" => o.size = n as usize,
             "iters" => o.iters = n as usize,

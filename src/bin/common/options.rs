@@ -24,6 +24,10 @@ pub(crate) struct Opts {
     pub(crate) timeout: Duration,
     /// `-c UD`: datagrams (`FI_EP_DGRAM` on UD QPs) instead of RC.
     pub(crate) ud: bool,
+    /// `-e rdm`: a reliable connectionless endpoint (`FI_EP_RDM`) instead of a connected one.
+    pub(crate) rdm: bool,
+    /// `--tagged`: tagged messages (`fi_tsend`/`fi_trecv`), RDM only.
+    pub(crate) tagged: bool,
 }
 
 pub(super) const MAX_ALL: usize = 8 << 20;
@@ -44,6 +48,8 @@ pub(crate) fn usage(test: Test) -> String {
          \x20 -I, --inline_size N  largest send carried inline (default: the device's inject size)\n\
          \x20 -x, --gid-index N    accepted for perftest compatibility (rdma_cm picks the GID)\n\
          \x20 -c, --connection T   RC (default) or UD (latency only: datagrams up to the MTU)\n\
+         \x20 -e, --endpoint T     msg (default: FI_EP_MSG over RC) or rdm (FI_EP_RDM)\n\
+         \x20     --tagged         tagged messages (with -e rdm)\n\
          \x20 -T, --timeout SEC    give up waiting for the peer after SEC seconds (default 60)\n\
          \x20     --json           one JSON object per size instead of the table\n",
         if test == Test::SendLat { 2 } else { 65536 },
@@ -65,6 +71,8 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
         json: false,
         timeout: Duration::from_secs(60),
         ud: false,
+        rdm: false,
+        tagged: false,
     };
     let mut args = args.peekable();
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
@@ -94,6 +102,14 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
                     other => return Err(format!("-c {other:?}: RC or UD")),
                 }
             }
+            "-e" | "--endpoint" => {
+                o.rdm = match args.next().map(|s| s.to_ascii_lowercase()).as_deref() {
+                    Some("msg") => false,
+                    Some("rdm") => true,
+                    other => return Err(format!("-e {other:?}: msg or rdm")),
+                }
+            }
+            "--tagged" => o.tagged = true,
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s => {
@@ -108,6 +124,12 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
             "-c UD: datagrams may be dropped, which a bandwidth count cannot tell from slowness; use rfab_send_lat -c UD"
                 .into(),
         );
+    }
+    if o.rdm && o.ud {
+        return Err("-e rdm and -c UD: choose one endpoint type".into());
+    }
+    if o.tagged && !o.rdm {
+        return Err("--tagged needs -e rdm (MSG endpoints have no tagged messages)".into());
     }
     if o.iters == 0 || o.tx_depth == 0 || o.tx_depth > 4096 {
         return Err("iterations must be > 0 and the tx depth between 1 and 4096".into());

@@ -14,7 +14,8 @@ use super::options::{Opts, Test, MAX_ALL};
 
 const RX_DEPTH: usize = 512;
 
-/// The endpoint a tool measures: connected (RC) or datagram (UD, with its peer's address).
+/// The endpoint a tool measures: connected (RC), datagram (UD) or reliable connectionless
+/// (RDM), the last two with their peer's address.
 pub(crate) enum Ep {
     Msg(MsgEndpoint),
     Dgram {
@@ -22,13 +23,24 @@ pub(crate) enum Ep {
         peer: u64,
         av: Arc<AddressVector>,
     },
+    Rdm {
+        ep: RdmEndpoint,
+        peer: u64,
+        /// Tagged messages (tag 0x5eed), or untagged.
+        tag: Option<u64>,
+    },
 }
+
+const TAG: u64 = 0x5eed;
 
 impl Ep {
     pub(super) fn send(&self, mr: &MemoryRegion, off: usize, len: usize, ctx: u64) -> Result<()> {
         match self {
             Ep::Msg(e) => e.send(mr, off, len, ctx),
             Ep::Dgram { ep, peer, .. } => ep.send(mr, off, len, *peer, ctx),
+            Ep::Rdm { ep, peer, tag } => {
+                ep.send_region(mr, off, len, *peer, *tag, ctx, Flags::empty())
+            }
         }
     }
 
@@ -36,6 +48,13 @@ impl Ep {
         match self {
             Ep::Msg(e) => e.recv(mr, off, len, ctx),
             Ep::Dgram { ep, .. } => ep.recv(mr, off, len, ctx),
+            Ep::Rdm { ep, tag, .. } => {
+                let buf = RecvBuf::region(mr, off, len)?;
+                match tag {
+                    Some(t) => ep.trecv(buf, u64::MAX, *t, 0, ctx),
+                    None => ep.recv(buf, u64::MAX, ctx),
+                }
+            }
         }
     }
 
@@ -43,6 +62,7 @@ impl Ep {
         match self {
             Ep::Msg(e) => e.inject_size(),
             Ep::Dgram { ep, .. } => ep.inject_size(),
+            Ep::Rdm { ep, .. } => ep.inject_size(),
         }
     }
 
@@ -62,6 +82,10 @@ impl Ep {
                     remote.unwrap_or_else(|e| e.to_string()),
                 )
             }
+            Ep::Rdm { ep, peer, .. } => (
+                ep.getname().map_or_else(|e| e.to_string(), |n| n.to_str()),
+                format!("fi_addr {peer}"),
+            ),
         }
     }
 
@@ -75,20 +99,21 @@ impl Ep {
         match self {
             Ep::Msg(e) => e.sendmsg(mr, 0, len, ctx, 0, flags),
             Ep::Dgram { ep, peer, .. } => ep.sendmsg(mr, 0, len, *peer, ctx, 0, flags),
+            Ep::Rdm { ep, peer, tag } => ep.send_region(mr, 0, len, *peer, *tag, ctx, flags),
         }
     }
 
     pub(super) fn shutdown(&self) -> Result<()> {
         match self {
             Ep::Msg(e) => e.shutdown(),
-            Ep::Dgram { .. } => Ok(()),
+            Ep::Dgram { .. } | Ep::Rdm { .. } => Ok(()),
         }
     }
 
     fn msg(&self) -> Result<&MsgEndpoint> {
         match self {
             Ep::Msg(e) => Ok(e),
-            Ep::Dgram { .. } => Err(Error::new(errno::EINVAL, "not a connected endpoint")),
+            _ => Err(Error::new(errno::EINVAL, "not a connected endpoint")),
         }
     }
 }
@@ -181,6 +206,9 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             if o.ud {
                 return connect_ud(o, control, r, true);
             }
+            if o.rdm {
+                return connect_rdm(o, control, r, true);
+            }
             let cinfo = loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -216,6 +244,9 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             }
             if o.ud {
                 return connect_ud(o, control, r, false);
+            }
+            if o.rdm {
+                return connect_rdm(o, control, r, false);
             }
             let info = getinfo(Some(&server), Some(&port), Flags::empty(), Some(&h))
                 .map_err(|e| format!("cannot reach {server}:{port} over RDMA: {e}"))?
@@ -316,23 +347,12 @@ fn connect_ud(
     for _ in 0..RX_DEPTH {
         ep.recv(&rx, 0, rx.len(), 1).map_err(e)?;
     }
-    let mine = format!("name {}\n", hex(&ep.getname().map_err(e)?.to_bytes()));
-    let theirs = if is_server {
-        (&control)
-            .write_all(mine.as_bytes())
-            .map_err(|e| e.to_string())?;
-        read_line(&mut r, "the client's datagram name")?
-    } else {
-        let t = read_line(&mut r, "the server's datagram name")?;
-        (&control)
-            .write_all(mine.as_bytes())
-            .map_err(|e| e.to_string())?;
-        t
-    };
-    let name = theirs
-        .strip_prefix("name ")
-        .and_then(unhex)
-        .ok_or_else(|| format!("bad datagram name from the peer: {theirs:?}"))?;
+    let name = swap_names(
+        &control,
+        &mut r,
+        &ep.getname().map_err(e)?.to_bytes(),
+        is_server,
+    )?;
     let peer = av.insert(&name).map_err(e)?;
     Ok(Conn {
         ep: Ep::Dgram { ep, peer, av },
@@ -345,6 +365,95 @@ fn connect_ud(
         _pep: None,
         _control: control,
     })
+}
+
+/// Exchanges endpoint names over the control connection (the server's first).
+fn swap_names(
+    control: &TcpStream,
+    r: &mut BufReader<TcpStream>,
+    mine: &[u8],
+    is_server: bool,
+) -> Result<Vec<u8>, String> {
+    let mine = format!("name {}\n", hex(mine));
+    let theirs = if is_server {
+        (&*control)
+            .write_all(mine.as_bytes())
+            .map_err(|e| e.to_string())?;
+        read_line(r, "the client's endpoint name")?
+    } else {
+        let t = read_line(r, "the server's endpoint name")?;
+        (&*control)
+            .write_all(mine.as_bytes())
+            .map_err(|e| e.to_string())?;
+        t
+    };
+    theirs
+        .strip_prefix("name ")
+        .and_then(unhex)
+        .ok_or_else(|| format!("bad endpoint name from the peer: {theirs:?}"))
+}
+
+/// Sets up RDM endpoints: as datagram ones, names over the control connection; the first
+/// message connects them.
+fn connect_rdm(
+    o: &Opts,
+    control: TcpStream,
+    mut r: BufReader<TcpStream>,
+    is_server: bool,
+) -> Result<Conn, String> {
+    let e = |e: Error| e.to_string();
+    let mut h = hints(o);
+    h.ep_attr.ep_type = EpType::Rdm;
+    h.caps = Flags::MSG | Flags::TAGGED;
+    let info = getinfo(None, None, Flags::empty(), Some(&h))
+        .map_err(e)?
+        .remove(0);
+    let most = info.ep_attr.max_msg_size;
+    if !o.all && o.size > most {
+        return Err(format!(
+            "-s {}: RDM messages are at most {most} bytes (max_msg_size)",
+            o.size
+        ));
+    }
+    let max = if o.all { most.min(MAX_ALL) } else { o.size };
+    let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
+    let domain = Domain::open(&fabric, &info).map_err(e)?;
+    let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
+    let ep = RdmEndpoint::open(&domain, &info).map_err(e)?;
+    // The bandwidth client asks for one send completion in CQ_MOD, as perftest does.
+    let tx_bind = if o.test == Test::SendBw && !is_server {
+        Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
+    } else {
+        Flags::TRANSMIT
+    };
+    ep.bind_cq(&cq, tx_bind).map_err(e)?;
+    ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
+    ep.bind_av(&av).map_err(e)?;
+    ep.enable().map_err(e)?;
+    let tx = MemoryRegion::alloc(&domain, max.max(1), Flags::SEND).map_err(e)?;
+    let rx = MemoryRegion::alloc(&domain, max.max(1), Flags::RECV).map_err(e)?;
+    let tag = o.tagged.then_some(TAG);
+    let theirs = swap_names(
+        &control,
+        &mut r,
+        &ep.getname().map_err(e)?.to_bytes(),
+        is_server,
+    )?;
+    let peer = av.insert(&theirs).map_err(e)?;
+    let conn = Conn {
+        ep: Ep::Rdm { ep, peer, tag },
+        cq,
+        tx,
+        rx,
+        info,
+        is_server,
+        _eq: None,
+        _pep: None,
+        _control: control,
+    };
+    post_rx(&conn, RX_DEPTH.min(conn.info.rx_attr.size), max)?;
+    Ok(conn)
 }
 
 fn hex(b: &[u8]) -> String {

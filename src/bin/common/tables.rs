@@ -16,6 +16,14 @@ pub(crate) fn banner(o: &Opts, c: &Conn) {
     let (ep_type, transport) = match c.ep {
         Ep::Msg(_) => ("FI_EP_MSG", "RC over rdma_cm, manual progress"),
         Ep::Dgram { .. } => ("FI_EP_DGRAM", "UD, manual progress"),
+        Ep::Rdm { tag: Some(_), .. } => (
+            "FI_EP_RDM, tagged",
+            "RC connected on first send, eager copies, manual progress",
+        ),
+        Ep::Rdm { .. } => (
+            "FI_EP_RDM",
+            "RC connected on first send, eager copies, manual progress",
+        ),
     };
     let (local, remote) = c.ep.names();
     println!("                    {title} (rfabric rverbs, {ep_type})");
