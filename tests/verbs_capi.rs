@@ -283,7 +283,7 @@ fn fi_pingpong_runs_over_rverbs_msg_endpoints() {
 
 #[test]
 fn fi_pingpong_runs_over_rverbs_rdm_endpoints() {
-    pingpong("rdm", 47613, &["64", "256", "1k", "4k"]);
+    pingpong("rdm", 47613, &["64", "256", "1k", "4k", "64k", "1m"]);
 }
 
 #[test]

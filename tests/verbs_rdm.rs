@@ -161,7 +161,11 @@ fn getinfo_offers_rdm_with_tags_and_no_registration_required() {
     assert_eq!(i.ep_attr.mem_tag_format, 0xaaaa_aaaa_aaaa_aaaa);
     assert_eq!(i.mode, Mode::empty());
     assert!(i.tx_attr.inject_size >= 4096);
-    assert_eq!(i.ep_attr.max_msg_size, i.tx_attr.inject_size);
+    assert!(
+        i.ep_attr.max_msg_size > i.tx_attr.inject_size,
+        "large messages go by rendezvous: {}",
+        i.ep_attr.max_msg_size
+    );
 }
 
 #[test]
@@ -323,10 +327,23 @@ fn truncation_reports_olen_and_remote_cq_data_keeps_64_bits() {
     let (e, _) = next_ok(&v, 1);
     assert_eq!(e.data, data);
     assert_ne!(e.flags & Flags::REMOTE_CQ_DATA.bits(), 0);
-    let max = v[0].ep.max_msg_size();
+    // A borrowed slice is read only during the call: larger than the eager size, it is
+    // refused (send_region, or C's buffers, go by rendezvous).
+    let eager = v[0].ep.inject_size();
     assert_eq!(
-        v[0].ep.send(&vec![0u8; max + 1], 1, 3).unwrap_err().errno(),
+        v[0].ep
+            .send(&vec![0u8; eager + 1], 1, 3)
+            .unwrap_err()
+            .errno(),
         errno::EMSGSIZE
+    );
+    assert_eq!(
+        v[0].ep
+            .sendmsg(&[&vec![0u8; eager + 1]], 1, None, None, 3, Flags::INJECT)
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL,
+        "FI_INJECT past the inject size"
     );
     assert_eq!(
         v[0].ep.send(b"x", 7, 3).unwrap_err().errno(),
@@ -418,4 +435,182 @@ fn a_peer_that_closes_is_no_error_and_a_later_send_reconnects_or_fails_cleanly()
     v[0].ep.send(b"still here", 2, 3).unwrap();
     v[1].ep.recv(recv_buf(&v[1], 0, 64), ANY, 4).unwrap();
     assert_eq!(next_ok(&v, 1).0.op_context, 4);
+}
+
+/// Endpoints whose sends and receives complete on two different CQs.
+fn split_nodes(info: &Info) -> (Vec<Node>, Vec<Arc<CompletionQueue>>, Arc<Domain>) {
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, info).unwrap();
+    let mut txs = vec![];
+    let v: Vec<Node> = (0..2)
+        .map(|_| {
+            let mk = || {
+                CompletionQueue::open(
+                    &domain,
+                    &CqAttr {
+                        format: CqFormat::Tagged,
+                        ..Default::default()
+                    },
+                )
+                .unwrap()
+            };
+            let (rx, tx) = (mk(), mk());
+            let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
+            let ep = RdmEndpoint::open(&domain, info).unwrap();
+            ep.bind_cq(&tx, Flags::TRANSMIT).unwrap();
+            ep.bind_cq(&rx, Flags::RECV).unwrap();
+            ep.bind_av(&av).unwrap();
+            ep.enable().unwrap();
+            txs.push(tx);
+            let mr = MemoryRegion::alloc(&domain, 1 << 16, Flags::RECV).unwrap();
+            Node { ep, cq: rx, av, mr }
+        })
+        .collect();
+    let names: Vec<_> = v
+        .iter()
+        .map(|x| x.ep.getname().unwrap().to_bytes())
+        .collect();
+    for x in &v {
+        for name in &names {
+            x.av.insert(name).unwrap();
+        }
+    }
+    (v, txs, domain)
+}
+
+/// The next completion on `cq`, every node driven meanwhile.
+fn next_on(v: &[Node], cq: &CompletionQueue) -> Result<TaggedEntry> {
+    let t = Instant::now();
+    loop {
+        for n in v {
+            n.ep.progress();
+        }
+        let mut e = [TaggedEntry::default(); 1];
+        match cq.read(&mut e) {
+            Ok(1) => return Ok(e[0]),
+            Ok(_) => {}
+            Err(err) if err.is_again() => {}
+            Err(err) => return Err(err),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no completion in 20 s"
+        );
+    }
+}
+
+#[test]
+fn large_messages_are_read_by_the_receiver_in_order_with_eager_ones_between() {
+    let Some(info) = rdm_info() else { return };
+    let (v, txs, domain) = split_nodes(&info);
+    let eager = v[0].ep.inject_size();
+    // Sizes around the eager limit and well past it, sent before and after their receives,
+    // each from and to its own place.
+    let sizes = [eager, eager + 1, 65536, (1 << 20) + 3, 100, 3 << 20];
+    let mut at = 0;
+    let mut offs = vec![];
+    for &n in &sizes {
+        offs.push(at);
+        at += n;
+    }
+    let big = MemoryRegion::alloc(&domain, at, Flags::SEND).unwrap();
+    for (k, &n) in sizes.iter().enumerate() {
+        big.write_at(offs[k], &pattern(n, k as u8)).unwrap();
+    }
+    // The first three wait as unexpected messages; the rest find posted receives.
+    for k in 0..3 {
+        v[0].ep
+            .send_region(
+                &big,
+                offs[k],
+                sizes[k],
+                1,
+                Some(7),
+                k as u64,
+                Flags::empty(),
+            )
+            .unwrap();
+    }
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        for n in &v {
+            n.ep.progress();
+        }
+        let mut e = [TaggedEntry::default(); 1];
+        let _ = v[1]
+            .cq
+            .read(&mut e)
+            .map(|c| assert_eq!(c, 0, "nothing is posted yet"));
+    }
+    let dst = MemoryRegion::alloc(&domain, at, Flags::RECV).unwrap();
+    for k in 0..sizes.len() {
+        v[1].ep
+            .trecv(
+                RecvBuf::region(&dst, offs[k], sizes[k]).unwrap(),
+                ANY,
+                7,
+                0,
+                100 + k as u64,
+            )
+            .unwrap();
+        if k == 2 {
+            for j in 3..sizes.len() {
+                v[0].ep
+                    .send_region(
+                        &big,
+                        offs[j],
+                        sizes[j],
+                        1,
+                        Some(7),
+                        j as u64,
+                        Flags::empty(),
+                    )
+                    .unwrap();
+            }
+        }
+    }
+    let mut got = vec![];
+    for _ in 0..sizes.len() {
+        let e = next_on(&v, &v[1].cq).unwrap();
+        let k = e.op_context as usize - 100;
+        assert_eq!(e.len, sizes[k]);
+        let mut b = vec![0u8; sizes[k]];
+        dst.read_at(offs[k], &mut b).unwrap();
+        assert!(
+            b == pattern(sizes[k], k as u8),
+            "message {k} of {} bytes",
+            sizes[k]
+        );
+        got.push(k);
+    }
+    got.sort();
+    assert_eq!(got, (0..sizes.len()).collect::<Vec<_>>());
+    let mut sent = vec![];
+    for _ in 0..sizes.len() {
+        sent.push(next_on(&v, &txs[0]).unwrap().op_context);
+    }
+    sent.sort();
+    assert_eq!(sent, (0..sizes.len() as u64).collect::<Vec<_>>());
+    // A large message into a small receive: what fits, FI_ETRUNC with olen, and the sender
+    // completes all the same.
+    v[1].ep
+        .trecv(RecvBuf::region(&dst, 0, 20_000).unwrap(), ANY, 9, 0, 77)
+        .unwrap();
+    v[0].ep
+        .send_region(&big, offs[3], sizes[3], 1, Some(9), 78, Flags::empty())
+        .unwrap();
+    match next_on(&v, &v[1].cq) {
+        Err(e) if e.errno() == errno::EAVAIL => {
+            let e = v[1].cq.readerr().unwrap();
+            assert_eq!(
+                (e.op_context, e.err, e.len, e.olen),
+                (77, errno::ETRUNC, 20_000, sizes[3] - 20_000)
+            );
+            let mut b = vec![0u8; 20_000];
+            dst.read_at(0, &mut b).unwrap();
+            assert!(b[..] == pattern(sizes[3], 3)[..20_000]);
+        }
+        other => panic!("expected a truncated receive, got {other:?}"),
+    }
+    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 78);
 }

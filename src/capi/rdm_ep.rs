@@ -336,6 +336,43 @@ unsafe fn recv_iov(iov: *const libc::iovec, count: usize) -> Result<RecvBuf> {
     }
 }
 
+/// A send buffer of the application's, valid until the send completes (fi_msg(3)): read
+/// after the call returns when the message is larger than the eager size.
+///
+/// # Safety
+/// `buf` has `len` readable bytes, unchanged until the send completes.
+unsafe fn send_buf(buf: *const c_void, len: usize) -> Result<ForeignBuf> {
+    if buf.is_null() && len > 0 {
+        return Err(Error::new(errno::EINVAL, "buf is NULL"));
+    }
+    if len > isize::MAX as usize {
+        return Err(Error::new(errno::EINVAL, format!("a send of {len} bytes")));
+    }
+    // SAFETY: the caller's contract; the endpoint only reads (or registers) it.
+    Ok(unsafe { ForeignBuf::new(buf as *mut u8, len) })
+}
+
+/// A send iov: one range goes as an application buffer (any size), several are gathered
+/// into the eager buffer as slices.
+///
+/// # Safety
+/// `iov` is NULL or holds `count` readable elements, unchanged until the send completes.
+unsafe fn send_any<R>(
+    iov: *const libc::iovec,
+    count: usize,
+    one: impl FnOnce(ForeignBuf) -> Result<R>,
+    many: impl FnOnce(&[&[u8]]) -> Result<R>,
+) -> Result<R> {
+    if count == 1 && !iov.is_null() {
+        // SAFETY: one element, per the caller's contract.
+        let v = unsafe { *iov };
+        // SAFETY: the element's buffer, per the caller's contract.
+        return one(unsafe { send_buf(v.iov_base, v.iov_len) }?);
+    }
+    // SAFETY: forwarded.
+    unsafe { send_iov(iov, count, many) }
+}
+
 /// The ranges of a send iov as slices.
 ///
 /// # Safety
@@ -372,7 +409,17 @@ unsafe extern "C" fn rdm_send(
 ) -> isize {
     guarded_len("fi_send", || {
         // SAFETY: the application's handle and buffer (fi_msg(3)).
-        unsafe { rdm(ep)?.send(bytes(buf, len, "buf")?, dest, context as u64) }.map(|()| 0)
+        unsafe {
+            rdm(ep)?.send_foreign(
+                send_buf(buf, len)?,
+                dest,
+                None,
+                None,
+                context as u64,
+                Flags::empty(),
+            )
+        }
+        .map(|()| 0)
     })
 }
 
@@ -387,8 +434,17 @@ unsafe extern "C" fn rdm_senddata(
 ) -> isize {
     guarded_len("fi_senddata", || {
         // SAFETY: the application's handle and buffer (fi_msg(3)).
-        unsafe { rdm(ep)?.senddata(bytes(buf, len, "buf")?, data, dest, context as u64) }
-            .map(|()| 0)
+        unsafe {
+            rdm(ep)?.send_foreign(
+                send_buf(buf, len)?,
+                dest,
+                None,
+                Some(data),
+                context as u64,
+                Flags::empty(),
+            )
+        }
+        .map(|()| 0)
     })
 }
 
@@ -404,9 +460,13 @@ unsafe extern "C" fn rdm_sendv(
         // SAFETY: the application's handle and iov (fi_msg(3)).
         unsafe {
             let e = rdm(ep)?;
-            send_iov(iov, count, |v| {
-                e.sendmsg(v, dest, None, None, context as u64, Flags::empty())
-            })
+            let ctx = context as u64;
+            send_any(
+                iov,
+                count,
+                |b| e.send_foreign(b, dest, None, None, ctx, Flags::empty()),
+                |v| e.sendmsg(v, dest, None, None, ctx, Flags::empty()),
+            )
         }
         .map(|()| 0)
     })
@@ -426,9 +486,13 @@ unsafe extern "C" fn rdm_sendmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, fl
             let m = msg
                 .as_ref()
                 .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?;
-            send_iov(m.msg_iov, m.iov_count, |v| {
-                e.sendmsg(v, m.addr, None, data_of(fl, m.data), m.context as u64, fl)
-            })
+            let (ctx, data) = (m.context as u64, data_of(fl, m.data));
+            send_any(
+                m.msg_iov,
+                m.iov_count,
+                |b| e.send_foreign(b, m.addr, None, data, ctx, fl),
+                |v| e.sendmsg(v, m.addr, None, data, ctx, fl),
+            )
         }
         .map(|()| 0)
     })
@@ -531,7 +595,17 @@ unsafe extern "C" fn rdm_tsend(
 ) -> isize {
     guarded_len("fi_tsend", || {
         // SAFETY: the application's handle and buffer (fi_tagged(3)).
-        unsafe { rdm(ep)?.tsend(bytes(buf, len, "buf")?, tag, dest, context as u64) }.map(|()| 0)
+        unsafe {
+            rdm(ep)?.send_foreign(
+                send_buf(buf, len)?,
+                dest,
+                Some(tag),
+                None,
+                context as u64,
+                Flags::empty(),
+            )
+        }
+        .map(|()| 0)
     })
 }
 
@@ -547,8 +621,17 @@ unsafe extern "C" fn rdm_tsenddata(
 ) -> isize {
     guarded_len("fi_tsenddata", || {
         // SAFETY: the application's handle and buffer (fi_tagged(3)).
-        unsafe { rdm(ep)?.tsenddata(bytes(buf, len, "buf")?, data, tag, dest, context as u64) }
-            .map(|()| 0)
+        unsafe {
+            rdm(ep)?.send_foreign(
+                send_buf(buf, len)?,
+                dest,
+                Some(tag),
+                Some(data),
+                context as u64,
+                Flags::empty(),
+            )
+        }
+        .map(|()| 0)
     })
 }
 
@@ -565,9 +648,13 @@ unsafe extern "C" fn rdm_tsendv(
         // SAFETY: the application's handle and iov (fi_tagged(3)).
         unsafe {
             let e = rdm(ep)?;
-            send_iov(iov, count, |v| {
-                e.sendmsg(v, dest, Some(tag), None, context as u64, Flags::empty())
-            })
+            let ctx = context as u64;
+            send_any(
+                iov,
+                count,
+                |b| e.send_foreign(b, dest, Some(tag), None, ctx, Flags::empty()),
+                |v| e.sendmsg(v, dest, Some(tag), None, ctx, Flags::empty()),
+            )
         }
         .map(|()| 0)
     })
@@ -586,16 +673,13 @@ unsafe extern "C" fn rdm_tsendmsg(
             let m = msg
                 .as_ref()
                 .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?;
-            send_iov(m.msg_iov, m.iov_count, |v| {
-                e.sendmsg(
-                    v,
-                    m.addr,
-                    Some(m.tag),
-                    data_of(fl, m.data),
-                    m.context as u64,
-                    fl,
-                )
-            })
+            let (ctx, data) = (m.context as u64, data_of(fl, m.data));
+            send_any(
+                m.msg_iov,
+                m.iov_count,
+                |b| e.send_foreign(b, m.addr, Some(m.tag), data, ctx, fl),
+                |v| e.sendmsg(v, m.addr, Some(m.tag), data, ctx, fl),
+            )
         }
         .map(|()| 0)
     })

@@ -91,11 +91,99 @@ impl RdmName {
     }
 }
 
-/// What a message carries: untagged (`fi_msg`) or tagged (`fi_tagged`).
+/// What a message carries: an eager untagged (`fi_msg`) or tagged (`fi_tagged`) message,
+/// the announcement of a large one the receiver reads itself (rendezvous), or the
+/// receiver's word that it has read one (its sender may complete and release it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Msg = 1,
     Tag = 2,
+    /// Ready to send (rendezvous), untagged: the body is an [`Rts`].
+    RtsMsg = 3,
+    /// Ready to send, tagged.
+    RtsTag = 4,
+    /// The receiver is done reading: the body is a [`Fin`].
+    Fin = 5,
+}
+
+impl Op {
+    /// Whether it carries a tag that takes part in matching.
+    pub fn tagged(self) -> bool {
+        matches!(self, Op::Tag | Op::RtsTag)
+    }
+}
+
+/// A large message announced for the receiver to read (`Op::RtsMsg`/`RtsTag` body).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rts {
+    /// Where the message is in the sender's memory, and the key that lets the peer read it.
+    pub addr: u64,
+    pub rkey: u32,
+    pub size: u64,
+    /// The sender's handle on the send, echoed in the [`Fin`].
+    pub id: u32,
+}
+
+impl Rts {
+    pub const LEN: usize = 24;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.size.to_le_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_le_bytes());
+        b[20..24].copy_from_slice(&self.id.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Rts> {
+        if b.len() < Self::LEN {
+            return Err(Error::new(
+                errno::EIO,
+                "malformed RDM announcement: short body",
+            ));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
+        Ok(Rts {
+            addr: u64_at(0),
+            size: u64_at(8),
+            rkey: u32_at(16),
+            id: u32_at(20),
+        })
+    }
+}
+
+/// The end of a rendezvous (`Op::Fin` body): which send, and how it went (0, or the
+/// positive libfabric errno the receiver met reading it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fin {
+    pub id: u32,
+    pub status: i32,
+}
+
+impl Fin {
+    pub const LEN: usize = 8;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..4].copy_from_slice(&self.id.to_le_bytes());
+        b[4..8].copy_from_slice(&self.status.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Fin> {
+        if b.len() < Self::LEN {
+            return Err(Error::new(
+                errno::EIO,
+                "malformed RDM completion notice: short body",
+            ));
+        }
+        Ok(Fin {
+            id: u32::from_le_bytes(b[0..4].try_into().unwrap_or_default()),
+            status: i32::from_le_bytes(b[4..8].try_into().unwrap_or_default()),
+        })
+    }
 }
 
 /// The header in front of each eager message's bytes.
@@ -138,6 +226,9 @@ impl Header {
         let op = match b[1] {
             1 => Op::Msg,
             2 => Op::Tag,
+            3 => Op::RtsMsg,
+            4 => Op::RtsTag,
+            5 => Op::Fin,
             o => return Err(bad(format!("operation {o}"))),
         };
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
@@ -343,6 +434,31 @@ mod tests {
             Header::decode(&bad, Header::LEN).unwrap_err().errno(),
             errno::EIO
         );
+    }
+
+    #[test]
+    fn rendezvous_bodies_round_trip() {
+        let r = Rts {
+            addr: 0x7f00_1234_5678,
+            rkey: 0xabcd,
+            size: 5 << 30,
+            id: 17,
+        };
+        assert_eq!(Rts::decode(&r.encode()).unwrap(), r);
+        assert!(Rts::decode(&r.encode()[..23]).is_err());
+        let f = Fin { id: 3, status: -1 };
+        assert_eq!(Fin::decode(&f.encode()).unwrap(), f);
+        let h = Header {
+            op: Op::RtsTag,
+            tag: 9,
+            data: None,
+            len: Rts::LEN as u32,
+        };
+        assert_eq!(
+            Header::decode(&h.encode(), Header::LEN + Rts::LEN).unwrap(),
+            h
+        );
+        assert!(Op::RtsTag.tagged() && Op::Tag.tagged() && !Op::RtsMsg.tagged());
     }
 
     #[test]

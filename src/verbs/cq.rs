@@ -180,7 +180,8 @@ pub struct CompletionQueue {
 /// A peer provider sharing this CQ: each read of the CQ drives it (manual progress), and
 /// it inserts its completions with [`CompletionQueue::write`]/[`CompletionQueue::writeerr`].
 pub(crate) trait PeerProgress: Send + Sync {
-    fn progress(&self);
+    /// Called from a read of `cq`.
+    fn progress(&self, cq: &CompletionQueue);
 }
 
 /// Where the completions of a peer provider's transfers go (fi_peer(3) `FI_PEER_TRANSFER`).
@@ -653,7 +654,7 @@ impl CompletionQueue {
         };
         // Called without the lock held: a peer may read or write this CQ from its progress.
         for p in peers.iter().flatten() {
-            p.progress();
+            p.progress(self);
         }
     }
 
@@ -776,6 +777,15 @@ impl CompletionQueue {
             if peers {
                 self.to_peers(wcs);
             }
+        }
+    }
+
+    /// Moves what the device holds into the software queue, translating owned
+    /// completions: an endpoint bound to this CQ and another drives this one from reads of
+    /// the other (its operations complete here, but their work may be needed there).
+    pub(crate) fn drive(&self) {
+        if let Err(e) = self.stage_device(None) {
+            crate::fi_warn!("cq", "{e}");
         }
     }
 

@@ -278,7 +278,8 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     i.rx_attr.iov_limit = 1;
     i.ep_attr.ep_type = EpType::Rdm;
     i.ep_attr.protocol = fi::FI_PROTO_UNSPEC;
-    i.ep_attr.max_msg_size = eager;
+    // Larger than the eager size, the receiver reads the message (rendezvous).
+    i.ep_attr.max_msg_size = dev.port.max_msg_sz as usize;
     i.ep_attr.max_order_raw_size = 0;
     i.ep_attr.max_order_war_size = 0;
     i.ep_attr.max_order_waw_size = 0;

@@ -44,6 +44,9 @@ struct Control {
     /// A connection of an RDM endpoint, which reserves CQ entries for all of its
     /// connections at once (its send buffers and its SRQ bound them).
     reserved_by_owner: bool,
+    /// RDMA reads in flight either way (rdma_cm's initiator depth and responder
+    /// resources); with none, the QP grants no remote read.
+    rd_atomic: u8,
 }
 
 /// State shared between the endpoint and its event queue.
@@ -285,6 +288,7 @@ impl MsgEndpoint {
                 min_multi_recv: AtomicUsize::new(DEFAULT_MIN_MULTI_RECV),
                 ctl: Mutex::new(Control {
                     id: Some(id),
+                    rd_atomic: RD_ATOMIC,
                     ..Control::default()
                 }),
                 max_msg_size,
@@ -455,6 +459,12 @@ impl MsgEndpoint {
         self.shared.ctl().reserved_by_owner = true;
     }
 
+    /// Lets the peer read what this side exposes, `depth` reads at a time (an RDM
+    /// connection's rendezvous), before connecting or accepting.
+    pub(crate) fn allow_reads(&self, depth: u8) {
+        self.shared.ctl().rd_atomic = depth;
+    }
+
     /// Disconnects without waiting for a flush (an RDM endpoint's connection closing).
     pub(crate) fn disconnect(&self) {
         self.shared.disconnect_quietly();
@@ -491,9 +501,10 @@ impl MsgEndpoint {
     pub fn connect(&self, data: &[u8]) -> Result<()> {
         let enc = encode_cm_data(data, CONNECT_PRIVATE_DATA_MAX)?;
         let retry = retry_count()?;
+        let rd = self.shared.ctl().rd_atomic;
         self.begin_connecting()?;
         self.shared
-            .with_id(|i| i.connect(&enc, RD_ATOMIC, retry))
+            .with_id(|i| i.connect(&enc, rd, retry))
             .map_err(|e| {
                 self.shared.state.store(IDLE, Ordering::Release);
                 Error::os(e, "rdma_connect")
@@ -504,9 +515,10 @@ impl MsgEndpoint {
     pub fn accept(&self, data: &[u8]) -> Result<()> {
         let enc = encode_cm_data(data, ACCEPT_PRIVATE_DATA_MAX.min(CONNECT_PRIVATE_DATA_MAX))?;
         let retry = retry_count()?;
+        let rd = self.shared.ctl().rd_atomic;
         self.begin_connecting()?;
         self.shared
-            .with_id(|i| i.accept(&enc, RD_ATOMIC, retry))
+            .with_id(|i| i.accept(&enc, rd, retry))
             .map_err(os_err("rdma_accept"))
     }
 

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
-use rfabric_sys::mem::{copy_out, CopyTarget, ForeignBuf};
+use rfabric_sys::mem::{copy, ForeignBuf, Place};
 use rfabric_sys::verbs::{self as sv, send_flags, WorkCompletion};
 
 use crate::core::cq::{CqEntry, CqErrEntry};
@@ -23,7 +23,7 @@ use crate::core::eq::EqEvent;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags};
 use crate::core::info::{Info, RxAttr};
-use crate::core::rdm::{host_id, Header, Op, PeerLink, RdmName, Request, SendPath};
+use crate::core::rdm::{host_id, Fin, Header, Op, PeerLink, RdmName, Request, Rts, SendPath};
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
 use crate::verbs::cq::{Owned, PeerProgress, RecvOwner};
 use crate::verbs::ep_common::{check_send_flags, lock, CqBinding};
@@ -96,19 +96,36 @@ impl RecvBuf {
         }
     }
 
-    fn target(&self, at: usize) -> CopyTarget<'_> {
+    fn target(&self, at: usize) -> Place<'_> {
         match self {
-            RecvBuf::Region { mr, offset, .. } => CopyTarget::Region(mr, offset + at),
-            RecvBuf::Foreign(f) => CopyTarget::Foreign(f, at),
+            RecvBuf::Region { mr, offset, .. } => Place::Region(mr, offset + at),
+            RecvBuf::Foreign(f) => Place::Foreign(f, at),
         }
+    }
+
+    /// Registers `n` bytes at `at` for the device to write (a rendezvous read lands there).
+    fn register(&self, domain: &Domain, at: usize, n: usize) -> Result<sv::MemoryRegion> {
+        let r = match self {
+            RecvBuf::Region { mr, offset, .. } => {
+                sv::MemoryRegion::register_view(mr, offset + at, n, sv::access::LOCAL_WRITE)
+            }
+            RecvBuf::Foreign(f) => f
+                .slice(at, n)
+                .ok_or(libc::EINVAL)
+                .and_then(|b| b.register(domain.pd(), sv::access::LOCAL_WRITE)),
+        };
+        r.map_err(|e| Error::os(e, "ibv_reg_mr of a receive buffer (rendezvous)"))
     }
 }
 
 /// Where a send's bytes come from.
 #[derive(Clone, Copy)]
 enum Src<'a> {
+    /// Borrowed for the call: copied (eager) or refused (larger).
     Slices(&'a [&'a [u8]]),
     Region(&'a MemoryRegion, usize, usize),
+    /// An application buffer valid until the send completes (C callers).
+    Foreign(ForeignBuf),
 }
 
 impl Src<'_> {
@@ -116,22 +133,41 @@ impl Src<'_> {
         match self {
             Src::Slices(v) => v.iter().map(|b| b.len()).sum(),
             Src::Region(_, _, len) => *len,
+            Src::Foreign(f) => f.len(),
         }
     }
 
     /// Copies the bytes to `at` in `pool`.
     fn copy_to(&self, pool: &MemoryRegion, mut at: usize) -> Result<()> {
+        let to = |at| Place::Region(pool.sys(), at);
         match self {
             Src::Slices(v) => v.iter().try_for_each(|b| {
                 pool.write_at(at, b)?;
                 at += b.len();
                 Ok(())
             }),
-            Src::Region(mr, off, len) => {
-                copy_out(mr.sys(), *off, *len, CopyTarget::Region(pool.sys(), at))
-                    .map_err(|_| mr.range_error(*off, *len))
-            }
+            Src::Region(mr, off, len) => copy(Place::Region(mr.sys(), *off), to(at), *len)
+                .map_err(|_| mr.range_error(*off, *len)),
+            Src::Foreign(f) => copy(Place::Foreign(f, 0), to(at), f.len())
+                .map_err(|e| Error::os(e, "copying a send buffer")),
         }
+    }
+
+    /// Registers the bytes for one peer to read (rendezvous); a borrowed slice cannot be.
+    fn register(&self, domain: &Domain) -> Result<sv::MemoryRegion> {
+        let r = match self {
+            Src::Slices(_) => {
+                return Err(Error::new(
+                    errno::EMSGSIZE,
+                    "a message larger than the eager size cannot be sent from a borrowed slice (it is read after the call returns): send it from a MemoryRegion with send_region",
+                ))
+            }
+            Src::Region(mr, off, len) => {
+                sv::MemoryRegion::register_view(mr.sys(), *off, *len, sv::access::REMOTE_READ)
+            }
+            Src::Foreign(f) => f.register(domain.pd(), sv::access::REMOTE_READ),
+        };
+        r.map_err(|e| Error::os(e, "ibv_reg_mr of a send buffer (rendezvous)"))
     }
 }
 
@@ -147,12 +183,84 @@ struct TxMeta {
     quiet: bool,
     /// The connection it was posted on (`u32::MAX` while it waits for one).
     conn: u32,
+    /// The rendezvous send it announces (`NONE` for an eager message or a notice).
+    rndv: u32,
 }
 
-/// A received bounce buffer held for an unexpected message.
+const NONE: u32 = u32::MAX;
+
+/// What a received bounce buffer holds beyond its header: its remote CQ data, a
+/// rendezvous announcement, and the connection it came on.
 #[derive(Clone, Copy, Debug, Default)]
 struct RxMeta {
     data: Option<u64>,
+    rts: Option<Rts>,
+    conn: u32,
+}
+
+/// A large send waiting for its receiver to read it and say so.
+#[derive(Debug)]
+struct RndvSend {
+    meta: TxMeta,
+    /// Exposed to the peer's read until the notice comes.
+    _reg: sv::MemoryRegion,
+}
+
+/// A rendezvous read in flight, for a matched receive.
+#[derive(Debug)]
+struct RndvRead {
+    context: u64,
+    flags: Flags,
+    tag: u64,
+    data: Option<u64>,
+    from: u64,
+    /// The message's size and what of it the buffer takes.
+    size: usize,
+    n: usize,
+    quiet: bool,
+    conn: u32,
+    /// The sender's handle, echoed in the notice.
+    id: u32,
+    _reg: Option<sv::MemoryRegion>,
+}
+
+/// Slots reused by index, for in-flight operations.
+#[derive(Debug)]
+struct Slab<T> {
+    v: Vec<Option<T>>,
+    free: Vec<u32>,
+}
+
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Slab {
+            v: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<T> Slab<T> {
+    fn insert(&mut self, t: T) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.v[i as usize] = Some(t);
+                i
+            }
+            None => {
+                self.v.push(Some(t));
+                self.v.len() as u32 - 1
+            }
+        }
+    }
+
+    fn take(&mut self, i: u32) -> Option<T> {
+        let t = self.v.get_mut(i as usize)?.take();
+        if t.is_some() {
+            self.free.push(i);
+        }
+        t
+    }
 }
 
 #[derive(Debug)]
@@ -193,9 +301,15 @@ struct Inner {
     /// The peer behind each queue pair ever connected (messages may still be polled after
     /// their connection went); the CQs route these QPs' completions here until close.
     qpn_peer: HashMap<u32, u32>,
+    /// The connection of each queue pair while it is installed.
+    qpn_conn: HashMap<u32, u32>,
     tx_free: Vec<u32>,
     tx: Vec<TxMeta>,
     rx: Vec<RxMeta>,
+    sends: Slab<RndvSend>,
+    reads: Slab<RndvRead>,
+    /// Notices waiting for a send buffer, by connection.
+    fins: VecDeque<(u32, Fin)>,
 }
 
 #[derive(Debug)]
@@ -213,6 +327,7 @@ struct Enabled {
     tx_cq: Arc<CompletionQueue>,
     rx_cq: Arc<CompletionQueue>,
     av: Arc<AddressVector>,
+    domain: Arc<Domain>,
     tx_selective: bool,
     rx_selective: bool,
     /// Connections opened, for tests and logs.
@@ -396,6 +511,10 @@ impl RdmEndpoint {
                     by_name: HashMap::new(),
                     conns: Vec::new(),
                     qpn_peer: HashMap::new(),
+                    qpn_conn: HashMap::new(),
+                    sends: Slab::default(),
+                    reads: Slab::default(),
+                    fins: VecDeque::new(),
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     rx: vec![RxMeta::default(); rx_n],
@@ -411,6 +530,7 @@ impl RdmEndpoint {
                 tx_cq,
                 rx_cq,
                 av,
+                domain: self.sh.domain.clone(),
                 tx_selective: c.tx_selective,
                 rx_selective: c.rx_selective,
                 opened: AtomicU32::new(0),
@@ -461,16 +581,42 @@ impl RdmEndpoint {
     }
 
     /// The largest message it carries (eager only, for now).
+    /// The largest message it carries: what one RDMA read moves (the port's
+    /// `max_msg_sz`); larger than the eager size, the receiver reads it (rendezvous).
     pub fn max_msg_size(&self) -> usize {
+        self.sh.domain.device().port.max_msg_sz as usize
+    }
+
+    /// `fi_inject` size: every message up to the eager size is copied at once.
+    pub fn inject_size(&self) -> usize {
         self.sh.on.get().map_or_else(
             || eager_size().unwrap_or(8192 - Header::LEN),
             |en| en.slot - Header::LEN,
         )
     }
 
-    /// `fi_inject` size: every message up to the eager size is copied at once.
-    pub fn inject_size(&self) -> usize {
-        self.max_msg_size()
+    /// A send from an application buffer valid until the send completes (C callers'
+    /// `fi_send`, `fi_tsend`, …): copied when it is eager, read by the receiver (rendezvous)
+    /// when it is larger. `tag` makes it tagged.
+    pub fn send_foreign(
+        &self,
+        buf: ForeignBuf,
+        dest: u64,
+        tag: Option<u64>,
+        data: Option<u64>,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        let op = if tag.is_some() { Op::Tag } else { Op::Msg };
+        self.post(
+            Src::Foreign(buf),
+            dest,
+            op,
+            tag.unwrap_or(0),
+            data,
+            context,
+            flags,
+        )
     }
 
     /// Connections made so far (from either side).
@@ -635,43 +781,31 @@ impl RdmEndpoint {
         }
         let en = self.en()?;
         let len = src.len();
-        let max = en.slot - Header::LEN;
+        let eager = en.slot - Header::LEN;
+        let max = self.max_msg_size();
         if len > max {
             return Err(Error::new(
                 errno::EMSGSIZE,
-                format!("a {len}-byte message: RDM messages are at most {max} bytes (max_msg_size; larger ones need the rendezvous protocol, not built yet)"),
+                format!(
+                    "a {len}-byte message: RDM messages are at most {max} bytes (max_msg_size)"
+                ),
+            ));
+        }
+        if flags.contains(Flags::INJECT) && len > eager {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("FI_INJECT of {len} bytes: the inject size is {eager}"),
             ));
         }
         let name = en.av.rdm_name(dest)?;
         let quiet = flags.contains(Flags::INJECT)
             || (en.tx_selective && !flags.contains(Flags::COMPLETION));
-        let kind = match op {
-            Op::Msg => Flags::MSG,
-            Op::Tag => Flags::TAGGED,
+        let kind = if op.tagged() {
+            Flags::TAGGED
+        } else {
+            Flags::MSG
         };
-        let mut g = lock(&en.inner);
-        let Some(slot) = g.tx_free.pop() else {
-            return Err(Error::new(
-                errno::EAGAIN,
-                "every send buffer is in flight: read the CQ to complete some",
-            ));
-        };
-        let off = slot as usize * en.slot;
-        let hdr = Header {
-            op,
-            tag,
-            data,
-            len: len as u32,
-        };
-        let copied = en
-            .tx_pool
-            .write_at(off, &hdr.encode())
-            .and_then(|_| src.copy_to(&en.tx_pool, off + Header::LEN));
-        if let Err(e) = copied {
-            g.tx_free.push(slot);
-            return Err(e);
-        }
-        g.tx[slot as usize] = TxMeta {
+        let user = TxMeta {
             context,
             flags: kind
                 | Flags::SEND
@@ -683,14 +817,74 @@ impl RdmEndpoint {
             tag,
             data: data.unwrap_or(0),
             quiet,
-            conn: u32::MAX,
+            conn: NONE,
+            rndv: NONE,
         };
+        // Larger than a bounce buffer: announced, and read by the receiver once matched.
+        let reg = if len > eager {
+            Some(src.register(&self.sh.domain)?)
+        } else {
+            None
+        };
+        let mut g = lock(&en.inner);
+        let Some(slot) = g.tx_free.pop() else {
+            return Err(Error::new(
+                errno::EAGAIN,
+                "every send buffer is in flight: read the CQ to complete some",
+            ));
+        };
+        let off = slot as usize * en.slot;
+        let copied = match reg {
+            None => {
+                g.tx[slot as usize] = user;
+                let hdr = Header {
+                    op,
+                    tag,
+                    data,
+                    len: len as u32,
+                };
+                en.tx_pool
+                    .write_at(off, &hdr.encode())
+                    .and_then(|_| src.copy_to(&en.tx_pool, off + Header::LEN))
+            }
+            Some(reg) => {
+                let rts = Rts {
+                    addr: reg.addr(),
+                    rkey: reg.rkey(),
+                    size: len as u64,
+                    id: 0,
+                };
+                let id = g.sends.insert(RndvSend {
+                    meta: user,
+                    _reg: reg,
+                });
+                g.tx[slot as usize] = TxMeta {
+                    quiet: true,
+                    rndv: id,
+                    ..user
+                };
+                let hdr = Header {
+                    op: if op.tagged() { Op::RtsTag } else { Op::RtsMsg },
+                    tag,
+                    data,
+                    len: Rts::LEN as u32,
+                };
+                en.tx_pool.write_at(off, &hdr.encode()).and_then(|_| {
+                    en.tx_pool
+                        .write_at(off + Header::LEN, &Rts { id, ..rts }.encode())
+                })
+            }
+        };
+        if let Err(e) = copied {
+            drop(release_tx(&mut g, slot));
+            return Err(e);
+        }
         let peer = peer_for(&mut g, &name, dest);
         match g.peers[peer as usize].link.send_path() {
             SendPath::Post(c) => {
                 let r = post_on(en, &mut g, c, slot);
                 if r.is_err() {
-                    g.tx_free.push(slot);
+                    drop(release_tx(&mut g, slot));
                 }
                 r
             }
@@ -723,14 +917,15 @@ impl RdmEndpoint {
                         // complete in error.
                         let q = std::mem::take(&mut g.peers[peer as usize].waiting);
                         let mut errs = Vec::new();
+                        let mut regs = Vec::new();
                         for s in q {
-                            g.tx_free.push(s);
                             if s != slot {
                                 errs.push(tx_error(&g.tx[s as usize], e.errno()));
                             }
+                            regs.push(release_tx(&mut g, s));
                         }
                         drop(g);
-                        drop(gone);
+                        drop((gone, regs));
                         for x in errs {
                             let _ = en.tx_cq.writeerr(x);
                         }
@@ -889,6 +1084,7 @@ fn new_conn(g: &mut Inner, peer: u32) -> u32 {
 fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
     let qpn = ep.qp().map(|q| q.qp_num()).unwrap_or(0);
     g.qpn_peer.insert(qpn, peer);
+    g.qpn_conn.insert(qpn, c);
     g.conns[c as usize] = Some(ConnSlot::Open(Conn {
         ep,
         peer,
@@ -949,6 +1145,18 @@ fn post_bounce(en: &Enabled, i: u32) -> Result<()> {
         .map_err(|e| Error::os(e, "ibv_post_srq_recv"))
 }
 
+/// Frees send buffer `slot`, and the rendezvous send it announced (returned, to drop once
+/// the lock is released: dropping it deregisters the application's buffer).
+fn release_tx(g: &mut Inner, slot: u32) -> Option<RndvSend> {
+    g.tx_free.push(slot);
+    let r = std::mem::replace(&mut g.tx[slot as usize].rndv, NONE);
+    if r == NONE {
+        None
+    } else {
+        g.sends.take(r)
+    }
+}
+
 fn tx_error(m: &TxMeta, err: i32) -> CqErrEntry {
     CqErrEntry {
         op_context: m.context,
@@ -960,87 +1168,222 @@ fn tx_error(m: &TxMeta, err: i32) -> CqErrEntry {
     }
 }
 
+/// A receive's completion and its source, or its error entry.
+type Done = std::result::Result<(CqEntry, u64), CqErrEntry>;
+
+/// What a receive of `size` bytes, `n` of which its buffer took, completes with: `failed`
+/// (a positive errno), truncation (`FI_ETRUNC` with `olen`), success, or nothing when its
+/// success is not asked for.
+#[allow(clippy::too_many_arguments)]
+fn recv_done(
+    context: u64,
+    flags: Flags,
+    tag: u64,
+    data: Option<u64>,
+    from: u64,
+    size: usize,
+    n: usize,
+    buf: u64,
+    quiet: bool,
+    failed: Option<i32>,
+) -> Option<Done> {
+    let flags = if data.is_some() {
+        flags | Flags::REMOTE_CQ_DATA
+    } else {
+        flags
+    };
+    if n < size || failed.is_some() {
+        return Some(Err(CqErrEntry {
+            op_context: context,
+            flags: flags.bits(),
+            len: n,
+            buf,
+            data: data.unwrap_or(0),
+            tag,
+            olen: size - n,
+            err: failed.unwrap_or(errno::ETRUNC),
+            ..Default::default()
+        }));
+    }
+    if quiet {
+        return None;
+    }
+    Some(Ok((
+        CqEntry {
+            op_context: context,
+            flags: flags.bits(),
+            len: n,
+            buf,
+            data: data.unwrap_or(0),
+            tag,
+        },
+        from,
+    )))
+}
+
 /// Delivers the message of claimed entry `id` from the bounce buffer it holds into the
-/// receive's buffer, frees the entry and posts the bounce buffer again; returns the
-/// receive's completion and its source.
-fn deliver(
-    en: &Enabled,
-    g: &mut Inner,
-    id: u32,
-) -> Option<std::result::Result<(CqEntry, u64), CqErrEntry>> {
+/// receive's buffer (or starts reading it, for an announced one), frees the entry and
+/// posts the bounce buffer again; returns the receive's completion and its source, unless
+/// a read is under way.
+fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     let e = g.engine.entry(id).clone();
     let slot = e.owner as u32;
-    let data = g.rx[slot as usize].data;
+    let m = g.rx[slot as usize];
     let cap = e
         .buf
         .as_ref()
         .map_or(0, |b| b.len().saturating_sub(e.offset));
+    let kind = if e.kind == RxKind::Tag {
+        Flags::TAGGED
+    } else {
+        Flags::MSG
+    };
+    let flags = kind | Flags::RECV | (e.flags & Flags::MULTI_RECV);
+    let buf = if e.flags.contains(Flags::MULTI_RECV) {
+        e.buf.as_ref().map_or(0, |b| b.addr() + e.offset as u64)
+    } else {
+        0
+    };
+    let quiet = en.rx_selective && !e.flags.contains(Flags::COMPLETION);
     let n = e.size.min(cap);
-    let copied = match &e.buf {
-        Some(b) if n > 0 => copy_out(
-            en.rx_pool.sys(),
-            slot as usize * en.slot + Header::LEN,
-            n,
+    let copied = match (&e.buf, m.rts) {
+        (_, Some(_)) => Ok(()),
+        (Some(b), None) if n > 0 => copy(
+            Place::Region(en.rx_pool.sys(), slot as usize * en.slot + Header::LEN),
             b.target(e.offset),
-        )
-        .map_err(|err| Error::os(err, "copying a received message")),
+            n,
+        ),
         _ => Ok(()),
     };
     let _ = g.engine.free(id);
     if let Err(err) = post_bounce(en, slot) {
         crate::fi_warn!("rdm", "reposting bounce buffer {slot}: {err}");
     }
-    let kind = if e.kind == RxKind::Tag {
-        Flags::TAGGED
-    } else {
-        Flags::MSG
+    let Some(rts) = m.rts else {
+        let failed = copied.err().map(|_| errno::EIO);
+        return recv_done(
+            e.context, flags, e.tag, m.data, e.addr, e.size, n, buf, quiet, failed,
+        );
     };
-    let mut flags = kind | Flags::RECV | (e.flags & Flags::MULTI_RECV);
-    if data.is_some() {
-        flags |= Flags::REMOTE_CQ_DATA;
-    }
-    let buf = if e.flags.contains(Flags::MULTI_RECV) {
-        e.buf.as_ref().map_or(0, |b| b.addr() + e.offset as u64)
-    } else {
-        0
+    // Rendezvous: read what fits, then tell the sender.
+    let fin = |g: &mut Inner, status| queue_fin(en, g, m.conn, Fin { id: rts.id, status });
+    let failed = |g: &mut Inner, err: Error| {
+        crate::fi_warn!("rdm", "rendezvous read of {} bytes: {err}", n);
+        fin(g, errno::EIO);
+        recv_done(
+            e.context,
+            flags,
+            e.tag,
+            m.data,
+            e.addr,
+            e.size,
+            0,
+            buf,
+            quiet,
+            Some(errno::EIO),
+        )
     };
-    if n < e.size || copied.is_err() {
-        return Some(Err(CqErrEntry {
-            op_context: e.context,
-            flags: flags.bits(),
-            len: n,
-            buf,
-            data: data.unwrap_or(0),
-            tag: e.tag,
-            olen: e.size - n,
-            err: if copied.is_err() {
-                errno::EIO
-            } else {
-                errno::ETRUNC
-            },
-            ..Default::default()
-        }));
+    if n == 0 {
+        fin(g, 0);
+        return recv_done(
+            e.context, flags, e.tag, m.data, e.addr, e.size, 0, buf, quiet, None,
+        );
     }
-    if en.rx_selective && !e.flags.contains(Flags::COMPLETION) {
-        return None;
+    let reg = match e.buf.as_ref().map(|b| b.register(&en.domain, e.offset, n)) {
+        Some(Ok(r)) => r,
+        Some(Err(err)) => return failed(g, err),
+        None => return failed(g, Error::new(errno::EINVAL, "a receive without a buffer")),
+    };
+    let Some(sge) = reg.sge(0, n) else {
+        return failed(
+            g,
+            Error::new(errno::EINVAL, "registration shorter than asked"),
+        );
+    };
+    let rid = g.reads.insert(RndvRead {
+        context: e.context,
+        flags,
+        tag: e.tag,
+        data: m.data,
+        from: e.addr,
+        size: e.size,
+        n,
+        quiet,
+        conn: m.conn,
+        id: rts.id,
+        _reg: Some(reg),
+    });
+    let posted = match open_conn_mut(g, m.conn) {
+        Some(c) => {
+            c.ep.qp()
+                .and_then(|qp| {
+                    qp.post_read(
+                        wr_id::encode(rid as u64, Kind::RdmRead, false),
+                        sge,
+                        rts.addr,
+                        rts.rkey,
+                        send_flags::SIGNALED,
+                    )
+                    .map_err(|e| Error::os(e, "ibv_post_send (RDMA read)"))
+                })
+                .map(|()| c.in_flight += 1)
+        }
+        None => Err(Error::new(
+            errno::ECONNABORTED,
+            "the sender's connection is gone",
+        )),
+    };
+    match posted {
+        Ok(()) => None,
+        Err(err) => {
+            drop(g.reads.take(rid));
+            failed(g, err)
+        }
     }
-    Some(Ok((
-        CqEntry {
-            op_context: e.context,
-            flags: flags.bits(),
-            len: n,
-            buf,
-            data: data.unwrap_or(0),
-            tag: e.tag,
-        },
-        e.addr,
-    )))
 }
 
-fn write_out(
-    cq: &CompletionQueue,
-    c: Option<Option<std::result::Result<(CqEntry, u64), CqErrEntry>>>,
-) {
+/// Sends notice `fin` on connection `c`, or queues it until a send buffer is free.
+fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
+    let Some(slot) = g.tx_free.pop() else {
+        g.fins.push_back((c, fin));
+        return;
+    };
+    let off = slot as usize * en.slot;
+    let hdr = Header {
+        op: Op::Fin,
+        tag: 0,
+        data: None,
+        len: Fin::LEN as u32,
+    };
+    g.tx[slot as usize] = TxMeta {
+        quiet: true,
+        conn: NONE,
+        rndv: NONE,
+        ..TxMeta::default()
+    };
+    let r = en
+        .tx_pool
+        .write_at(off, &hdr.encode())
+        .and_then(|_| en.tx_pool.write_at(off + Header::LEN, &fin.encode()))
+        .and_then(|_| post_on(en, g, c, slot));
+    if let Err(e) = r {
+        // Its connection is gone: the sender's own transfer fails with it.
+        crate::fi_info!("rdm", "rendezvous notice not sent: {e}");
+        g.tx_free.push(slot);
+    }
+}
+
+/// Sends the notices that waited for a send buffer.
+fn flush_fins(en: &Enabled, g: &mut Inner) {
+    while !g.tx_free.is_empty() {
+        let Some((c, fin)) = g.fins.pop_front() else {
+            return;
+        };
+        queue_fin(en, g, c, fin);
+    }
+}
+
+fn write_out(cq: &CompletionQueue, c: Option<Option<Done>>) {
     let r = match c.flatten() {
         Some(Ok((e, from))) => cq.write(e, from),
         Some(Err(e)) => cq.writeerr(e),
@@ -1051,7 +1394,7 @@ fn write_out(
     }
 }
 
-fn to_owned(c: Option<std::result::Result<(CqEntry, u64), CqErrEntry>>) -> Option<Owned> {
+fn to_owned(c: Option<Done>) -> Option<Owned> {
     match c? {
         Ok((e, from)) => Some(Owned::Entry(e, from)),
         Err(e) => Some(Owned::Errors(vec![e])),
@@ -1097,6 +1440,9 @@ impl Shared {
         };
         let ep = MsgEndpoint::open(&self.domain, &info, c as u64)?;
         ep.reserved_by_owner();
+        // The peer reads announced messages from this side, and this side from the peer.
+        let a = &self.domain.device().attr;
+        ep.allow_reads(a.max_qp_rd_atom.min(a.max_qp_init_rd_atom).clamp(1, 16) as u8);
         ep.bind_eq(&en.eq)?;
         ep.bind_cq(&en.tx_cq, Flags::TRANSMIT)?;
         ep.bind_cq(&en.rx_cq, Flags::RECV)?;
@@ -1112,6 +1458,12 @@ impl Shared {
 
     fn progress(&self) {
         let Some(en) = self.on.get() else { return };
+        {
+            let mut g = lock(&en.inner);
+            if !g.fins.is_empty() {
+                flush_fins(en, &mut g);
+            }
+        }
         loop {
             match en.eq.read() {
                 Ok(ev) => self.on_event(en, ev),
@@ -1139,13 +1491,15 @@ impl Shared {
                 }
                 let q = std::mem::take(&mut g.peers[peer as usize].waiting);
                 let mut errs = Vec::new();
+                let mut regs = Vec::new();
                 for s in q {
                     if let Err(e) = post_on(en, &mut g, c, s) {
-                        g.tx_free.push(s);
                         errs.push(tx_error(&g.tx[s as usize], e.errno()));
+                        regs.push(release_tx(&mut g, s));
                     }
                 }
                 drop(g);
+                drop(regs);
                 for x in errs {
                     let _ = en.tx_cq.writeerr(x);
                 }
@@ -1161,16 +1515,18 @@ impl Shared {
                 g.peers[peer as usize].link.disconnected(c);
                 // Sends that waited for a link that went down before carrying them.
                 let q = std::mem::take(&mut g.peers[peer as usize].waiting);
+                let mut regs = Vec::new();
                 let errs: Vec<_> = q
                     .into_iter()
                     .map(|s| {
-                        g.tx_free.push(s);
-                        tx_error(&g.tx[s as usize], errno::ECONNABORTED)
+                        let e = tx_error(&g.tx[s as usize], errno::ECONNABORTED);
+                        regs.push(release_tx(&mut g, s));
+                        e
                     })
                     .collect();
                 let gone = reap(&mut g, c);
                 drop(g);
-                drop(gone);
+                drop((gone, regs));
                 for x in errs {
                     let _ = en.tx_cq.writeerr(x);
                 }
@@ -1188,6 +1544,7 @@ impl Shared {
         };
         let fail = g.peers[peer as usize].link.failed(c);
         let mut errs = Vec::new();
+        let mut regs = Vec::new();
         if fail {
             crate::fi_warn!(
                 "rdm",
@@ -1196,8 +1553,8 @@ impl Shared {
             );
             let q = std::mem::take(&mut g.peers[peer as usize].waiting);
             for s in q {
-                g.tx_free.push(s);
                 errs.push(tx_error(&g.tx[s as usize], err));
+                regs.push(release_tx(&mut g, s));
             }
         }
         if let Some(conn) = open_conn_mut(&mut g, c) {
@@ -1205,7 +1562,7 @@ impl Shared {
         }
         let gone = reap(&mut g, c);
         drop(g);
-        drop(gone);
+        drop((gone, regs));
         for x in errs {
             let _ = en.tx_cq.writeerr(x);
         }
@@ -1265,49 +1622,80 @@ impl Shared {
         }
     }
 
-    /// A send or receive completion of one of the endpoint's connections.
+    /// A completion of one of the endpoint's connections: a send from a bounce buffer, a
+    /// rendezvous read, or a message in a bounce buffer. What it completes for the
+    /// application goes to that operation's CQ: returned when it is the one being read,
+    /// written into the other otherwise.
     fn completion(&self, en: &Enabled, wc: &WorkCompletion) -> Option<Owned> {
         let id = wr_id::context(wc.wr_id()) as u32;
         let ok = wc.status() == sv::wc_status::IBV_WC_SUCCESS;
+        let same = Arc::ptr_eq(&en.tx_cq, &en.rx_cq);
         if wr_id::is_kind(wc.wr_id(), Kind::RdmSend) {
             let mut g = lock(&en.inner);
             let m = g.tx[id as usize];
-            g.tx_free.push(id);
-            let gone = open_conn_mut(&mut g, m.conn).and_then(|conn| {
-                conn.in_flight -= 1;
-                conn.down.then_some(())
-            });
-            let gone = gone.and_then(|_| reap(&mut g, m.conn));
+            // An announcement's send waits for the receiver's notice; a failed one fails it.
+            let rndv = if ok {
+                g.tx[id as usize].rndv = NONE;
+                g.tx_free.push(id);
+                None
+            } else {
+                release_tx(&mut g, id)
+            };
+            let gone = conn_done(&mut g, m.conn);
+            flush_fins(en, &mut g);
             drop(g);
-            drop(gone);
+            drop((gone, rndv));
             return if ok {
-                (!m.quiet).then(|| {
-                    Owned::Entry(
-                        CqEntry {
-                            op_context: m.context,
-                            flags: m.flags.bits(),
-                            ..Default::default()
-                        },
-                        FI_ADDR_NOTAVAIL,
-                    )
-                })
+                (!m.quiet).then(|| send_entry(&m))
             } else {
                 let mut e = tx_error(&m, crate::verbs::cq::status_errno(wc.status()));
                 e.prov_errno = wc.status() as i32;
                 Some(Owned::Errors(vec![e]))
             };
         }
+        if wr_id::is_kind(wc.wr_id(), Kind::RdmRead) {
+            let mut g = lock(&en.inner);
+            let r = g.reads.take(id)?;
+            let status = if ok {
+                0
+            } else {
+                crate::verbs::cq::status_errno(wc.status())
+            };
+            queue_fin(en, &mut g, r.conn, Fin { id: r.id, status });
+            let gone = conn_done(&mut g, r.conn);
+            drop(g);
+            drop((gone, r._reg));
+            let done = recv_done(
+                r.context,
+                r.flags,
+                r.tag,
+                r.data,
+                r.from,
+                r.size,
+                if ok { r.n } else { 0 },
+                0,
+                r.quiet,
+                (!ok).then_some(status),
+            );
+            // Polled from the send CQ: the receive's completion belongs to the receive CQ.
+            if same {
+                return to_owned(done);
+            }
+            write_out(&en.rx_cq, Some(done));
+            return None;
+        }
         if !ok {
             // Bounce buffers flushed as the endpoint closes: nothing the application posted.
             return None;
         }
         let mut g = lock(&en.inner);
-        let mut hdr = [0u8; Header::LEN];
+        let mut hdr = [0u8; Header::LEN + Rts::LEN];
         let off = id as usize * en.slot;
+        let got = (wc.byte_len() as usize).min(hdr.len());
         let parsed = en
             .rx_pool
-            .read_at(off, &mut hdr)
-            .and_then(|_| Header::decode(&hdr, wc.byte_len() as usize));
+            .read_at(off, &mut hdr[..got])
+            .and_then(|_| Header::decode(&hdr[..got], wc.byte_len() as usize));
         let h = match parsed {
             Ok(h) => h,
             Err(e) => {
@@ -1315,6 +1703,44 @@ impl Shared {
                 let _ = post_bounce(en, id);
                 return None;
             }
+        };
+        let body = &hdr[Header::LEN..got];
+        if h.op == Op::Fin {
+            let _ = post_bounce(en, id);
+            let fin = Fin::decode(body).ok()?;
+            let s = g.sends.take(fin.id);
+            drop(g);
+            let s = s?;
+            let done = if fin.status == 0 {
+                (!s.meta.quiet).then(|| send_entry(&s.meta))
+            } else {
+                Some(Owned::Errors(vec![tx_error(&s.meta, fin.status)]))
+            };
+            drop(s);
+            // Polled from the receive CQ: the send's completion belongs to the send CQ.
+            if same {
+                return done;
+            }
+            let w = match done {
+                Some(Owned::Entry(e, from)) => en.tx_cq.write(e, from),
+                Some(Owned::Errors(v)) => v.into_iter().try_for_each(|e| en.tx_cq.writeerr(e)),
+                None => Ok(()),
+            };
+            if let Err(e) = w {
+                crate::fi_warn!("rdm", "send completion not written: {e}");
+            }
+            return None;
+        }
+        let rts = match h.op {
+            Op::RtsMsg | Op::RtsTag => match Rts::decode(body) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    crate::fi_warn!("rdm", "dropping a message: {e}");
+                    let _ = post_bounce(en, id);
+                    return None;
+                }
+            },
+            _ => None,
         };
         let src = g.qpn_peer.get(&wc.qp_num()).copied();
         let addr = match src {
@@ -1327,15 +1753,18 @@ impl Shared {
             }
             None => FI_ADDR_NOTAVAIL,
         };
-        let kind = match h.op {
-            Op::Msg => RxKind::Msg,
-            Op::Tag => RxKind::Tag,
+        let kind = if h.op.tagged() {
+            RxKind::Tag
+        } else {
+            RxKind::Msg
         };
-        g.rx[id as usize] = RxMeta { data: h.data };
-        match g
-            .engine
-            .arrive(kind, addr, h.tag, h.len as usize, id as u64)
-        {
+        let size = rts.map_or(h.len as usize, |r| r.size as usize);
+        g.rx[id as usize] = RxMeta {
+            data: h.data,
+            rts,
+            conn: g.qpn_conn.get(&wc.qp_num()).copied().unwrap_or(NONE),
+        };
+        match g.engine.arrive(kind, addr, h.tag, size, id as u64) {
             Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
             Ok(Arrival::Unexpected(e)) => {
                 // The bounce buffer holds it until a receive comes.
@@ -1351,10 +1780,42 @@ impl Shared {
     }
 }
 
+/// A send's completion entry.
+fn send_entry(m: &TxMeta) -> Owned {
+    Owned::Entry(
+        CqEntry {
+            op_context: m.context,
+            flags: m.flags.bits(),
+            ..Default::default()
+        },
+        FI_ADDR_NOTAVAIL,
+    )
+}
+
+/// One operation on connection `c` finished; returns the connection when it is down and
+/// that was its last (to drop once the lock is released).
+fn conn_done(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
+    let down = open_conn_mut(g, c).and_then(|conn| {
+        conn.in_flight -= 1;
+        conn.down.then_some(())
+    });
+    down.and_then(|_| reap(g, c))
+}
+
+/// Stops naming a connection by its queue pair (its number may be reused).
+fn forget_qp(g: &mut Inner, ep: &MsgEndpoint) {
+    if let Ok(qp) = ep.qp() {
+        g.qpn_conn.remove(&qp.qp_num());
+    }
+}
+
 /// Takes connection `c` out whatever its state (a connect or accept that failed).
 fn uninstall(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
     match g.conns.get_mut(c as usize).and_then(Option::take) {
-        Some(ConnSlot::Open(conn)) => Some(conn.ep),
+        Some(ConnSlot::Open(conn)) => {
+            forget_qp(g, &conn.ep);
+            Some(conn.ep)
+        }
         _ => None,
     }
 }
@@ -1369,6 +1830,7 @@ fn reap(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
     let Some(ConnSlot::Open(conn)) = g.conns[c as usize].take() else {
         return None;
     };
+    forget_qp(g, &conn.ep);
     Some(conn.ep)
 }
 
@@ -1380,8 +1842,20 @@ impl RecvOwner for Shared {
 }
 
 impl PeerProgress for Shared {
-    fn progress(&self) {
+    fn progress(&self, cq: &CompletionQueue) {
         Shared::progress(self);
+        // Reads complete on the send CQ and notices arrive on the receive CQ: a reader of
+        // either one alone moves the other's completions (into its queue) as well.
+        if let Some(en) = self.on.get() {
+            if !Arc::ptr_eq(&en.tx_cq, &en.rx_cq) {
+                let other = if std::ptr::eq(cq, &*en.tx_cq) {
+                    &en.rx_cq
+                } else {
+                    &en.tx_cq
+                };
+                other.drive();
+            }
+        }
     }
 }
 

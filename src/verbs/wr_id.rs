@@ -40,6 +40,8 @@ pub(crate) enum Kind {
     RdmRecv = 8,
     /// An RDM endpoint's send from a bounce buffer; the context is the buffer's index.
     RdmSend = 9,
+    /// An RDM endpoint's rendezvous read; the context is the read's index.
+    RdmRead = 10,
 }
 
 /// The kind of a send: with remote CQ data (immediate data) or without.
@@ -98,6 +100,7 @@ pub(crate) fn is_owned(wr_id: u64) -> bool {
         || k == Kind::DgramShort as u64
         || k == Kind::RdmRecv as u64
         || k == Kind::RdmSend as u64
+        || k == Kind::RdmRead as u64
 }
 
 #[inline(always)]

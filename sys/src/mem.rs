@@ -3,10 +3,12 @@
 
 use std::ptr;
 
-use crate::verbs::MemoryRegion;
+use std::sync::Arc;
 
-/// A writable buffer of the application's, trusted by the contract of the call that gave
-/// it (see [`ForeignBuf::new`]).
+use crate::verbs::{MemoryRegion, ProtectionDomain};
+
+/// A buffer of the application's, trusted by the contract of the call that gave it (see
+/// [`ForeignBuf::new`]): a receive's (written) or a large send's (read, or registered).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ForeignBuf {
     addr: usize,
@@ -15,9 +17,10 @@ pub struct ForeignBuf {
 
 impl ForeignBuf {
     /// # Safety
-    /// `addr..addr+len` must be writable memory that stays valid until the provider is done
-    /// with it (the receive completed or was cancelled), and nothing else may rely on its
-    /// contents meanwhile: the contract fi_msg(3) and fi_tagged(3) place on receive buffers.
+    /// `addr..addr+len` must be memory that stays valid until the provider is done with it
+    /// (the operation completed or was cancelled): writable, with nothing else relying on
+    /// its contents meanwhile, for a receive; readable, and unchanged meanwhile, for a send.
+    /// The contract fi_msg(3) and fi_tagged(3) place on the buffers of both.
     pub unsafe fn new(addr: *mut u8, len: usize) -> Self {
         ForeignBuf {
             addr: addr as usize,
@@ -37,6 +40,17 @@ impl ForeignBuf {
         self.len == 0
     }
 
+    /// `len` bytes at `offset` of this buffer, if inside it (the same contract holds).
+    pub fn slice(&self, offset: usize, len: usize) -> Option<ForeignBuf> {
+        offset
+            .checked_add(len)
+            .filter(|e| *e <= self.len)
+            .map(|_| ForeignBuf {
+                addr: self.addr + offset,
+                len,
+            })
+    }
+
     /// Copies `src` to `offset`; `EINVAL` past the end.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), i32> {
         let end = offset.checked_add(src.len()).ok_or(libc::EINVAL)?;
@@ -51,39 +65,51 @@ impl ForeignBuf {
     }
 }
 
-/// Where a copy out of a registered region goes.
+/// One end of a copy: a place in a registered region, or in an application's buffer.
 #[derive(Clone, Copy, Debug)]
-pub enum CopyTarget<'a> {
+pub enum Place<'a> {
     Region(&'a MemoryRegion, usize),
     Foreign(&'a ForeignBuf, usize),
 }
 
-/// Copies `len` bytes at `offset` of `src` to `dst`, with no bounce in between; `EINVAL`
-/// when either range leaves its memory.
-pub fn copy_out(
-    src: &MemoryRegion,
-    offset: usize,
-    len: usize,
-    dst: CopyTarget<'_>,
-) -> Result<(), i32> {
-    src.sge(offset, len).ok_or(libc::EINVAL)?;
-    let to = match dst {
-        CopyTarget::Region(mr, off) => {
-            mr.sge(off, len).ok_or(libc::EINVAL)?;
-            (mr.addr() as usize + off) as *mut u8
+impl Place<'_> {
+    /// The address of `len` bytes here, if they lie inside the memory.
+    fn range(&self, len: usize) -> Option<usize> {
+        match *self {
+            Place::Region(mr, off) => mr.sge(off, len).map(|s| s.addr as usize),
+            Place::Foreign(f, off) => off
+                .checked_add(len)
+                .filter(|e| *e <= f.len)
+                .map(|_| f.addr + off),
         }
-        CopyTarget::Foreign(f, off) => {
-            if off.checked_add(len).is_none_or(|e| e > f.len) {
-                return Err(libc::EINVAL);
-            }
-            (f.addr + off) as *mut u8
-        }
-    };
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst`, with no bounce in between; `EINVAL` when either
+/// range leaves its memory.
+pub fn copy(src: Place<'_>, dst: Place<'_>, len: usize) -> Result<(), i32> {
+    let (from, to) = (
+        src.range(len).ok_or(libc::EINVAL)?,
+        dst.range(len).ok_or(libc::EINVAL)?,
+    );
+    if len == 0 {
+        return Ok(());
+    }
     // SAFETY: both ranges checked above; region memory is valid for the region's life and
     // foreign memory by ForeignBuf's contract; `copy` allows overlap, which two views of
     // one application buffer could have.
-    unsafe { ptr::copy((src.addr() as usize + offset) as *const u8, to, len) };
+    unsafe { ptr::copy(from as *const u8, to as *mut u8, len) };
     Ok(())
+}
+
+impl ForeignBuf {
+    /// Registers the buffer with `access` for the device (an RDM rendezvous exposing it to
+    /// one peer's read, or receiving a read into it). Sound by `new`'s contract: the memory
+    /// stays valid until the provider is done with it, and the registration goes first.
+    pub fn register(&self, pd: &Arc<ProtectionDomain>, access: u32) -> Result<MemoryRegion, i32> {
+        // SAFETY: `new`'s contract covers the registration's life.
+        unsafe { MemoryRegion::register(pd, self.addr as *mut u8, self.len, access) }
+    }
 }
 
 #[cfg(test)]

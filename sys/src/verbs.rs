@@ -312,6 +312,9 @@ pub struct MemoryRegion {
     rkey: u32,
     /// Present when the region owns its memory (allocated with [`MemoryRegion::alloc`]).
     owned: Option<Layout>,
+    /// The region whose memory this one registers again ([`MemoryRegion::register_view`]):
+    /// kept alive, so the memory outlives this registration (dropped after deregistration).
+    _parent: Option<Arc<MemoryRegion>>,
     _pd: Arc<ProtectionDomain>,
 }
 
@@ -377,8 +380,32 @@ impl MemoryRegion {
             lkey,
             rkey,
             owned: None,
+            _parent: None,
             _pd: pd.clone(),
         })
+    }
+
+    /// Registers `offset..offset+len` of `parent`'s memory again, with `access` (an RDM
+    /// rendezvous exposing part of an application's region to one peer's read). The new
+    /// region holds `parent`, so the memory stays allocated while it is registered.
+    pub fn register_view(
+        parent: &Arc<MemoryRegion>,
+        offset: usize,
+        len: usize,
+        access: u32,
+    ) -> Result<Self, i32> {
+        parent.sge(offset, len).ok_or(libc::EINVAL)?;
+        // SAFETY: in bounds of `parent`, whose memory stays allocated while the view holds it.
+        let mut mr = unsafe {
+            Self::register_inner(
+                &parent._pd,
+                (parent.addr as usize + offset) as *mut u8,
+                len,
+                access,
+            )
+        }?;
+        mr._parent = Some(parent.clone());
+        Ok(mr)
     }
 
     pub fn addr(&self) -> u64 {
@@ -1017,6 +1044,26 @@ impl QpHandle {
             flags & !send_flags::INLINE
         };
         self.post_send_raw(wr_id, sges.as_mut_ptr(), n, flags, imm)
+    }
+
+    /// Posts an RDMA read of `local.length` bytes from `remote_addr` (under `rkey`) of the
+    /// connected peer into `local`.
+    pub fn post_read(
+        &self,
+        wr_id: u64,
+        mut local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+        flags: u32,
+    ) -> Result<(), i32> {
+        let mut wr = SendWr::new(wr_id, &mut local, 1, flags & !send_flags::INLINE, None);
+        wr.0.opcode = r::ibv_wr_opcode::IBV_WR_RDMA_READ;
+        wr.0.wr.rdma = r::rdma_t { remote_addr, rkey };
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid QP (see post_send_raw); the local element names registered memory
+        // that the device checks (and writes) under its lkey, the remote one is checked by
+        // the peer's device under its rkey.
+        rc_result(unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr.0, &mut bad) })
     }
 
     /// Posts one receive scattered over several ranges of registered regions (`fi_recvv`).

@@ -1550,6 +1550,32 @@ static void rdm_section(void)
 	check(rbuf, 256, 9);
 	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
 
+	/* Past the eager size: the receiver reads the message from the sender's buffer
+	 * (rendezvous), unregistered on both sides; a truncated one completes both sides. */
+	{
+		size_t big = (1 << 20) + 5;
+		uint8_t *bs = malloc(big), *br = malloc(big);
+		TRUE(bs && br);
+		fill(bs, big, 11);
+		OK(fi_tsend(ep[0], bs, big, NULL, 1, 0x77, (void *)20));
+		OK(fi_trecv(ep[1], br, big, NULL, FI_ADDR_UNSPEC, 0x77, 0, (void *)21));
+		EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+		TRUE(e.op_context == (void *)21 && e.len == big && e.tag == 0x77);
+		check(br, big, 11);
+		EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+		EXPECT(e.op_context, (void *)20);
+		OK(fi_trecv(ep[1], br, 100000, NULL, FI_ADDR_UNSPEC, 0x78, 0, (void *)22));
+		OK(fi_tsend(ep[0], bs, big, NULL, 1, 0x78, (void *)23));
+		EXPECT(rdm_next(cq[1], cq[0], &e, &src), -FI_EAVAIL);
+		EXPECT(fi_cq_readerr(cq[1], &err, 0), 1);
+		TRUE(err.op_context == (void *)22 && err.err == FI_ETRUNC && err.len == 100000 &&
+		     err.olen == big - 100000);
+		EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+		EXPECT(e.op_context, (void *)23);
+		free(bs);
+		free(br);
+	}
+
 	/* Cancel: the receive completes as FI_ECANCELED; a second cancel finds nothing. */
 	OK(fi_trecv(ep[1], rbuf, BUF, NULL, 0, 99, 0, (void *)6));
 	OK(fi_cancel(&ep[1]->fid, (void *)6));
@@ -1566,6 +1592,7 @@ static void rdm_section(void)
 		EXPECT(fi_tsendmsg(ep[0], &tm, FI_DELIVERY_COMPLETE), -FI_ENOSYS);
 		EXPECT(fi_tsend(ep[0], rbuf, info->ep_attr->max_msg_size + 1, NULL, 1, 1, NULL),
 		       -FI_EMSGSIZE);
+		EXPECT(fi_tinject(ep[0], rbuf, info->tx_attr->inject_size + 1, 1, 1), -FI_EINVAL);
 		EXPECT(fi_send(ep[0], sbuf, 1, NULL, 5, NULL), -FI_EINVAL);
 		EXPECT(fi_connect(ep[0], name[1], NULL, 0), -FI_EINVAL);
 	}

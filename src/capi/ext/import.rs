@@ -435,7 +435,7 @@ unsafe impl Send for ShmPeer {}
 unsafe impl Sync for ShmPeer {}
 
 impl PeerProgress for ShmPeer {
-    fn progress(&self) {
+    fn progress(&self, _cq: &crate::verbs::CompletionQueue) {
         if let Err(e) = ShmPeer::progress(self) {
             crate::fi_warn!("peer", "shm progress: {e}");
         }
