@@ -614,3 +614,176 @@ fn large_messages_are_read_by_the_receiver_in_order_with_eager_ones_between() {
     }
     assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 78);
 }
+
+/// Waits for the sender's completions, so that its messages wait at the receiver.
+fn sent(v: &[Node], from: usize, n: usize) {
+    for _ in 0..n {
+        next_ok(v, from);
+    }
+    quiet(v, 1 - from);
+}
+
+fn peek_flags(n: &Node, tag: u64, ctx: u64, flags: Flags) -> Result<()> {
+    n.ep.recvmsg(
+        recv_buf(n, 15, 0),
+        RxKind::Tag,
+        ANY,
+        tag,
+        0,
+        ctx,
+        Flags::PEEK | flags,
+    )
+}
+
+#[test]
+fn peek_claim_and_discard_follow_fi_tagged() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    for (k, tag) in [5u64, 6, 7].iter().enumerate() {
+        v[0].ep
+            .tsenddata(
+                &pattern(100 + k, k as u8),
+                0xd0 + k as u64,
+                *tag,
+                1,
+                k as u64,
+            )
+            .unwrap();
+    }
+    sent(&v, 0, 3);
+    // Nothing with tag 9: FI_ENOMSG.
+    peek_flags(&v[1], 9, 90, Flags::empty()).unwrap();
+    let e = next_err(&v, 1);
+    assert_eq!((e.op_context, e.err), (90, errno::ENOMSG));
+    // A peek reports and leaves the message.
+    for _ in 0..2 {
+        peek_flags(&v[1], 5, 91, Flags::empty()).unwrap();
+        let (e, src) = next_ok(&v, 1);
+        assert_eq!(
+            (e.op_context, e.len, e.tag, e.data, src),
+            (91, 100, 5, 0xd0, 0)
+        );
+    }
+    // Claimed, it is no longer there for other receives, only for its context.
+    peek_flags(&v[1], 5, 50, Flags::CLAIM).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 50);
+    v[1].ep
+        .trecv(recv_buf(&v[1], 1, 200), ANY, 5, 0, 51)
+        .unwrap();
+    quiet(&v, 1);
+    v[1].ep.cancel(51).unwrap();
+    assert_eq!(next_err(&v, 1).err, errno::ECANCELED);
+    v[1].ep
+        .recvmsg(
+            recv_buf(&v[1], 2, 200),
+            RxKind::Tag,
+            ANY,
+            0,
+            0,
+            50,
+            Flags::CLAIM,
+        )
+        .unwrap();
+    let (e, _) = next_ok(&v, 1);
+    assert_eq!((e.op_context, e.len, e.tag, e.data), (50, 100, 5, 0xd0));
+    assert_eq!(read(&v[1], 2, 100), pattern(100, 0));
+    assert_eq!(
+        v[1].ep
+            .recvmsg(
+                recv_buf(&v[1], 2, 200),
+                RxKind::Tag,
+                ANY,
+                0,
+                0,
+                50,
+                Flags::CLAIM
+            )
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL,
+        "claimed once"
+    );
+    // Peek and discard; claim and discard.
+    peek_flags(&v[1], 6, 60, Flags::DISCARD).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 60);
+    peek_flags(&v[1], 6, 61, Flags::empty()).unwrap();
+    assert_eq!(next_err(&v, 1).err, errno::ENOMSG);
+    peek_flags(&v[1], 7, 70, Flags::CLAIM).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 70);
+    v[1].ep
+        .recvmsg(
+            recv_buf(&v[1], 3, 0),
+            RxKind::Tag,
+            ANY,
+            0,
+            0,
+            70,
+            Flags::CLAIM | Flags::DISCARD,
+        )
+        .unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 70);
+    peek_flags(&v[1], 7, 71, Flags::empty()).unwrap();
+    assert_eq!(next_err(&v, 1).err, errno::ENOMSG);
+    // Every bounce buffer went back: a full SRQ's worth of messages still arrives.
+    let n = info.rx_attr.size + 8;
+    for k in 0..n {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 4, 64), ANY, 8, 0, 1000 + k as u64)
+            .unwrap();
+        v[0].ep.tsend(b"again", 8, 1, 2000 + k as u64).unwrap();
+        let mut recv = false;
+        let mut send = false;
+        while !(recv && send) {
+            let (e, _) = next_ok(&v, if recv { 0 } else { 1 });
+            if e.op_context >= 2000 {
+                send = true;
+            } else {
+                recv = true;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_multi_receive_buffer_packs_messages_and_is_released_with_the_flag() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    v[1].ep.set_min_multi_recv(64).unwrap();
+    assert_eq!(v[1].ep.min_multi_recv().unwrap(), 64);
+    let buf = recv_buf(&v[1], 0, 1024);
+    v[1].ep
+        .recvmsg(buf, RxKind::Msg, ANY, 0, 0, 9, Flags::MULTI_RECV)
+        .unwrap();
+    for k in 0..5u8 {
+        v[0].ep.send(&pattern(200, k), 1, k as u64).unwrap();
+    }
+    let base = v[1].mr.addr();
+    for k in 0..5u64 {
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!((e.op_context, e.len, e.buf), (9, 200, base + 200 * k));
+        assert_eq!(
+            e.flags & Flags::MULTI_RECV.bits() != 0,
+            k == 4,
+            "the completion that leaves less than 64 bytes releases the buffer"
+        );
+        let mut b = vec![0u8; 200];
+        v[1].mr.read_at(200 * k as usize, &mut b).unwrap();
+        assert_eq!(b, pattern(200, k as u8));
+    }
+    assert_eq!(
+        v[1].ep
+            .recvmsg(
+                recv_buf(&v[1], 0, 64),
+                RxKind::Tag,
+                ANY,
+                0,
+                0,
+                1,
+                Flags::MULTI_RECV
+            )
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL,
+        "multi-receive is untagged"
+    );
+}

@@ -12,13 +12,13 @@ use rfabric_sys::verbs::MAX_IOV;
 
 use crate::capi::av::CAv;
 use crate::capi::cq::CCq;
-use crate::capi::ep::{endpoint_opt, not_passive_listen, not_passive_reject};
+use crate::capi::ep::{endpoint_opt, not_passive_listen, not_passive_reject, opt_value, put_opt};
 use crate::capi::fid::{
     bytes, bytes_mut, enosys, fi_ops_of, fid, guarded, guarded_len, ops, Class, Obj,
 };
 use crate::capi::nosys::{self, n1, n5i};
 use crate::core::error::{errno, Error, Result};
-use crate::core::flags::Flags;
+use crate::core::flags::{EpOpt, Flags};
 use crate::core::info::Info;
 use crate::core::srx::Kind;
 use crate::verbs::{Domain, RdmEndpoint, RecvBuf};
@@ -173,13 +173,17 @@ unsafe extern "C" fn rdm_getopt(
     f: fi::fid_t,
     level: i32,
     optname: i32,
-    _optval: *mut c_void,
-    _optlen: *mut usize,
+    optval: *mut c_void,
+    optlen: *mut usize,
 ) -> i32 {
     guarded("fi_getopt", || {
         // SAFETY: the application's endpoint fid.
-        unsafe { CRdmEp::from_c(f.cast(), "ep") }?;
-        Err(no_option(level, optname))
+        let g = &unsafe { CRdmEp::from_c(f.cast(), "ep") }?.inner;
+        match endpoint_opt(level, optname)? {
+            // SAFETY: the application's option buffer and length.
+            EpOpt::MinMultiRecv => unsafe { put_opt(g.min_multi_recv()?, optval, optlen) },
+            _ => Err(no_option(level, optname)),
+        }
     })
 }
 
@@ -187,13 +191,17 @@ unsafe extern "C" fn rdm_setopt(
     f: fi::fid_t,
     level: i32,
     optname: i32,
-    _optval: *const c_void,
-    _optlen: usize,
+    optval: *const c_void,
+    optlen: usize,
 ) -> i32 {
     guarded("fi_setopt", || {
         // SAFETY: the application's endpoint fid.
-        unsafe { CRdmEp::from_c(f.cast(), "ep") }?;
-        Err(no_option(level, optname))
+        let g = &unsafe { CRdmEp::from_c(f.cast(), "ep") }?.inner;
+        match endpoint_opt(level, optname)? {
+            // SAFETY: the application's option value and length.
+            EpOpt::MinMultiRecv => g.set_min_multi_recv(unsafe { opt_value(optval, optlen) }?),
+            _ => Err(no_option(level, optname)),
+        }
     })
 }
 

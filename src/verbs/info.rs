@@ -264,7 +264,12 @@ pub const TAG_GENERIC: u64 = 0xaaaa_aaaa_aaaa_aaaa;
 pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     let mut i = msg_info(dev)?;
     let eager = crate::verbs::rdm_ep::eager_size()?;
-    let recv = Flags::MSG | Flags::TAGGED | Flags::RECV | Flags::DIRECTED_RECV | Flags::SOURCE;
+    let recv = Flags::MSG
+        | Flags::TAGGED
+        | Flags::RECV
+        | Flags::DIRECTED_RECV
+        | Flags::SOURCE
+        | Flags::MULTI_RECV;
     i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv;
     i.addr_format = AddrFormat::Unspec;
     i.tx_attr.caps = Flags::MSG | Flags::TAGGED | Flags::SEND;

@@ -310,6 +310,8 @@ struct Inner {
     reads: Slab<RndvRead>,
     /// Notices waiting for a send buffer, by connection.
     fins: VecDeque<(u32, Fin)>,
+    /// Messages set aside by `FI_PEEK|FI_CLAIM`, by the claiming context.
+    claimed: HashMap<u64, u32>,
 }
 
 #[derive(Debug)]
@@ -337,6 +339,7 @@ struct Enabled {
 #[derive(Debug, Default)]
 struct Ctl {
     av: Option<Arc<AddressVector>>,
+    min_multi_recv: Option<usize>,
     cqs: CqBinding,
     tx_selective: bool,
     rx_selective: bool,
@@ -504,9 +507,13 @@ impl RdmEndpoint {
                 .getname()
                 .ok_or_else(|| Error::new(errno::EADDRNOTAVAIL, "the listener has no address"))?;
             let name = RdmName::new(at, this_host(), nonce());
+            let mut engine = RxEngine::new(rx_n + info.rx_attr.size.max(1));
+            if let Some(n) = c.min_multi_recv {
+                engine.set_min_multi_recv(n);
+            }
             Ok::<_, Error>(Enabled {
                 inner: Mutex::new(Inner {
-                    engine: RxEngine::new(rx_n + info.rx_attr.size.max(1)),
+                    engine,
                     peers: Vec::new(),
                     by_name: HashMap::new(),
                     conns: Vec::new(),
@@ -515,6 +522,7 @@ impl RdmEndpoint {
                     sends: Slab::default(),
                     reads: Slab::default(),
                     fins: VecDeque::new(),
+                    claimed: HashMap::new(),
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     rx: vec![RxMeta::default(); rx_n],
@@ -972,11 +980,16 @@ impl RdmEndpoint {
                 | Flags::MSG
                 | Flags::TAGGED
                 | Flags::RECV
-                | Flags::REMOTE_CQ_DATA);
+                | Flags::REMOTE_CQ_DATA
+                | Flags::MORE
+                | Flags::PEEK
+                | Flags::CLAIM
+                | Flags::DISCARD
+                | Flags::MULTI_RECV);
         if !unsupported.is_empty() {
             return Err(Error::new(
-                errno::ENOSYS,
-                format!("receive flags {unsupported:?} are not built on RDM endpoints yet"),
+                errno::EBADFLAGS,
+                format!("receive flags {unsupported:?} are not receive flags"),
             ));
         }
         // fi_msg(3): the source is ignored unless the endpoint has FI_DIRECTED_RECV.
@@ -988,28 +1001,178 @@ impl RdmEndpoint {
             en.av.rdm_name(from)?;
             from
         };
+        let filter = Filter {
+            addr: from_addr,
+            tag,
+            ignore,
+        };
+        if flags.contains(Flags::PEEK) {
+            return self.peek(en, kind, filter, context, flags);
+        }
+        if flags.contains(Flags::CLAIM) {
+            return self.claim(en, buf, context, flags);
+        }
+        if flags.contains(Flags::DISCARD) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "FI_DISCARD goes with FI_PEEK or FI_CLAIM",
+            ));
+        }
+        // `rx_attr.op_flags` with FI_MULTI_RECV makes every untagged receive one.
+        let flags =
+            if kind == RxKind::Msg && self.sh.info.rx_attr.op_flags.contains(Flags::MULTI_RECV) {
+                flags | Flags::MULTI_RECV
+            } else {
+                flags
+            };
         let size = buf.len();
         let mut g = lock(&en.inner);
-        let mut started = None;
+        // A receive takes one waiting message; a multi-receive buffer as many as fit.
+        let (mut first, mut more) = (None, Vec::new());
         g.engine.post(
             Recv {
                 kind,
-                from: Filter {
-                    addr: from_addr,
-                    tag,
-                    ignore,
-                },
+                from: filter,
                 buf,
                 size,
                 context,
-                flags,
+                flags: flags & (Flags::COMPLETION | Flags::MULTI_RECV),
             },
-            |_, id| started = Some(id),
+            |_, id| match first {
+                None => first = Some(id),
+                Some(_) => more.push(id),
+            },
         )?;
-        let done = started.map(|id| deliver(en, &mut g, id));
+        let done = first.map(|id| deliver(en, &mut g, id));
+        let rest: Vec<_> = more.into_iter().map(|id| deliver(en, &mut g, id)).collect();
         drop(g);
         write_out(&en.rx_cq, done);
+        for d in rest {
+            write_out(&en.rx_cq, Some(d));
+        }
         Ok(())
+    }
+
+    /// `FI_PEEK`: a completion with the length, tag and data of the first waiting message
+    /// the receive would take, without its bytes, or an `FI_ENOMSG` error completion when
+    /// none waits. With `FI_CLAIM` the message is set aside for a later `FI_CLAIM` receive
+    /// of the same context; with `FI_DISCARD` it is dropped (fi_tagged(3)).
+    fn peek(
+        &self,
+        en: &Enabled,
+        kind: RxKind,
+        from: Filter,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        let kflags = Flags::RECV
+            | if kind == RxKind::Tag {
+                Flags::TAGGED
+            } else {
+                Flags::MSG
+            };
+        let mut g = lock(&en.inner);
+        let Some(id) = g.engine.peek(kind, from) else {
+            drop(g);
+            return en.rx_cq.writeerr(CqErrEntry {
+                op_context: context,
+                flags: kflags.bits(),
+                tag: from.tag,
+                err: errno::ENOMSG,
+                ..Default::default()
+            });
+        };
+        let e = g.engine.entry(id).clone();
+        let data = g.rx[e.owner as usize].data;
+        if flags.intersects(Flags::CLAIM | Flags::DISCARD) {
+            g.engine.take_unexpected(id)?;
+            if flags.contains(Flags::CLAIM) {
+                if let Some(old) = g.claimed.insert(context, id) {
+                    // A context claims one message at a time: the older one is dropped.
+                    discard(en, &mut g, old);
+                }
+            } else {
+                discard(en, &mut g, id);
+            }
+        }
+        drop(g);
+        en.rx_cq.write(
+            CqEntry {
+                op_context: context,
+                flags: (kflags
+                    | if data.is_some() {
+                        Flags::REMOTE_CQ_DATA
+                    } else {
+                        Flags::empty()
+                    })
+                .bits(),
+                len: e.size,
+                buf: 0,
+                data: data.unwrap_or(0),
+                tag: e.tag,
+            },
+            e.addr,
+        )
+    }
+
+    /// `FI_CLAIM`: receives (or with `FI_DISCARD`, drops) the message an `FI_PEEK|FI_CLAIM`
+    /// of the same context set aside.
+    fn claim(&self, en: &Enabled, buf: RecvBuf, context: u64, flags: Flags) -> Result<()> {
+        let mut g = lock(&en.inner);
+        let Some(id) = g.claimed.remove(&context) else {
+            return Err(Error::new(
+                errno::EINVAL,
+                "no message was claimed with this context (FI_PEEK|FI_CLAIM comes first)",
+            ));
+        };
+        if flags.contains(Flags::DISCARD) {
+            let e = g.engine.entry(id).clone();
+            discard(en, &mut g, id);
+            drop(g);
+            let kind = if e.kind == RxKind::Tag {
+                Flags::TAGGED
+            } else {
+                Flags::MSG
+            };
+            return en.rx_cq.write(
+                CqEntry {
+                    op_context: context,
+                    flags: (kind | Flags::RECV).bits(),
+                    tag: e.tag,
+                    ..Default::default()
+                },
+                e.addr,
+            );
+        }
+        {
+            let e = g.engine.entry_mut(id);
+            e.buf = Some(buf);
+            e.context = context;
+            e.flags = flags & Flags::COMPLETION;
+            e.offset = 0;
+        }
+        let done = deliver(en, &mut g, id);
+        drop(g);
+        write_out(&en.rx_cq, Some(done));
+        Ok(())
+    }
+
+    /// `FI_OPT_MIN_MULTI_RECV`: a multi-receive buffer is released once less is left
+    /// (before or after `enable`).
+    pub fn set_min_multi_recv(&self, n: usize) -> Result<()> {
+        let mut c = lock(&self.sh.ctl);
+        c.min_multi_recv = Some(n);
+        if let Some(en) = self.sh.on.get() {
+            lock(&en.inner).engine.set_min_multi_recv(n);
+        }
+        Ok(())
+    }
+
+    /// The `FI_OPT_MIN_MULTI_RECV` in force.
+    pub fn min_multi_recv(&self) -> Result<usize> {
+        Ok(lock(&self.sh.ctl)
+            .min_multi_recv
+            .unwrap_or(crate::core::srx::DEFAULT_MIN_MULTI_RECV))
     }
 
     /// `fi_cancel`: takes back the posted receive with `context`; its completion is an
@@ -1239,11 +1402,9 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         Flags::MSG
     };
     let flags = kind | Flags::RECV | (e.flags & Flags::MULTI_RECV);
-    let buf = if e.flags.contains(Flags::MULTI_RECV) {
-        e.buf.as_ref().map_or(0, |b| b.addr() + e.offset as u64)
-    } else {
-        0
-    };
+    // Where the message landed: what a multi-receive buffer's slices need (carved slices
+    // before the last no longer carry FI_MULTI_RECV), harmless for the rest.
+    let buf = e.buf.as_ref().map_or(0, |b| b.addr() + e.offset as u64);
     let quiet = en.rx_selective && !e.flags.contains(Flags::COMPLETION);
     let n = e.size.min(cap);
     let copied = match (&e.buf, m.rts) {
@@ -1339,6 +1500,28 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
             drop(g.reads.take(rid));
             failed(g, err)
         }
+    }
+}
+
+/// Drops the message of claimed entry `id`: its bounce buffer goes back to the SRQ, and an
+/// announced message's sender is told it may complete.
+fn discard(en: &Enabled, g: &mut Inner, id: u32) {
+    let slot = g.engine.entry(id).owner as u32;
+    let m = g.rx[slot as usize];
+    let _ = g.engine.free(id);
+    if let Some(rts) = m.rts {
+        queue_fin(
+            en,
+            g,
+            m.conn,
+            Fin {
+                id: rts.id,
+                status: 0,
+            },
+        );
+    }
+    if let Err(err) = post_bounce(en, slot) {
+        crate::fi_warn!("rdm", "reposting bounce buffer {slot}: {err}");
     }
 }
 
