@@ -787,3 +787,26 @@ fn a_multi_receive_buffer_packs_messages_and_is_released_with_the_flag() {
         "multi-receive is untagged"
     );
 }
+
+#[test]
+fn delivery_complete_waits_for_the_message_to_be_in_a_receive_buffer() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    v[0].ep
+        .sendmsg(&[b"placed"], 1, Some(3), None, 1, Flags::DELIVERY_COMPLETE)
+        .unwrap();
+    // The receiver's device has it, but no receive took it yet: no completion.
+    quiet(&v, 0);
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 2).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 2);
+    assert_eq!(next_ok(&v, 0).0.op_context, 1);
+    assert_eq!(read(&v[1], 0, 6), b"placed");
+    // A discarded message completes its sender all the same.
+    v[0].ep
+        .sendmsg(&[b"dropped"], 1, Some(4), None, 3, Flags::DELIVERY_COMPLETE)
+        .unwrap();
+    quiet(&v, 0);
+    peek_flags(&v[1], 4, 4, Flags::DISCARD).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 4);
+    assert_eq!(next_ok(&v, 0).0.op_context, 3);
+}

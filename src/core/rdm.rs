@@ -195,22 +195,28 @@ pub struct Header {
     pub data: Option<u64>,
     /// Bytes of payload behind the header.
     pub len: u32,
+    /// `FI_DELIVERY_COMPLETE`: the receiver sends a [`Fin`] with this id once the message
+    /// is in the receive's buffer.
+    pub ack: Option<u32>,
 }
 
 const HDR_MAGIC: u8 = 0xe7;
 const HAS_DATA: u8 = 1;
+const HAS_ACK: u8 = 2;
 
 impl Header {
-    pub const LEN: usize = 24;
+    pub const LEN: usize = 32;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         b[0] = HDR_MAGIC;
         b[1] = self.op as u8;
-        b[2] = if self.data.is_some() { HAS_DATA } else { 0 };
+        b[2] = if self.data.is_some() { HAS_DATA } else { 0 }
+            | if self.ack.is_some() { HAS_ACK } else { 0 };
         b[4..8].copy_from_slice(&self.len.to_le_bytes());
         b[8..16].copy_from_slice(&self.tag.to_le_bytes());
         b[16..24].copy_from_slice(&self.data.unwrap_or(0).to_le_bytes());
+        b[24..28].copy_from_slice(&self.ack.unwrap_or(0).to_le_bytes());
         b
     }
 
@@ -244,6 +250,8 @@ impl Header {
             tag: u64_at(8),
             data: (b[2] & HAS_DATA != 0).then(|| u64_at(16)),
             len,
+            ack: (b[2] & HAS_ACK != 0)
+                .then(|| u32::from_le_bytes(b[24..28].try_into().unwrap_or_default())),
         })
     }
 }
@@ -416,6 +424,7 @@ mod tests {
             tag: u64::MAX - 3,
             data: Some(0xdead_beef_0000_0001),
             len: 100,
+            ack: Some(41),
         };
         let b = h.encode();
         assert_eq!(Header::decode(&b, Header::LEN + 100).unwrap(), h);
@@ -426,6 +435,7 @@ mod tests {
             tag: 0,
             data: None,
             len: 0,
+            ack: None,
         };
         assert_eq!(Header::decode(&u.encode(), Header::LEN).unwrap(), u);
         let mut bad = u.encode();
@@ -453,6 +463,7 @@ mod tests {
             tag: 9,
             data: None,
             len: Rts::LEN as u32,
+            ack: None,
         };
         assert_eq!(
             Header::decode(&h.encode(), Header::LEN + Rts::LEN).unwrap(),

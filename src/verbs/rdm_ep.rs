@@ -195,6 +195,8 @@ const NONE: u32 = u32::MAX;
 struct RxMeta {
     data: Option<u64>,
     rts: Option<Rts>,
+    /// The sender's `FI_DELIVERY_COMPLETE` handle, for the notice once delivered.
+    ack: Option<u32>,
     conn: u32,
 }
 
@@ -202,8 +204,9 @@ struct RxMeta {
 #[derive(Debug)]
 struct RndvSend {
     meta: TxMeta,
-    /// Exposed to the peer's read until the notice comes.
-    _reg: sv::MemoryRegion,
+    /// Exposed to the peer's read until the notice comes (none for an eager message sent
+    /// with `FI_DELIVERY_COMPLETE`, which waits for the same notice).
+    _reg: Option<sv::MemoryRegion>,
 }
 
 /// A rendezvous read in flight, for a matched receive.
@@ -781,12 +784,14 @@ impl RdmEndpoint {
     ) -> Result<()> {
         wr_id::check(context)?;
         check_send_flags(flags)?;
-        if flags.contains(Flags::DELIVERY_COMPLETE) {
-            return Err(Error::new(
-                errno::ENOSYS,
-                "FI_DELIVERY_COMPLETE is not built on RDM endpoints yet (sends complete once the peer's device has the message: FI_TRANSMIT_COMPLETE)",
-            ));
-        }
+        // The endpoint's default completion level applies to sends that name none.
+        let flags = if flags.intersects(
+            Flags::INJECT_COMPLETE | Flags::TRANSMIT_COMPLETE | Flags::DELIVERY_COMPLETE,
+        ) {
+            flags
+        } else {
+            flags | (self.sh.info.tx_attr.op_flags & Flags::DELIVERY_COMPLETE)
+        };
         let en = self.en()?;
         let len = src.len();
         let eager = en.slot - Header::LEN;
@@ -844,12 +849,28 @@ impl RdmEndpoint {
         let off = slot as usize * en.slot;
         let copied = match reg {
             None => {
-                g.tx[slot as usize] = user;
+                // FI_DELIVERY_COMPLETE: the send completes on the receiver's notice, sent
+                // once the message is in the receive's buffer.
+                let ack = flags.contains(Flags::DELIVERY_COMPLETE).then(|| {
+                    g.sends.insert(RndvSend {
+                        meta: user,
+                        _reg: None,
+                    })
+                });
+                g.tx[slot as usize] = match ack {
+                    Some(id) => TxMeta {
+                        quiet: true,
+                        rndv: id,
+                        ..user
+                    },
+                    None => user,
+                };
                 let hdr = Header {
                     op,
                     tag,
                     data,
                     len: len as u32,
+                    ack,
                 };
                 en.tx_pool
                     .write_at(off, &hdr.encode())
@@ -864,7 +885,7 @@ impl RdmEndpoint {
                 };
                 let id = g.sends.insert(RndvSend {
                     meta: user,
-                    _reg: reg,
+                    _reg: Some(reg),
                 });
                 g.tx[slot as usize] = TxMeta {
                     quiet: true,
@@ -876,6 +897,7 @@ impl RdmEndpoint {
                     tag,
                     data,
                     len: Rts::LEN as u32,
+                    ack: None,
                 };
                 en.tx_pool.write_at(off, &hdr.encode()).and_then(|_| {
                     en.tx_pool
@@ -1065,6 +1087,8 @@ impl RdmEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
+        // What the device already holds counts as arrived.
+        en.rx_cq.drive();
         let kflags = Flags::RECV
             | if kind == RxKind::Tag {
                 Flags::TAGGED
@@ -1422,6 +1446,10 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     }
     let Some(rts) = m.rts else {
         let failed = copied.err().map(|_| errno::EIO);
+        if let Some(id) = m.ack {
+            let status = failed.unwrap_or(0);
+            queue_fin(en, g, m.conn, Fin { id, status });
+        }
         return recv_done(
             e.context, flags, e.tag, m.data, e.addr, e.size, n, buf, quiet, failed,
         );
@@ -1509,16 +1537,10 @@ fn discard(en: &Enabled, g: &mut Inner, id: u32) {
     let slot = g.engine.entry(id).owner as u32;
     let m = g.rx[slot as usize];
     let _ = g.engine.free(id);
-    if let Some(rts) = m.rts {
-        queue_fin(
-            en,
-            g,
-            m.conn,
-            Fin {
-                id: rts.id,
-                status: 0,
-            },
-        );
+    // An announced message's sender, or one that asked for delivery completion, waits for
+    // word: discarded counts as delivered.
+    if let Some(fid) = m.rts.map(|r| r.id).or(m.ack) {
+        queue_fin(en, g, m.conn, Fin { id: fid, status: 0 });
     }
     if let Err(err) = post_bounce(en, slot) {
         crate::fi_warn!("rdm", "reposting bounce buffer {slot}: {err}");
@@ -1537,6 +1559,7 @@ fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
         tag: 0,
         data: None,
         len: Fin::LEN as u32,
+        ack: None,
     };
     g.tx[slot as usize] = TxMeta {
         quiet: true,
@@ -1891,6 +1914,7 @@ impl Shared {
         if h.op == Op::Fin {
             let _ = post_bounce(en, id);
             let fin = Fin::decode(body).ok()?;
+            crate::fi_debug!("rdm", "notice {fin:?}");
             let s = g.sends.take(fin.id);
             drop(g);
             let s = s?;
@@ -1945,6 +1969,7 @@ impl Shared {
         g.rx[id as usize] = RxMeta {
             data: h.data,
             rts,
+            ack: h.ack,
             conn: g.qpn_conn.get(&wc.qp_num()).copied().unwrap_or(NONE),
         };
         match g.engine.arrive(kind, addr, h.tag, size, id as u64) {

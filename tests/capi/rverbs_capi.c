@@ -1593,7 +1593,22 @@ static void rdm_section(void)
 		EXPECT(fi_cq_readerr(cq[1], &err, 0), 1);
 		EXPECT(err.err, FI_ENOMSG);
 		EXPECT(fi_trecvmsg(ep[1], &tm, FI_CLAIM), -FI_EINVAL); /* nothing claimed */
-		EXPECT(fi_tsendmsg(ep[0], &tm, FI_DELIVERY_COMPLETE), -FI_ENOSYS);
+		/* FI_DELIVERY_COMPLETE: the send completes once the message is in a receive's
+		 * buffer, not when the peer's device has it. */
+		tm.addr = 1;
+		tm.tag = 0x99;
+		tm.context = (void *)30;
+		OK(fi_tsendmsg(ep[0], &tm, FI_DELIVERY_COMPLETE));
+		for (int i = 0; i < 20000; i++) {
+			(void)fi_cq_read(cq[1], NULL, 0);
+			EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+		}
+		OK(fi_trecv(ep[1], sbuf, sizeof sbuf, NULL, FI_ADDR_UNSPEC, 0x99, 0, (void *)31));
+		EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+		EXPECT(e.op_context, (void *)31);
+		EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+		EXPECT(e.op_context, (void *)30);
+		tm.addr = 0;
 		EXPECT(fi_tsend(ep[0], rbuf, info->ep_attr->max_msg_size + 1, NULL, 1, 1, NULL),
 		       -FI_EMSGSIZE);
 		EXPECT(fi_tinject(ep[0], rbuf, info->tx_attr->inject_size + 1, 1, 1), -FI_EINVAL);
