@@ -125,9 +125,16 @@ fn lossy_case(c: Case) {
         return;
     };
     if n.index == 0 {
-        let info = getinfo(Some(&n.own), Some(&port.to_string()), Flags::SOURCE, None)
-            .unwrap()
-            .remove(0);
+        let mut h = Info::default();
+        h.ep_attr.ep_type = EpType::Msg;
+        let info = getinfo(
+            Some(&n.own),
+            Some(&port.to_string()),
+            Flags::SOURCE,
+            Some(&h),
+        )
+        .unwrap()
+        .remove(0);
         let fabric = Fabric::open(&info.fabric_attr).unwrap();
         let eq = EventQueue::open(&fabric, &EqAttr::default()).unwrap();
         let pep = PassiveEndpoint::open(&fabric, &info, PEP_FID).unwrap();

@@ -33,6 +33,17 @@ fn getinfo_describes_the_device_from_its_attributes() {
 }
 
 #[test]
+fn getinfo_without_a_type_lists_rdm_first_then_msg() {
+    if device_info().is_none() {
+        return;
+    }
+    let v = getinfo(None, None, Flags::empty(), None).unwrap();
+    assert_eq!(v[0].ep_attr.ep_type, EpType::Rdm);
+    assert!(v.iter().any(|i| i.ep_attr.ep_type == EpType::Msg));
+    assert!(v.iter().all(|i| i.ep_attr.ep_type != EpType::Dgram));
+}
+
+#[test]
 fn getinfo_filters_by_hints_and_answers_enodata() {
     let Some(info) = device_info() else { return };
     let mut h = Info::default();
@@ -1373,6 +1384,7 @@ fn getinfo_answers_honour_the_hints_bit_by_bit() {
             .filter(|(k, _)| combo & (1 << k) != 0)
             .fold(MrMode::empty(), |m, (_, b)| m | *b);
         let mut h = Info::default();
+        h.ep_attr.ep_type = EpType::Msg;
         h.domain_attr.mr_mode = offered;
         match getinfo(None, None, Flags::empty(), Some(&h)) {
             Ok(v) => {

@@ -413,12 +413,21 @@ pub fn getinfo(
 
     let mut out = Vec::new();
     let mut last_reason = String::from("no device matched");
-    for dev in devs
+    // An unspecified endpoint type gets RDM first (what most applications want), then MSG;
+    // datagrams only when asked for.
+    let types: &[EpType] = match hints.ep_attr.ep_type {
+        EpType::Unspec => &[EpType::Rdm, EpType::Msg],
+        EpType::Rdm => &[EpType::Rdm],
+        EpType::Dgram => &[EpType::Dgram],
+        _ => &[EpType::Msg],
+    };
+    for (dev, &ep_type) in devs
         .iter()
         .filter(|d| only.as_ref().is_none_or(|n| n == &d.name))
+        .flat_map(|d| types.iter().map(move |t| (d, t)))
     {
-        let dgram = hints.ep_attr.ep_type == EpType::Dgram;
-        let rdm = hints.ep_attr.ep_type == EpType::Rdm;
+        let dgram = ep_type == EpType::Dgram;
+        let rdm = ep_type == EpType::Rdm;
         let mut info = if dgram {
             dgram_info(dev)?
         } else if rdm {

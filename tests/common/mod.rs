@@ -9,11 +9,14 @@ use rfabric::core::eq::EqEvent;
 use rfabric::verbs::*;
 use rfabric::*;
 
-/// The first device's MSG info, or `None` (skip) on a machine without one. Where a device
+/// The first device's MSG info (asked for by type: an unspecified type lists RDM first),
+/// or `None` (skip) on a machine without one. Where a device
 /// is required (`RFABRIC_REQUIRE_DEVICE=1`, set by the VM harness) its absence fails the test.
 pub fn device_info() -> Option<Info> {
     let required = std::env::var("RFABRIC_REQUIRE_DEVICE").is_ok_and(|v| v == "1");
-    match getinfo(None, None, Flags::empty(), None) {
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Msg;
+    match getinfo(None, None, Flags::empty(), Some(&hints)) {
         Ok(mut v) => Some(v.remove(0)),
         Err(e) if !required && e.errno() == errno::ENODATA => {
             eprintln!("skipped: {e}");
