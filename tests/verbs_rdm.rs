@@ -810,3 +810,236 @@ fn delivery_complete_waits_for_the_message_to_be_in_a_receive_buffer() {
     assert_eq!(next_ok(&v, 1).0.op_context, 4);
     assert_eq!(next_ok(&v, 0).0.op_context, 3);
 }
+
+/// Child process of `a_killed_peer_process_is_no_error_for_the_survivor`: an RDM endpoint
+/// that prints its name, reads the survivor's, and sends to it until killed.
+#[test]
+#[ignore = "the child process of a_killed_peer_process_is_no_error_for_the_survivor"]
+fn rdm_victim() {
+    let info = rdm_info().expect("a device");
+    let v = nodes(&info, 1, false);
+    println!(
+        "VICTIM NAME {}",
+        hex(&v[0].ep.getname().unwrap().to_bytes())
+    );
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let peer = v[0].av.insert(&unhex(line.trim())).unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut k = 0u64;
+    while Instant::now() < end {
+        match v[0].ep.tsend(b"from the victim", 1, peer, k) {
+            Ok(()) => k += 1,
+            Err(e) if e.is_again() => {}
+            Err(e) => panic!("{e}"),
+        }
+        let mut e = [TaggedEntry::default(); 8];
+        let _ = v[0].cq.read(&mut e);
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_killed_peer_process_is_no_error_for_the_survivor() {
+    use std::io::{BufRead, Write};
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    for round in 0..3 {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "rdm_victim",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let name = lines
+            .by_ref()
+            .take(50)
+            .map_while(|l| l.ok())
+            .find_map(|l| {
+                l.find("VICTIM NAME ")
+                    .map(|i| l[i + 12..].trim().to_string())
+            })
+            .expect("the victim's name");
+        let victim = v[0].av.insert(&unhex(&name)).unwrap();
+        writeln!(
+            child.stdin.as_mut().unwrap(),
+            "{}",
+            hex(&v[0].ep.getname().unwrap().to_bytes())
+        )
+        .unwrap();
+        // Receive a few of its messages, then kill it mid-stream.
+        for k in 0..5 {
+            v[0].ep
+                .trecv(recv_buf(&v[0], k, 64), victim, 1, 0, 100 + k as u64)
+                .unwrap();
+            let (e, src) = next_ok(&v, 0);
+            assert_eq!(
+                (e.op_context, src),
+                (100 + k as u64, victim),
+                "round {round}"
+            );
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The survivor: no error appears by itself, and a receive still posted for the
+        // victim is the application's to cancel.
+        v[0].ep
+            .trecv(recv_buf(&v[0], 6, 64), victim, 2, 0, 200)
+            .unwrap();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(500) {
+            let mut e = [TaggedEntry::default(); 8];
+            match v[0].cq.read(&mut e) {
+                Ok(n) => {
+                    // Messages the victim sent before dying may still be read; nothing else.
+                    assert!(e[..n].iter().all(|x| x.tag == 1), "{:?}", &e[..n]);
+                }
+                Err(err) if err.is_again() => {}
+                Err(err) => panic!("the survivor saw {err}: {:?}", v[0].cq.readerr()),
+            }
+        }
+        v[0].ep.cancel(200).unwrap();
+        assert_eq!(next_err(&v, 0).err, errno::ECANCELED);
+        // A send to the dead address fails cleanly (refused, or the link reset), within a
+        // bound; the other peer is unaffected.
+        let t = Instant::now();
+        match v[0].ep.tsend(b"anyone?", 3, victim, 300) {
+            Ok(()) => {
+                let e = loop {
+                    match next(&v, 0) {
+                        Ok((e, _)) if e.tag == 1 => continue, // the victim's last words
+                        Ok((e, _)) => panic!("a send to a dead peer completed: {e:?}"),
+                        Err(er) if er.errno() == errno::EAVAIL => break v[0].cq.readerr().unwrap(),
+                        Err(er) => panic!("{er}"),
+                    }
+                };
+                assert_eq!(e.op_context, 300);
+                assert!(e.err != 0);
+            }
+            Err(e) => assert_ne!(e.errno(), 0),
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        v[0].ep.send(b"still here", 1, 1000 + round).unwrap();
+        v[1].ep.recv(recv_buf(&v[1], 0, 64), ANY, 7).unwrap();
+        assert_eq!(next_ok(&v, 1).0.op_context, 7);
+        loop {
+            match next(&v, 0) {
+                Ok((e, _)) if e.op_context == 1000 + round => break,
+                Ok((e, _)) if e.tag == 1 => {} // the victim's last words
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn many_peers_share_one_endpoint_whose_receive_memory_does_not_grow() {
+    let Some(mut info) = rdm_info() else { return };
+    // Small endpoints: the hub's memory is the point, not the leaves'.
+    info.tx_attr.size = 16;
+    info.rx_attr.size = 32;
+    let peers = 256;
+    let v = nodes(&info, peers + 1, false);
+    let (hub, cap) = (&v[0], v[0].cq.capacity());
+    let memory = hub.ep.receive_memory();
+    for k in 1..=peers {
+        v[k].ep
+            .tsend(&(k as u32).to_le_bytes(), k as u64, 0, k as u64)
+            .unwrap();
+    }
+    let mut seen = vec![false; peers + 1];
+    let mut got = 0;
+    let t = Instant::now();
+    while got < peers {
+        hub.ep
+            .trecv(recv_buf(hub, 0, 64), ANY, 0, u64::MAX, 1)
+            .unwrap();
+        let (e, src) = loop {
+            for n in &v[1..] {
+                n.ep.progress();
+            }
+            let mut e = [TaggedEntry::default(); 1];
+            let mut s = [0u64; 1];
+            match hub.cq.readfrom(&mut e, &mut s) {
+                Ok(1) if e[0].flags & Flags::RECV.bits() != 0 => break (e[0], s[0]),
+                Ok(_) => {}
+                Err(er) if er.is_again() => {}
+                Err(er) => panic!("{er}: {:?}", hub.cq.readerr()),
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "{got} of {peers} arrived"
+            );
+        };
+        let k = u32::from_le_bytes(read(hub, 0, 4).try_into().unwrap()) as usize;
+        assert_eq!(
+            (e.tag as usize, src as usize),
+            (k, k),
+            "FI_SOURCE names the sender"
+        );
+        assert!(!seen[k], "peer {k} twice");
+        seen[k] = true;
+        got += 1;
+    }
+    assert_eq!(hub.ep.connections_opened() as usize, peers);
+    assert_eq!(
+        hub.ep.receive_memory(),
+        memory,
+        "receive memory is O(1) in peers"
+    );
+    assert_eq!(hub.cq.capacity(), cap, "the CQ did not grow per connection");
+    // The hub answers every peer over the connections they made.
+    let mut acked = 0;
+    for k in 1..=peers {
+        v[k].ep.recv(recv_buf(&v[k], 0, 64), 0, 5).unwrap();
+        loop {
+            match hub.ep.send(b"ack", k as u64, k as u64) {
+                Ok(()) => break,
+                // Its 16 send buffers are in flight: reading its CQ frees them.
+                Err(e) if e.is_again() => {
+                    let mut e = [TaggedEntry::default(); 16];
+                    if let Ok(n) = hub.cq.read(&mut e) {
+                        acked += n;
+                    }
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    while acked < peers {
+        acked += 1;
+        let _ = next_ok(&v, 0);
+    }
+    for k in 1..=peers {
+        // Its own send's completion first, then the answer.
+        let (e, _) = next_ok(&v, k);
+        assert_eq!(
+            (e.op_context, e.flags & Flags::SEND.bits() != 0),
+            (k as u64, true)
+        );
+        let (e, src) = next_ok(&v, k);
+        assert_eq!((e.op_context, src), (5, 0));
+    }
+    assert_eq!(
+        hub.ep.connections_opened() as usize,
+        peers,
+        "no new connection"
+    );
+}

@@ -505,6 +505,8 @@ impl RdmEndpoint {
             linfo.src_addr = Some(std::net::SocketAddr::new(ip, 0));
             let pep = PassiveEndpoint::open(self.sh.domain.fabric(), &linfo, LISTENER)?;
             pep.bind_eq(&eq)?;
+            // Every peer of a job may connect at once (an all-to-all's first round).
+            pep.set_backlog(1024)?;
             pep.listen()?;
             let at = pep
                 .getname()
@@ -628,6 +630,12 @@ impl RdmEndpoint {
             context,
             flags,
         )
+    }
+
+    /// Bytes of registered memory it receives into: its bounce buffers, fixed at enable
+    /// whatever the number of peers.
+    pub fn receive_memory(&self) -> usize {
+        self.sh.on.get().map_or(0, |en| en.rx_pool.len())
     }
 
     /// Connections made so far (from either side).
