@@ -959,9 +959,8 @@ fn many_peers_share_one_endpoint_whose_receive_memory_does_not_grow() {
     let v = nodes(&info, peers + 1, false);
     let (hub, cap) = (&v[0], v[0].cq.capacity());
     let memory = hub.ep.receive_memory();
-    for k in 1..=peers {
-        v[k].ep
-            .tsend(&(k as u32).to_le_bytes(), k as u64, 0, k as u64)
+    for (k, n) in v.iter().enumerate().skip(1) {
+        n.ep.tsend(&(k as u32).to_le_bytes(), k as u64, 0, k as u64)
             .unwrap();
     }
     let mut seen = vec![false; peers + 1];
@@ -1007,8 +1006,8 @@ fn many_peers_share_one_endpoint_whose_receive_memory_does_not_grow() {
     assert_eq!(hub.cq.capacity(), cap, "the CQ did not grow per connection");
     // The hub answers every peer over the connections they made.
     let mut acked = 0;
-    for k in 1..=peers {
-        v[k].ep.recv(recv_buf(&v[k], 0, 64), 0, 5).unwrap();
+    for (k, n) in v.iter().enumerate().skip(1) {
+        n.ep.recv(recv_buf(n, 0, 64), 0, 5).unwrap();
         loop {
             match hub.ep.send(b"ack", k as u64, k as u64) {
                 Ok(()) => break,
