@@ -55,7 +55,7 @@ pub const KNOBS: &[Knob] = &[
     Knob {
         name: "FI_RVERBS_RDM_BUFFER_SIZE",
         default: "8192",
-        help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 24-byte header",
+        help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 32-byte header; larger ones go by rendezvous",
     },
 ];
 
