@@ -171,6 +171,41 @@ impl Src<'_> {
     }
 }
 
+/// Hashes queue pair numbers (small, distinct integers from the device, not chosen by a
+/// peer) with one multiplication: looked up for every received message.
+#[derive(Clone, Copy, Default)]
+struct QpnHash;
+
+impl std::hash::BuildHasher for QpnHash {
+    type Hasher = QpnHasher;
+    fn build_hasher(&self) -> QpnHasher {
+        QpnHasher(0)
+    }
+}
+
+#[derive(Default)]
+struct QpnHasher(u64);
+
+impl std::hash::Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ *b as u64).wrapping_mul(0x51_7cc1_b727_220a_95);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl std::fmt::Debug for QpnHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("QpnHash")
+    }
+}
+
 /// A send buffer in flight.
 #[derive(Clone, Copy, Debug, Default)]
 struct TxMeta {
@@ -185,6 +220,8 @@ struct TxMeta {
     conn: u32,
     /// The rendezvous send it announces (`NONE` for an eager message or a notice).
     rndv: u32,
+    /// Bytes it puts on the wire (header and body).
+    wire: u32,
 }
 
 const NONE: u32 = u32::MAX;
@@ -303,9 +340,9 @@ struct Inner {
     conns: Vec<Option<ConnSlot>>,
     /// The peer behind each queue pair ever connected (messages may still be polled after
     /// their connection went); the CQs route these QPs' completions here until close.
-    qpn_peer: HashMap<u32, u32>,
+    qpn_peer: HashMap<u32, u32, QpnHash>,
     /// The connection of each queue pair while it is installed.
-    qpn_conn: HashMap<u32, u32>,
+    qpn_conn: HashMap<u32, u32, QpnHash>,
     tx_free: Vec<u32>,
     tx: Vec<TxMeta>,
     rx: Vec<RxMeta>,
@@ -315,6 +352,8 @@ struct Inner {
     fins: VecDeque<(u32, Fin)>,
     /// Messages set aside by `FI_PEEK|FI_CLAIM`, by the claiming context.
     claimed: HashMap<u64, u32>,
+    /// Peer by AV index (`NONE` where unknown).
+    addr_peer: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -337,7 +376,17 @@ struct Enabled {
     rx_selective: bool,
     /// Connections opened, for tests and logs.
     opened: AtomicU32,
+    /// Notices wait for a send buffer (checked without the lock).
+    fins_waiting: std::sync::atomic::AtomicBool,
+    /// Connections being set up: while any is, every progress call reads the connection
+    /// events; otherwise one in `CM_POLL_EVERY` does (a read is a system call).
+    in_setup: AtomicU32,
+    polls: AtomicU32,
 }
+
+/// How often an idle endpoint's progress looks for connection events (requests from new
+/// peers, disconnects): one call in this many.
+const CM_POLL_EVERY: u32 = 64;
 
 #[derive(Debug, Default)]
 struct Ctl {
@@ -522,12 +571,13 @@ impl RdmEndpoint {
                     peers: Vec::new(),
                     by_name: HashMap::new(),
                     conns: Vec::new(),
-                    qpn_peer: HashMap::new(),
-                    qpn_conn: HashMap::new(),
+                    qpn_peer: HashMap::default(),
+                    qpn_conn: HashMap::default(),
                     sends: Slab::default(),
                     reads: Slab::default(),
                     fins: VecDeque::new(),
                     claimed: HashMap::new(),
+                    addr_peer: Vec::new(),
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     rx: vec![RxMeta::default(); rx_n],
@@ -547,6 +597,9 @@ impl RdmEndpoint {
                 tx_selective: c.tx_selective,
                 rx_selective: c.rx_selective,
                 opened: AtomicU32::new(0),
+                fins_waiting: std::sync::atomic::AtomicBool::new(false),
+                in_setup: AtomicU32::new(0),
+                polls: AtomicU32::new(0),
             })
         })();
         let en = match reserved {
@@ -840,6 +893,7 @@ impl RdmEndpoint {
             quiet,
             conn: NONE,
             rndv: NONE,
+            wire: 0,
         };
         // Larger than a bounce buffer: announced, and read by the receiver once matched.
         let reg = if len > eager {
@@ -873,6 +927,7 @@ impl RdmEndpoint {
                     },
                     None => user,
                 };
+                g.tx[slot as usize].wire = (Header::LEN + len) as u32;
                 let hdr = Header {
                     op,
                     tag,
@@ -898,6 +953,7 @@ impl RdmEndpoint {
                 g.tx[slot as usize] = TxMeta {
                     quiet: true,
                     rndv: id,
+                    wire: (Header::LEN + Rts::LEN) as u32,
                     ..user
                 };
                 let hdr = Header {
@@ -933,6 +989,7 @@ impl RdmEndpoint {
             SendPath::Connect => {
                 g.peers[peer as usize].waiting.push_back(slot);
                 let c = new_conn(&mut g, peer);
+                en.in_setup.fetch_add(1, Ordering::Relaxed);
                 g.peers[peer as usize].link.connecting(c);
                 drop(g);
                 let opened = self.sh.open_conn(en, c, None);
@@ -950,6 +1007,7 @@ impl RdmEndpoint {
                     Err(e) => {
                         crate::fi_warn!("rdm", "connecting to {}: {e}", name.to_str());
                         let gone = uninstall(&mut g, c);
+                        setup_done(en);
                         g.peers[peer as usize].link.failed(c);
                         // The send that started it fails at once; others queued meanwhile
                         // complete in error.
@@ -1242,6 +1300,28 @@ impl RdmEndpoint {
 
 /// The peer named `name` (at `addr` in the AV, or `FI_ADDR_NOTAVAIL`), added on first use.
 fn peer_for(g: &mut Inner, name: &RdmName, addr: u64) -> u32 {
+    // The send path's lookup: by AV index, checked against the name (an index removed and
+    // reused names someone else).
+    if let Some(&p) = g.addr_peer.get(addr as usize) {
+        if p != NONE && g.peers[p as usize].name == *name {
+            return p;
+        }
+    }
+    let p = peer_by_name(g, name, addr);
+    if addr < ADDR_CACHE as u64 {
+        let i = addr as usize;
+        if g.addr_peer.len() <= i {
+            g.addr_peer.resize(i + 1, NONE);
+        }
+        g.addr_peer[i] = p;
+    }
+    p
+}
+
+/// Peers the send path finds by AV index without hashing their names.
+const ADDR_CACHE: usize = 1 << 16;
+
+fn peer_by_name(g: &mut Inner, name: &RdmName, addr: u64) -> u32 {
     let bytes = name.to_bytes();
     if let Some(&p) = g.by_name.get(&bytes) {
         let peer = &mut g.peers[p as usize];
@@ -1303,26 +1383,15 @@ fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
 
 /// Posts send buffer `slot` on connection `c`.
 fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
+    let wire = g.tx[slot as usize].wire as usize;
     let Some(conn) = open_conn_mut(g, c) else {
         return Err(Error::new(errno::EIO, "the peer's connection is gone"));
     };
     let qp = conn.ep.qp()?;
     let wr = wr_id::encode(slot as u64, Kind::RdmSend, false);
     let off = slot as usize * en.slot;
-    let hdr_len = {
-        let mut b = [0u8; Header::LEN];
-        en.tx_pool.read_at(off, &mut b)?;
-        Header::LEN + u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize
-    };
-    qp.post_send_mr(
-        wr,
-        en.tx_pool.sys(),
-        off,
-        hdr_len,
-        send_flags::SIGNALED,
-        None,
-    )
-    .map_err(|e| Error::os(e, "ibv_post_send"))?;
+    qp.post_send_mr(wr, en.tx_pool.sys(), off, wire, send_flags::SIGNALED, None)
+        .map_err(|e| Error::os(e, "ibv_post_send"))?;
     conn.in_flight += 1;
     g.tx[slot as usize].conn = c;
     Ok(())
@@ -1559,6 +1628,7 @@ fn discard(en: &Enabled, g: &mut Inner, id: u32) {
 fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
     let Some(slot) = g.tx_free.pop() else {
         g.fins.push_back((c, fin));
+        en.fins_waiting.store(true, Ordering::Relaxed);
         return;
     };
     let off = slot as usize * en.slot;
@@ -1573,6 +1643,7 @@ fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
         quiet: true,
         conn: NONE,
         rndv: NONE,
+        wire: (Header::LEN + Fin::LEN) as u32,
         ..TxMeta::default()
     };
     let r = en
@@ -1591,6 +1662,7 @@ fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
 fn flush_fins(en: &Enabled, g: &mut Inner) {
     while !g.tx_free.is_empty() {
         let Some((c, fin)) = g.fins.pop_front() else {
+            en.fins_waiting.store(false, Ordering::Relaxed);
             return;
         };
         queue_fin(en, g, c, fin);
@@ -1672,12 +1744,20 @@ impl Shared {
 
     fn progress(&self) {
         let Some(en) = self.on.get() else { return };
-        {
+        if en.fins_waiting.load(Ordering::Relaxed) {
             let mut g = lock(&en.inner);
-            if !g.fins.is_empty() {
-                flush_fins(en, &mut g);
-            }
+            flush_fins(en, &mut g);
         }
+        if en.in_setup.load(Ordering::Relaxed) == 0
+            && en.polls.fetch_add(1, Ordering::Relaxed) % CM_POLL_EVERY != 0
+        {
+            return;
+        }
+        self.progress_cm(en);
+    }
+
+    /// Reads every pending connection event.
+    fn progress_cm(&self, en: &Enabled) {
         loop {
             match en.eq.read() {
                 Ok(ev) => self.on_event(en, ev),
@@ -1700,6 +1780,7 @@ impl Shared {
                     return;
                 };
                 let peer = conn.peer;
+                setup_done(en);
                 if !g.peers[peer as usize].link.established(c) {
                     return; // the passive side of a loopback, or a superseded connect
                 }
@@ -1756,6 +1837,7 @@ impl Shared {
             Some(Some(ConnSlot::Open(conn))) => conn.peer,
             _ => return,
         };
+        setup_done(en);
         let fail = g.peers[peer as usize].link.failed(c);
         let mut errs = Vec::new();
         let mut regs = Vec::new();
@@ -1812,6 +1894,7 @@ impl Shared {
             }
         }
         let c = new_conn(&mut g, peer);
+        en.in_setup.fetch_add(1, Ordering::Relaxed);
         if !loopback {
             g.peers[peer as usize].link.accepting(c);
         }
@@ -1828,6 +1911,7 @@ impl Shared {
         if let Err(e) = accepted {
             crate::fi_warn!("rdm", "accepting {}: {e}", remote.to_str());
             let gone = uninstall(&mut g, c);
+            setup_done(en);
             if !loopback {
                 g.peers[peer as usize].link.failed(c);
             }
@@ -2023,6 +2107,13 @@ fn forget_qp(g: &mut Inner, ep: &MsgEndpoint) {
     if let Ok(qp) = ep.qp() {
         g.qpn_conn.remove(&qp.qp_num());
     }
+}
+
+/// A connection finished setting up (connected, or failed to).
+fn setup_done(en: &Enabled) {
+    let _ = en
+        .in_setup
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
 }
 
 /// Takes connection `c` out whatever its state (a connect or accept that failed).
