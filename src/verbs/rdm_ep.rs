@@ -192,7 +192,7 @@ impl std::hash::Hasher for QpnHasher {
     }
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ *b as u64).wrapping_mul(0x51_7cc1_b727_220a_95);
+            self.0 = (self.0.rotate_left(5) ^ *b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
         }
     }
     fn write_u32(&mut self, n: u32) {
