@@ -415,20 +415,8 @@ unsafe extern "C" fn rdm_send(
     dest: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_send", || {
-        // SAFETY: the application's handle and buffer (fi_msg(3)).
-        unsafe {
-            rdm(ep)?.send_foreign(
-                send_buf(buf, len)?,
-                dest,
-                None,
-                None,
-                context as u64,
-                Flags::empty(),
-            )
-        }
-        .map(|()| 0)
-    })
+    // SAFETY: the application's handle and buffer (fi_msg(3)).
+    unsafe { send_one("fi_send", ep, buf, len, dest, None, None, context) }
 }
 
 unsafe extern "C" fn rdm_senddata(
@@ -440,20 +428,8 @@ unsafe extern "C" fn rdm_senddata(
     dest: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_senddata", || {
-        // SAFETY: the application's handle and buffer (fi_msg(3)).
-        unsafe {
-            rdm(ep)?.send_foreign(
-                send_buf(buf, len)?,
-                dest,
-                None,
-                Some(data),
-                context as u64,
-                Flags::empty(),
-            )
-        }
-        .map(|()| 0)
-    })
+    // SAFETY: the application's handle and buffer (fi_msg(3)).
+    unsafe { send_one("fi_senddata", ep, buf, len, dest, None, Some(data), context) }
 }
 
 unsafe extern "C" fn rdm_sendv(
@@ -464,16 +440,77 @@ unsafe extern "C" fn rdm_sendv(
     dest: fi::fi_addr_t,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_sendv", || {
-        // SAFETY: the application's handle and iov (fi_msg(3)).
+    let m = Gather {
+        iov,
+        count,
+        dest,
+        tag: None,
+        data: None,
+        context: context as u64,
+    };
+    // SAFETY: the application's handle and iov (fi_msg(3)).
+    unsafe { send_gather("fi_sendv", ep, m, Flags::empty()) }
+}
+
+/// One send of `len` bytes at `buf` (`fi_send`, `fi_senddata`, `fi_tsend`,
+/// `fi_tsenddata`): tagged with `tag`, with `data` as remote CQ data.
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `buf` has `len` readable bytes, unchanged
+/// until the send completes.
+#[allow(clippy::too_many_arguments)]
+unsafe fn send_one(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: fi::fi_addr_t,
+    tag: Option<u64>,
+    data: Option<u64>,
+    context: *mut c_void,
+) -> isize {
+    guarded_len(what, || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            rdm(ep)?.send_foreign(
+                send_buf(buf, len)?,
+                dest,
+                tag,
+                data,
+                context as u64,
+                Flags::empty(),
+            )
+        }
+        .map(|()| 0)
+    })
+}
+
+/// A send gathered from an iov (`fi_sendv`, `fi_tsendv` and the `*msg` calls).
+#[derive(Clone, Copy)]
+struct Gather {
+    iov: *const libc::iovec,
+    count: usize,
+    dest: fi::fi_addr_t,
+    tag: Option<u64>,
+    data: Option<u64>,
+    context: u64,
+}
+
+/// Posts `m` with `flags`.
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `m.iov` is NULL or holds `m.count` readable
+/// elements, unchanged until the send completes.
+unsafe fn send_gather(what: &str, ep: *mut fi::fid_ep, m: Gather, flags: Flags) -> isize {
+    guarded_len(what, || {
+        // SAFETY: the caller's contract.
         unsafe {
             let e = rdm(ep)?;
-            let ctx = context as u64;
             send_any(
-                iov,
-                count,
-                |b| e.send_foreign(b, dest, None, None, ctx, Flags::empty()),
-                |v| e.sendmsg(v, dest, None, None, ctx, Flags::empty()),
+                m.iov,
+                m.count,
+                |b| e.send_foreign(b, m.dest, m.tag, m.data, m.context, flags),
+                |v| e.sendmsg(v, m.dest, m.tag, m.data, m.context, flags),
             )
         }
         .map(|()| 0)
@@ -487,23 +524,22 @@ fn data_of(flags: Flags, data: u64) -> Option<u64> {
 
 unsafe extern "C" fn rdm_sendmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
     let fl = Flags::from_bits_retain(flags);
-    guarded_len("fi_sendmsg", || {
-        // SAFETY: the application's handle and message (fi_msg(3)).
-        unsafe {
-            let e = rdm(ep)?;
-            let m = msg
-                .as_ref()
-                .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?;
-            let (ctx, data) = (m.context as u64, data_of(fl, m.data));
-            send_any(
-                m.msg_iov,
-                m.iov_count,
-                |b| e.send_foreign(b, m.addr, None, data, ctx, fl),
-                |v| e.sendmsg(v, m.addr, None, data, ctx, fl),
-            )
-        }
-        .map(|()| 0)
-    })
+    // SAFETY: NULL or the application's message (fi_msg(3)).
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return guarded_len("fi_sendmsg", || {
+            Err(Error::new(errno::EINVAL, "msg is NULL"))
+        });
+    };
+    let g = Gather {
+        iov: m.msg_iov,
+        count: m.iov_count,
+        dest: m.addr,
+        tag: None,
+        data: data_of(fl, m.data),
+        context: m.context as u64,
+    };
+    // SAFETY: the application's handle and message (fi_msg(3)).
+    unsafe { send_gather("fi_sendmsg", ep, g, fl) }
 }
 
 unsafe extern "C" fn rdm_inject(
@@ -601,20 +637,8 @@ unsafe extern "C" fn rdm_tsend(
     tag: u64,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_tsend", || {
-        // SAFETY: the application's handle and buffer (fi_tagged(3)).
-        unsafe {
-            rdm(ep)?.send_foreign(
-                send_buf(buf, len)?,
-                dest,
-                Some(tag),
-                None,
-                context as u64,
-                Flags::empty(),
-            )
-        }
-        .map(|()| 0)
-    })
+    // SAFETY: the application's handle and buffer (fi_tagged(3)).
+    unsafe { send_one("fi_tsend", ep, buf, len, dest, Some(tag), None, context) }
 }
 
 unsafe extern "C" fn rdm_tsenddata(
@@ -627,20 +651,19 @@ unsafe extern "C" fn rdm_tsenddata(
     tag: u64,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_tsenddata", || {
-        // SAFETY: the application's handle and buffer (fi_tagged(3)).
-        unsafe {
-            rdm(ep)?.send_foreign(
-                send_buf(buf, len)?,
-                dest,
-                Some(tag),
-                Some(data),
-                context as u64,
-                Flags::empty(),
-            )
-        }
-        .map(|()| 0)
-    })
+    // SAFETY: the application's handle and buffer (fi_tagged(3)).
+    unsafe {
+        send_one(
+            "fi_tsenddata",
+            ep,
+            buf,
+            len,
+            dest,
+            Some(tag),
+            Some(data),
+            context,
+        )
+    }
 }
 
 unsafe extern "C" fn rdm_tsendv(
@@ -652,20 +675,16 @@ unsafe extern "C" fn rdm_tsendv(
     tag: u64,
     context: *mut c_void,
 ) -> isize {
-    guarded_len("fi_tsendv", || {
-        // SAFETY: the application's handle and iov (fi_tagged(3)).
-        unsafe {
-            let e = rdm(ep)?;
-            let ctx = context as u64;
-            send_any(
-                iov,
-                count,
-                |b| e.send_foreign(b, dest, Some(tag), None, ctx, Flags::empty()),
-                |v| e.sendmsg(v, dest, Some(tag), None, ctx, Flags::empty()),
-            )
-        }
-        .map(|()| 0)
-    })
+    let m = Gather {
+        iov,
+        count,
+        dest,
+        tag: Some(tag),
+        data: None,
+        context: context as u64,
+    };
+    // SAFETY: the application's handle and iov (fi_tagged(3)).
+    unsafe { send_gather("fi_tsendv", ep, m, Flags::empty()) }
 }
 
 unsafe extern "C" fn rdm_tsendmsg(
@@ -674,23 +693,22 @@ unsafe extern "C" fn rdm_tsendmsg(
     flags: u64,
 ) -> isize {
     let fl = Flags::from_bits_retain(flags);
-    guarded_len("fi_tsendmsg", || {
-        // SAFETY: the application's handle and message (fi_tagged(3)).
-        unsafe {
-            let e = rdm(ep)?;
-            let m = msg
-                .as_ref()
-                .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?;
-            let (ctx, data) = (m.context as u64, data_of(fl, m.data));
-            send_any(
-                m.msg_iov,
-                m.iov_count,
-                |b| e.send_foreign(b, m.addr, Some(m.tag), data, ctx, fl),
-                |v| e.sendmsg(v, m.addr, Some(m.tag), data, ctx, fl),
-            )
-        }
-        .map(|()| 0)
-    })
+    // SAFETY: NULL or the application's message (fi_tagged(3)).
+    let Some(m) = (unsafe { msg.as_ref() }) else {
+        return guarded_len("fi_tsendmsg", || {
+            Err(Error::new(errno::EINVAL, "msg is NULL"))
+        });
+    };
+    let g = Gather {
+        iov: m.msg_iov,
+        count: m.iov_count,
+        dest: m.addr,
+        tag: Some(m.tag),
+        data: data_of(fl, m.data),
+        context: m.context as u64,
+    };
+    // SAFETY: the application's handle and message (fi_tagged(3)).
+    unsafe { send_gather("fi_tsendmsg", ep, g, fl) }
 }
 
 unsafe extern "C" fn rdm_tinject(

@@ -673,16 +673,7 @@ impl RdmEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        let op = if tag.is_some() { Op::Tag } else { Op::Msg };
-        self.post(
-            Src::Foreign(buf),
-            dest,
-            op,
-            tag.unwrap_or(0),
-            data,
-            context,
-            flags,
-        )
+        self.post_to(Src::Foreign(buf), dest, tag, data, context, flags)
     }
 
     /// Bytes of registered memory it receives into: its bounce buffers, fixed at enable
@@ -701,41 +692,17 @@ impl RdmEndpoint {
 
     /// `fi_send`.
     pub fn send(&self, buf: &[u8], dest: u64, context: u64) -> Result<()> {
-        self.post(
-            Src::Slices(&[buf]),
-            dest,
-            Op::Msg,
-            0,
-            None,
-            context,
-            Flags::empty(),
-        )
+        self.sendmsg(&[buf], dest, None, None, context, Flags::empty())
     }
 
     /// `fi_senddata`: with `FI_REMOTE_CQ_DATA`.
     pub fn senddata(&self, buf: &[u8], data: u64, dest: u64, context: u64) -> Result<()> {
-        self.post(
-            Src::Slices(&[buf]),
-            dest,
-            Op::Msg,
-            0,
-            Some(data),
-            context,
-            Flags::empty(),
-        )
+        self.sendmsg(&[buf], dest, None, Some(data), context, Flags::empty())
     }
 
     /// `fi_tsend`.
     pub fn tsend(&self, buf: &[u8], tag: u64, dest: u64, context: u64) -> Result<()> {
-        self.post(
-            Src::Slices(&[buf]),
-            dest,
-            Op::Tag,
-            tag,
-            None,
-            context,
-            Flags::empty(),
-        )
+        self.sendmsg(&[buf], dest, Some(tag), None, context, Flags::empty())
     }
 
     /// `fi_tsenddata`.
@@ -747,41 +714,17 @@ impl RdmEndpoint {
         dest: u64,
         context: u64,
     ) -> Result<()> {
-        self.post(
-            Src::Slices(&[buf]),
-            dest,
-            Op::Tag,
-            tag,
-            Some(data),
-            context,
-            Flags::empty(),
-        )
+        self.sendmsg(&[buf], dest, Some(tag), Some(data), context, Flags::empty())
     }
 
     /// `fi_inject`: the buffer is free at return and no completion is written.
     pub fn inject(&self, buf: &[u8], dest: u64) -> Result<()> {
-        self.post(
-            Src::Slices(&[buf]),
-            dest,
-            Op::Msg,
-            0,
-            None,
-            0,
-            Flags::INJECT,
-        )
+        self.sendmsg(&[buf], dest, None, None, 0, Flags::INJECT)
     }
 
     /// `fi_tinject`.
     pub fn tinject(&self, buf: &[u8], tag: u64, dest: u64) -> Result<()> {
-        self.post(
-            Src::Slices(&[buf]),
-            dest,
-            Op::Tag,
-            tag,
-            None,
-            0,
-            Flags::INJECT,
-        )
+        self.sendmsg(&[buf], dest, Some(tag), None, 0, Flags::INJECT)
     }
 
     /// `fi_sendmsg` / `fi_tsendmsg` (with `tag`): gathered from `iov`, with `data` as
@@ -795,16 +738,7 @@ impl RdmEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        let op = if tag.is_some() { Op::Tag } else { Op::Msg };
-        self.post(
-            Src::Slices(iov),
-            dest,
-            op,
-            tag.unwrap_or(0),
-            data,
-            context,
-            flags,
-        )
+        self.post_to(Src::Slices(iov), dest, tag, data, context, flags)
     }
 
     /// A send of `len` bytes at `offset` of a registered region (`FI_MR_LOCAL` callers,
@@ -820,16 +754,28 @@ impl RdmEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        let op = if tag.is_some() { Op::Tag } else { Op::Msg };
-        self.post(
+        self.post_to(
             Src::Region(mr, offset, len),
             dest,
-            op,
-            tag.unwrap_or(0),
+            tag,
             None,
             context,
             flags,
         )
+    }
+
+    /// Posts a send: tagged with `tag`, untagged without.
+    fn post_to(
+        &self,
+        src: Src<'_>,
+        dest: u64,
+        tag: Option<u64>,
+        data: Option<u64>,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        let op = if tag.is_some() { Op::Tag } else { Op::Msg };
+        self.post(src, dest, op, tag.unwrap_or(0), data, context, flags)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -14,9 +14,7 @@ use rfabric::*;
 /// is required (`RFABRIC_REQUIRE_DEVICE=1`, set by the VM harness) its absence fails the test.
 pub fn device_info() -> Option<Info> {
     let required = std::env::var("RFABRIC_REQUIRE_DEVICE").is_ok_and(|v| v == "1");
-    let mut hints = Info::default();
-    hints.ep_attr.ep_type = EpType::Msg;
-    match getinfo(None, None, Flags::empty(), Some(&hints)) {
+    match getinfo(None, None, Flags::empty(), Some(&msg_hints())) {
         Ok(mut v) => Some(v.remove(0)),
         Err(e) if !required && e.errno() == errno::ENODATA => {
             eprintln!("skipped: {e}");
@@ -24,6 +22,13 @@ pub fn device_info() -> Option<Info> {
         }
         Err(e) => panic!("RDMA device required but getinfo failed: {e}"),
     }
+}
+
+/// Hints asking for MSG endpoints (an unspecified type lists RDM first).
+pub fn msg_hints() -> Info {
+    let mut h = Info::default();
+    h.ep_attr.ep_type = EpType::Msg;
+    h
 }
 
 /// Waits for the next event on `eq` (10 s at most).
@@ -117,7 +122,7 @@ pub fn listener_with_backlog(
         Some(&info.src_addr.unwrap().ip().to_string()),
         Some("0"),
         Flags::SOURCE,
-        None,
+        Some(&msg_hints()),
     )
     .unwrap()
     .remove(0);
@@ -139,7 +144,7 @@ pub fn client_info(addr: &SocketAddr) -> Info {
         Some(&addr.ip().to_string()),
         Some(&addr.port().to_string()),
         Flags::empty(),
-        None,
+        Some(&msg_hints()),
     )
     .unwrap()
     .remove(0)
