@@ -1042,3 +1042,133 @@ fn many_peers_share_one_endpoint_whose_receive_memory_does_not_grow() {
         "no new connection"
     );
 }
+
+#[test]
+fn cancels_and_claims_racing_arrivals_lose_nothing() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    const N: u64 = 400;
+    let done = AtomicBool::new(false);
+    // What the receiver's CQ reported: context -> (ok, payload index).
+    let seen: Mutex<HashMap<u64, Result<u64, i32>>> = Mutex::new(HashMap::new());
+    std::thread::scope(|sc| {
+        // The receiver's CQ is read on its own thread, racing the posts and cancels below.
+        sc.spawn(|| {
+            let mut e = [TaggedEntry::default(); 8];
+            while !done.load(Ordering::Relaxed) {
+                match v[1].cq.read(&mut e) {
+                    Ok(n) => {
+                        let mut s = seen.lock().unwrap();
+                        for x in &e[..n] {
+                            assert!(s.insert(x.op_context, Ok(x.data)).is_none(), "twice: {x:?}");
+                        }
+                    }
+                    Err(er) if er.errno() == errno::EAVAIL => {
+                        if let Ok(x) = v[1].cq.readerr() {
+                            let mut s = seen.lock().unwrap();
+                            assert!(s.insert(x.op_context, Err(x.err)).is_none(), "twice: {x:?}");
+                        }
+                    }
+                    Err(_) => {}
+                }
+            }
+        });
+        let mut sends = 0;
+        for k in 0..N {
+            // Slot 8 + k % 4: receives in flight never share a buffer with the checks below.
+            v[1].ep
+                .trecv(recv_buf(&v[1], 8 + (k % 4) as usize, 64), ANY, 1, 0, k)
+                .unwrap();
+            v[0].ep.tsenddata(b"race", k, 1, 1, 1_000_000 + k).unwrap();
+            if k % 2 == 0 {
+                // Taken back unless the message already matched it: either is fine.
+                let _ = v[1].ep.cancel(k);
+            }
+            if k % 3 == 0 {
+                // A peek-and-claim racing the same arrivals.
+                let _ = v[1].ep.recvmsg(
+                    recv_buf(&v[1], 15, 0),
+                    RxKind::Tag,
+                    ANY,
+                    1,
+                    0,
+                    10_000 + k,
+                    Flags::PEEK | Flags::CLAIM,
+                );
+            }
+            let mut e = [TaggedEntry::default(); 8];
+            if let Ok(n) = v[0].cq.read(&mut e) {
+                sends += n;
+            }
+        }
+        while sends < N as usize {
+            let mut e = [TaggedEntry::default(); 8];
+            match v[0].cq.read(&mut e) {
+                Ok(n) => sends += n,
+                Err(er) if er.is_again() => {}
+                Err(er) => panic!("{er}: {:?}", v[0].cq.readerr()),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        done.store(true, Ordering::Relaxed);
+    });
+    let mut s = seen.into_inner().unwrap();
+    // Claimed messages: receive each with its claiming context.
+    let claims: Vec<u64> = s
+        .iter()
+        .filter(|(c, r)| **c >= 10_000 && r.is_ok())
+        .map(|(c, _)| *c)
+        .collect();
+    let cancelled = s.values().filter(|r| **r == Err(errno::ECANCELED)).count();
+    eprintln!(
+        "{N} messages: {cancelled} receives cancelled, {} claimed by a racing peek",
+        claims.len()
+    );
+    assert!(
+        cancelled > 0,
+        "no cancel won a race: the case tests nothing"
+    );
+    let mut got: Vec<u64> = vec![];
+    for c in claims {
+        // The claiming receive names the context its peek used.
+        v[1].ep
+            .recvmsg(
+                recv_buf(&v[1], 0, 64),
+                RxKind::Tag,
+                ANY,
+                0,
+                0,
+                c,
+                Flags::CLAIM,
+            )
+            .unwrap();
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!(e.op_context, c);
+        got.push(e.data);
+    }
+    // Every receive completed or was cancelled; every message arrived once.
+    for k in 0..N {
+        match s.remove(&k) {
+            Some(Ok(d)) => got.push(d),
+            Some(Err(e)) => assert_eq!(e, errno::ECANCELED, "receive {k}"),
+            None => panic!("receive {k} neither completed nor cancelled"),
+        }
+    }
+    // Messages whose receive was cancelled wait as unexpected: take them now.
+    while (got.len() as u64) < N {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, 99_999)
+            .unwrap();
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!(e.op_context, 99_999);
+        got.push(e.data);
+    }
+    got.sort();
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "every message once");
+    // Nothing else is waiting.
+    peek_flags(&v[1], 1, 7, Flags::empty()).unwrap();
+    assert_eq!(next_err(&v, 1).err, errno::ENOMSG);
+}
