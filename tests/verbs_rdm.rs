@@ -1172,3 +1172,56 @@ fn cancels_and_claims_racing_arrivals_lose_nothing() {
     peek_flags(&v[1], 1, 7, Flags::empty()).unwrap();
     assert_eq!(next_err(&v, 1).err, errno::ENOMSG);
 }
+
+#[test]
+fn sixteen_endpoints_share_one_cq_and_the_next_is_refused_whole() {
+    let Some(info) = rdm_info() else { return };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let cq = CompletionQueue::open(
+        &domain,
+        &CqAttr {
+            format: CqFormat::Tagged,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
+    let mut eps = vec![];
+    for _ in 0..17 {
+        let ep = RdmEndpoint::open(&domain, &info).unwrap();
+        ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        eps.push(ep);
+    }
+    for ep in &eps[..16] {
+        ep.enable().unwrap();
+    }
+    let e = eps[16].enable().unwrap_err();
+    assert_eq!(e.errno(), errno::ENOSPC, "{e}");
+    assert_eq!(
+        eps[16].getname().unwrap_err().errno(),
+        errno::EOPBADSTATE,
+        "not half enabled"
+    );
+    // Two of the sixteen talk through the shared CQ.
+    let a = av.insert(&eps[3].getname().unwrap().to_bytes()).unwrap();
+    let mr = MemoryRegion::alloc(&domain, 64, Flags::RECV).unwrap();
+    eps[3]
+        .trecv(RecvBuf::region(&mr, 0, 64).unwrap(), ANY, 5, 0, 1)
+        .unwrap();
+    eps[9].tsend(b"shared", 5, a, 2).unwrap();
+    let mut got = vec![];
+    let t = Instant::now();
+    while got.len() < 2 {
+        let mut e = [TaggedEntry::default(); 2];
+        match cq.read(&mut e) {
+            Ok(n) => got.extend(e[..n].iter().map(|x| x.op_context)),
+            Err(er) if er.is_again() => {}
+            Err(er) => panic!("{er}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
+    got.sort();
+    assert_eq!(got, vec![1, 2]);
+}

@@ -177,6 +177,10 @@ pub struct CompletionQueue {
     _domain: Arc<Domain>,
 }
 
+/// Peer providers and RDM endpoints one CQ's reads drive, at most (copied out of their
+/// lock onto the stack for each read, so no allocation).
+const MAX_PEERS: usize = 16;
+
 /// A peer provider sharing this CQ: each read of the CQ drives it (manual progress), and
 /// it inserts its completions with [`CompletionQueue::write`]/[`CompletionQueue::writeerr`].
 pub(crate) trait PeerProgress: Send + Sync {
@@ -648,7 +652,7 @@ impl CompletionQueue {
     /// Drives the peers that share this CQ; their completions land in the staged queue.
     #[cold]
     fn progress_peers(&self) {
-        let peers: [Option<Arc<dyn PeerProgress>>; 4] = {
+        let peers: [Option<Arc<dyn PeerProgress>>; MAX_PEERS] = {
             let v = self.peers.read().unwrap_or_else(|p| p.into_inner());
             std::array::from_fn(|i| v.get(i).and_then(|w| w.upgrade()))
         };
@@ -658,14 +662,15 @@ impl CompletionQueue {
         }
     }
 
-    /// Adds a peer provider whose progress reads of this CQ drive (at most 4).
+    /// Adds a peer provider (or an RDM endpoint) whose progress reads of this CQ drive (at
+    /// most `MAX_PEERS`).
     pub(crate) fn add_peer(&self, peer: Weak<dyn PeerProgress>) -> Result<()> {
         let mut v = self.peers.write().unwrap_or_else(|p| p.into_inner());
         v.retain(|w| w.strong_count() > 0);
-        if v.len() == 4 {
+        if v.len() == MAX_PEERS {
             return Err(Error::new(
                 errno::ENOSPC,
-                "a CQ shares its progress with 4 peer providers at most",
+                format!("a CQ drives {MAX_PEERS} peer providers and RDM endpoints at most: bind the next one to another CQ"),
             ));
         }
         v.push(peer);

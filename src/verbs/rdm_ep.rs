@@ -609,18 +609,29 @@ impl RdmEndpoint {
                 return Err(e);
             }
         };
-        for i in 0..rx_n as u32 {
-            post_bounce(&en, i)?;
+        // Reads of its CQs drive it; until it is enabled, that does nothing.
+        let me: Weak<dyn PeerProgress> = self.sh.me.clone();
+        let ready = en
+            .rx_cq
+            .add_peer(me.clone())
+            .and_then(|()| {
+                if Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
+                    Ok(())
+                } else {
+                    en.tx_cq.add_peer(me.clone())
+                }
+            })
+            .and_then(|()| (0..rx_n as u32).try_for_each(|i| post_bounce(&en, i)));
+        if let Err(e) = ready {
+            en.rx_cq.remove_peer(&me);
+            en.tx_cq.remove_peer(&me);
+            c.cqs.unreserve();
+            return Err(e);
         }
         let _ = self.sh.on.set(en);
         let Some(en) = self.sh.on.get() else {
             unreachable!()
         };
-        let me: Weak<dyn PeerProgress> = self.sh.me.clone();
-        en.rx_cq.add_peer(me.clone())?;
-        if !Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
-            en.tx_cq.add_peer(me)?;
-        }
         crate::fi_info!(
             "rdm",
             "RDM endpoint {} enabled: {} send and {} receive buffers of {} bytes",
