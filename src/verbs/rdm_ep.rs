@@ -171,6 +171,14 @@ impl Src<'_> {
     }
 }
 
+/// Where a queue pair's messages come from: the peer (kept after its connection went, for
+/// messages still in the CQ) and the connection while it is installed (`NONE` after).
+#[derive(Clone, Copy, Debug)]
+struct QpRoute {
+    peer: u32,
+    conn: u32,
+}
+
 /// Hashes queue pair numbers (small, distinct integers from the device, not chosen by a
 /// peer) with one multiplication: looked up for every received message.
 #[derive(Clone, Copy, Default)]
@@ -340,9 +348,7 @@ struct Inner {
     conns: Vec<Option<ConnSlot>>,
     /// The peer behind each queue pair ever connected (messages may still be polled after
     /// their connection went); the CQs route these QPs' completions here until close.
-    qpn_peer: HashMap<u32, u32, QpnHash>,
-    /// The connection of each queue pair while it is installed.
-    qpn_conn: HashMap<u32, u32, QpnHash>,
+    qpns: HashMap<u32, QpRoute, QpnHash>,
     tx_free: Vec<u32>,
     tx: Vec<TxMeta>,
     rx: Vec<RxMeta>,
@@ -571,8 +577,7 @@ impl RdmEndpoint {
                     peers: Vec::new(),
                     by_name: HashMap::new(),
                     conns: Vec::new(),
-                    qpn_peer: HashMap::default(),
-                    qpn_conn: HashMap::default(),
+                    qpns: HashMap::default(),
                     sends: Slab::default(),
                     reads: Slab::default(),
                     fins: VecDeque::new(),
@@ -1315,8 +1320,7 @@ fn new_conn(g: &mut Inner, peer: u32) -> u32 {
 
 fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
     let qpn = ep.qp().map(|q| q.qp_num()).unwrap_or(0);
-    g.qpn_peer.insert(qpn, peer);
-    g.qpn_conn.insert(qpn, c);
+    g.qpns.insert(qpn, QpRoute { peer, conn: c });
     g.conns[c as usize] = Some(ConnSlot::Open(Conn {
         ep,
         peer,
@@ -1447,11 +1451,12 @@ fn recv_done(
 /// posts the bounce buffer again; returns the receive's completion and its source, unless
 /// a read is under way.
 fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
+    // The buffer is taken, not cloned (the entry is freed below): no reference count moves.
+    let ebuf = g.engine.entry_mut(id).buf.take();
     let e = g.engine.entry(id).clone();
     let slot = e.owner as u32;
     let m = g.rx[slot as usize];
-    let cap = e
-        .buf
+    let cap = ebuf
         .as_ref()
         .map_or(0, |b| b.len().saturating_sub(e.offset));
     let kind = if e.kind == RxKind::Tag {
@@ -1462,10 +1467,10 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     let flags = kind | Flags::RECV | (e.flags & Flags::MULTI_RECV);
     // Where the message landed: what a multi-receive buffer's slices need (carved slices
     // before the last no longer carry FI_MULTI_RECV), harmless for the rest.
-    let buf = e.buf.as_ref().map_or(0, |b| b.addr() + e.offset as u64);
+    let buf = ebuf.as_ref().map_or(0, |b| b.addr() + e.offset as u64);
     let quiet = en.rx_selective && !e.flags.contains(Flags::COMPLETION);
     let n = e.size.min(cap);
-    let copied = match (&e.buf, m.rts) {
+    let copied = match (&ebuf, m.rts) {
         (_, Some(_)) => Ok(()),
         (Some(b), None) if n > 0 => copy(
             Place::Region(en.rx_pool.sys(), slot as usize * en.slot + Header::LEN),
@@ -1512,7 +1517,7 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
             e.context, flags, e.tag, m.data, e.addr, e.size, 0, buf, quiet, None,
         );
     }
-    let reg = match e.buf.as_ref().map(|b| b.register(&en.domain, e.offset, n)) {
+    let reg = match ebuf.as_ref().map(|b| b.register(&en.domain, e.offset, n)) {
         Some(Ok(r)) => r,
         Some(Err(err)) => return failed(g, err),
         None => return failed(g, Error::new(errno::EINVAL, "a receive without a buffer")),
@@ -1705,9 +1710,10 @@ impl Shared {
             let mut g = lock(&en.inner);
             flush_fins(en, &mut g);
         }
-        if en.in_setup.load(Ordering::Relaxed) == 0
-            && en.polls.fetch_add(1, Ordering::Relaxed) % CM_POLL_EVERY != 0
-        {
+        // A plain load and store: a count lost to a race only shifts the next look.
+        let polls = en.polls.load(Ordering::Relaxed);
+        en.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
+        if en.in_setup.load(Ordering::Relaxed) == 0 && polls % CM_POLL_EVERY != 0 {
             return;
         }
         self.progress_cm(en);
@@ -1998,7 +2004,9 @@ impl Shared {
             },
             _ => None,
         };
-        let src = g.qpn_peer.get(&wc.qp_num()).copied();
+        // One lookup per message: who sent it, and on which connection.
+        let route = g.qpns.get(&wc.qp_num()).copied();
+        let src = route.map(|r| r.peer);
         let addr = match src {
             Some(p) => {
                 let peer = &mut g.peers[p as usize];
@@ -2019,7 +2027,7 @@ impl Shared {
             data: h.data,
             rts,
             ack: h.ack,
-            conn: g.qpn_conn.get(&wc.qp_num()).copied().unwrap_or(NONE),
+            conn: route.map_or(NONE, |r| r.conn),
         };
         match g.engine.arrive(kind, addr, h.tag, size, id as u64) {
             Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
@@ -2062,7 +2070,9 @@ fn conn_done(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
 /// Stops naming a connection by its queue pair (its number may be reused).
 fn forget_qp(g: &mut Inner, ep: &MsgEndpoint) {
     if let Ok(qp) = ep.qp() {
-        g.qpn_conn.remove(&qp.qp_num());
+        if let Some(r) = g.qpns.get_mut(&qp.qp_num()) {
+            r.conn = NONE;
+        }
     }
 }
 
@@ -2133,7 +2143,7 @@ impl Drop for Shared {
             }
         }
         g.conns.clear();
-        for q in g.qpn_peer.keys() {
+        for q in g.qpns.keys() {
             en.tx_cq.unregister_owner(*q);
             en.rx_cq.unregister_owner(*q);
         }
