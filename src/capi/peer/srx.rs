@@ -444,7 +444,9 @@ fn queue(entry: *mut fi::fi_peer_rx_entry) -> i32 {
         // 1.17's get_tag carries no size: a peer may fill it in before queueing.
         // SAFETY: the peer hands the entry back; under the engine lock it is ours.
         let size = unsafe { (*entry).size };
-        if size != 0 {
+        // Only an arrival takes a size: a stale entry naming a slot reused since (a posted
+        // multi-receive buffer, say) must not rewrite it (the fuzzer found this).
+        if size != 0 && g.entry(id).state == crate::core::srx::State::Arriving {
             g.entry_mut(id).size = size;
         }
         g.queue(id)
@@ -556,6 +558,45 @@ pub(crate) mod tests {
     fn owner_ops(p: &PeerSrx) -> &'static fi::fi_ops_srx_owner {
         // SAFETY: set by OwnerSrx::peer to a static table.
         unsafe { &*p.hdr.owner_ops }
+    }
+
+    #[test]
+    fn a_stale_entry_queued_again_cannot_resize_the_buffer_that_reused_its_slot() {
+        let _s = SERIAL.lock().unwrap();
+        let owner = OwnerSrx::new(16);
+        let a = setup(&PEER_A, &owner);
+        // An arrival the peer gives back (freed): its slot is free again.
+        let (rc, stale) = get(&a, Kind::Msg, 3, 0, 10);
+        assert_eq!(rc, -errno::ENOENT);
+        // SAFETY: the entry get_msg handed out, freed as a peer does.
+        unsafe { (owner_ops(&a).free_entry.unwrap())(stale) };
+        // A multi-receive buffer takes that slot; a first message takes 10 bytes of it.
+        let mut buf = [0u8; 256];
+        owner
+            .recv(
+                Kind::Msg,
+                Filter::ANY,
+                RxBuf::one(buf.as_mut_ptr().cast(), 256),
+                7,
+                Flags::MULTI_RECV,
+            )
+            .unwrap();
+        let (rc, e) = get(&a, Kind::Msg, 3, 0, 10);
+        assert_eq!(rc, 0);
+        // SAFETY: a valid entry; then the stale one, queued again with a small size.
+        unsafe {
+            (owner_ops(&a).free_entry.unwrap())(e);
+            (*stale).size = 1;
+            assert_eq!((owner_ops(&a).queue_msg.unwrap())(stale), -errno::EINVAL);
+        }
+        // The buffer is whole: the next message gets the next slice.
+        let (rc, e) = get(&a, Kind::Msg, 3, 0, 10);
+        assert_eq!(rc, 0);
+        // SAFETY: a valid entry handed out by get_msg.
+        unsafe {
+            assert_eq!((*(*e).iov).iov_base as usize, buf.as_ptr() as usize + 10);
+            (owner_ops(&a).free_entry.unwrap())(e);
+        }
     }
 
     #[test]
