@@ -2,6 +2,7 @@
 //! RDM endpoint names (connected on first use by the RDM endpoint).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use rfabric_sys::verbs::{AddressHandle, UdDest};
@@ -83,6 +84,8 @@ pub(crate) enum Dest {
 #[derive(Debug)]
 pub struct AddressVector {
     table: RwLock<AvTable<Dest>>,
+    /// Addresses removed so far: a cache of what an index names holds while this holds.
+    removals: AtomicU64,
     /// One address handle per remote port, made on first use and shared by its entries.
     ahs: Mutex<HashMap<[u8; 16], Arc<AddressHandle>>>,
     attr: AvAttr,
@@ -98,6 +101,7 @@ impl AddressVector {
         };
         Ok(Arc::new(AddressVector {
             table: RwLock::new(AvTable::new(av_type, attr.count)?),
+            removals: AtomicU64::new(0),
             ahs: Mutex::new(HashMap::new()),
             attr: AvAttr {
                 av_type,
@@ -174,7 +178,14 @@ impl AddressVector {
 
     /// Removes an address (`fi_av_remove`); later sends to it fail with `-FI_EINVAL`.
     pub fn remove(&self, addr: u64) -> Result<()> {
-        self.write().remove(addr).map(|_| ())
+        let r = self.write().remove(addr).map(|_| ());
+        self.removals.fetch_add(1, Ordering::Release);
+        r
+    }
+
+    /// Changes with every removal (an index then may name someone else once reused).
+    pub(crate) fn removals(&self) -> u64 {
+        self.removals.load(Ordering::Acquire)
     }
 
     /// `fi_av_lookup`: the name behind `addr`, with fi_cm(3)'s `addrlen` rules.

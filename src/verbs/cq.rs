@@ -9,8 +9,9 @@
 //! also watches an eventfd, written for software completions and `fi_cq_signal`. With
 //! `FI_WAIT_FD` that descriptor is the wait object `fi_control(FI_GETWAIT)` returns.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Duration;
 
@@ -160,8 +161,9 @@ pub struct CompletionQueue {
     attr: CqAttr,
     max_cqe: u32,
     /// Endpoints that place some of their receive completions themselves, by queue pair
-    /// number (few: a scan). Changed rarely, read per owned completion.
-    owners: RwLock<Vec<(u32, Weak<dyn RecvOwner>)>>,
+    /// number (an RDM endpoint has one per connection). Changed rarely, read per owned
+    /// completion.
+    owners: RwLock<HashMap<u32, Weak<dyn RecvOwner>, QpnHash>>,
     /// Owners track their receives in posting order (GRH slots, capacities, multi-receive
     /// buffers): while any is registered, a poll and the owners' reading of what it polled
     /// are one step under `ordered`, so that two threads reading this CQ cannot take each
@@ -170,16 +172,62 @@ pub struct CompletionQueue {
     ordered: Mutex<()>,
     /// Peer providers whose progress a read drives (fi_peer(3)); `has_peers` keeps the
     /// lock off the plain verbs path.
-    peers: RwLock<Vec<Weak<dyn PeerProgress>>>,
+    /// Each with whether it needs every read (a peer provider's messages move only then).
+    peers: RwLock<Vec<(Weak<dyn PeerProgress>, bool)>>,
+    /// The same, as one shared list that a read clones (one count) instead of copying.
+    peer_list: RwLock<Arc<[Weak<dyn PeerProgress>]>>,
     has_peers: AtomicBool,
+    /// Peers that need every read; requests for every read from the others (an RDM
+    /// endpoint setting up a connection); reads since the last call otherwise.
+    peers_always: AtomicU32,
+    peers_wanted: AtomicU32,
+    peer_tick: AtomicU32,
     /// Where the completions of peers' transfers go, by queue pair number.
     transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
     _domain: Arc<Domain>,
 }
 
-/// Peer providers and RDM endpoints one CQ's reads drive, at most (copied out of their
-/// lock onto the stack for each read, so no allocation).
+/// Peer providers and RDM endpoints one CQ's reads drive, at most.
 const MAX_PEERS: usize = 16;
+
+/// Peers that do not need every read (RDM endpoints, whose own completions come through
+/// the device) are driven by one read in this many, and by every read while they ask.
+pub(crate) const PEER_POLL_EVERY: u32 = 64;
+
+/// Hashes queue pair numbers (small, distinct integers from the device, not chosen by a
+/// peer) with one multiplication: looked up for every received message.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct QpnHash;
+
+impl std::hash::BuildHasher for QpnHash {
+    type Hasher = QpnHasher;
+    fn build_hasher(&self) -> QpnHasher {
+        QpnHasher(0)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct QpnHasher(u64);
+
+impl std::hash::Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ *b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl std::fmt::Debug for QpnHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("QpnHash")
+    }
+}
 
 /// A peer provider sharing this CQ: each read of the CQ drives it (manual progress), and
 /// it inserts its completions with [`CompletionQueue::write`]/[`CompletionQueue::writeerr`].
@@ -408,10 +456,14 @@ impl CompletionQueue {
             waiter,
             attr,
             max_cqe,
-            owners: RwLock::new(Vec::new()),
+            owners: RwLock::new(HashMap::default()),
             has_owners: AtomicBool::new(false),
             ordered: Mutex::new(()),
             peers: RwLock::new(Vec::new()),
+            peer_list: RwLock::new(Arc::from(Vec::new())),
+            peers_always: AtomicU32::new(0),
+            peers_wanted: AtomicU32::new(0),
+            peer_tick: AtomicU32::new(0),
             has_peers: AtomicBool::new(false),
             transfers: RwLock::new(Vec::new()),
             _domain: domain.clone(),
@@ -476,7 +528,7 @@ impl CompletionQueue {
         out: &mut [E],
         mut src: Option<&mut [u64]>,
     ) -> Result<usize> {
-        if self.has_peers.load(Ordering::Relaxed) {
+        if self.has_peers.load(Ordering::Relaxed) && self.peers_due() {
             self.progress_peers();
         }
         if self.staged.load(Ordering::Acquire) != 0 {
@@ -637,9 +689,8 @@ impl CompletionQueue {
             .owners
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .find(|(q, _)| *q == w.qp_num())
-            .and_then(|(_, o)| o.upgrade());
+            .get(&w.qp_num())
+            .and_then(Weak::upgrade);
         match owner {
             Some(o) => o.recv_completion(w),
             None => {
@@ -649,39 +700,72 @@ impl CompletionQueue {
         }
     }
 
+    /// Whether this read drives the peers: every read while one needs or asks for it,
+    /// else one in `PEER_POLL_EVERY`.
+    #[inline]
+    fn peers_due(&self) -> bool {
+        if self.peers_always.load(Ordering::Relaxed) != 0
+            || self.peers_wanted.load(Ordering::Relaxed) != 0
+        {
+            return true;
+        }
+        // A plain load and store: a count lost to a race only shifts the next call.
+        let t = self.peer_tick.load(Ordering::Relaxed);
+        self.peer_tick.store(t.wrapping_add(1), Ordering::Relaxed);
+        t % PEER_POLL_EVERY == 0
+    }
+
+    /// A peer asks for every read to drive it (`true`) until it says so no more (`false`,
+    /// once per `true`).
+    pub(crate) fn want_progress(&self, on: bool) {
+        if on {
+            self.peers_wanted.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let _ = self
+                .peers_wanted
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
     /// Drives the peers that share this CQ; their completions land in the staged queue.
-    #[cold]
     fn progress_peers(&self) {
-        let peers: [Option<Arc<dyn PeerProgress>>; MAX_PEERS] = {
-            let v = self.peers.read().unwrap_or_else(|p| p.into_inner());
-            std::array::from_fn(|i| v.get(i).and_then(|w| w.upgrade()))
-        };
+        let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
         // Called without the lock held: a peer may read or write this CQ from its progress.
-        for p in peers.iter().flatten() {
-            p.progress(self);
+        for p in peers.iter() {
+            if let Some(p) = p.upgrade() {
+                p.progress(self);
+            }
         }
     }
 
     /// Adds a peer provider (or an RDM endpoint) whose progress reads of this CQ drive (at
-    /// most `MAX_PEERS`).
-    pub(crate) fn add_peer(&self, peer: Weak<dyn PeerProgress>) -> Result<()> {
+    /// most `MAX_PEERS`): every read if `every_read`, else as `peers_due` says.
+    pub(crate) fn add_peer(&self, peer: Weak<dyn PeerProgress>, every_read: bool) -> Result<()> {
         let mut v = self.peers.write().unwrap_or_else(|p| p.into_inner());
-        v.retain(|w| w.strong_count() > 0);
+        v.retain(|(w, _)| w.strong_count() > 0);
         if v.len() == MAX_PEERS {
             return Err(Error::new(
                 errno::ENOSPC,
                 format!("a CQ drives {MAX_PEERS} peer providers and RDM endpoints at most: bind the next one to another CQ"),
             ));
         }
-        v.push(peer);
-        self.has_peers.store(true, Ordering::SeqCst);
+        v.push((peer, every_read));
+        self.peers_changed(&v);
         Ok(())
     }
 
     /// Removes a peer added with [`Self::add_peer`] (and any that are gone).
     pub(crate) fn remove_peer(&self, peer: &Weak<dyn PeerProgress>) {
         let mut v = self.peers.write().unwrap_or_else(|p| p.into_inner());
-        v.retain(|w| w.strong_count() > 0 && !Weak::ptr_eq(w, peer));
+        v.retain(|(w, _)| w.strong_count() > 0 && !Weak::ptr_eq(w, peer));
+        self.peers_changed(&v);
+    }
+
+    fn peers_changed(&self, v: &[(Weak<dyn PeerProgress>, bool)]) {
+        let list: Vec<_> = v.iter().map(|(w, _)| w.clone()).collect();
+        *self.peer_list.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(list);
+        let always = v.iter().filter(|(_, a)| *a).count() as u32;
+        self.peers_always.store(always, Ordering::SeqCst);
         self.has_peers.store(!v.is_empty(), Ordering::SeqCst);
     }
 
@@ -722,8 +806,7 @@ impl CompletionQueue {
     /// Routes the owned completions of queue pair `qp_num` to `owner`.
     pub(crate) fn register_owner(&self, qp_num: u32, owner: Weak<dyn RecvOwner>) {
         let mut v = self.owners.write().unwrap_or_else(|p| p.into_inner());
-        v.retain(|(q, o)| *q != qp_num && o.strong_count() > 0);
-        v.push((qp_num, owner));
+        v.insert(qp_num, owner);
         self.has_owners.store(true, Ordering::SeqCst);
     }
 
@@ -737,7 +820,8 @@ impl CompletionQueue {
 
     pub(crate) fn unregister_owner(&self, qp_num: u32) {
         let mut v = self.owners.write().unwrap_or_else(|p| p.into_inner());
-        v.retain(|(q, o)| *q != qp_num && o.strong_count() > 0);
+        v.remove(&qp_num);
+        v.retain(|_, o| o.strong_count() > 0);
         // With the last owner gone, reads take no lock again.
         self.has_owners.store(!v.is_empty(), Ordering::SeqCst);
     }

@@ -25,7 +25,7 @@ use crate::core::flags::{EpType, Flags};
 use crate::core::info::{Info, RxAttr};
 use crate::core::rdm::{host_id, Fin, Header, Op, PeerLink, RdmName, Request, Rts, SendPath};
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
-use crate::verbs::cq::{Owned, PeerProgress, RecvOwner};
+use crate::verbs::cq::{Owned, PeerProgress, QpnHash, RecvOwner};
 use crate::verbs::ep_common::{check_send_flags, lock, CqBinding};
 use crate::verbs::eq::ConnRequest;
 use crate::verbs::wr_id::{self, Kind};
@@ -179,41 +179,6 @@ struct QpRoute {
     conn: u32,
 }
 
-/// Hashes queue pair numbers (small, distinct integers from the device, not chosen by a
-/// peer) with one multiplication: looked up for every received message.
-#[derive(Clone, Copy, Default)]
-struct QpnHash;
-
-impl std::hash::BuildHasher for QpnHash {
-    type Hasher = QpnHasher;
-    fn build_hasher(&self) -> QpnHasher {
-        QpnHasher(0)
-    }
-}
-
-#[derive(Default)]
-struct QpnHasher(u64);
-
-impl std::hash::Hasher for QpnHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ *b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-impl std::fmt::Debug for QpnHash {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("QpnHash")
-    }
-}
-
 /// A send buffer in flight.
 #[derive(Clone, Copy, Debug, Default)]
 struct TxMeta {
@@ -358,8 +323,10 @@ struct Inner {
     fins: VecDeque<(u32, Fin)>,
     /// Messages set aside by `FI_PEEK|FI_CLAIM`, by the claiming context.
     claimed: HashMap<u64, u32>,
-    /// Peer by AV index (`NONE` where unknown).
+    /// Peer by AV index (`NONE` where unknown), valid while the AV's removal count is
+    /// `addr_gen`.
     addr_peer: Vec<u32>,
+    addr_gen: u64,
 }
 
 #[derive(Debug)]
@@ -583,6 +550,7 @@ impl RdmEndpoint {
                     fins: VecDeque::new(),
                     claimed: HashMap::new(),
                     addr_peer: Vec::new(),
+                    addr_gen: 0,
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     rx: vec![RxMeta::default(); rx_n],
@@ -615,15 +583,18 @@ impl RdmEndpoint {
             }
         };
         // Reads of its CQs drive it; until it is enabled, that does nothing.
+        // Reads of its CQs drive it; until it is enabled, that does nothing. With separate
+        // CQs each read drives the other CQ too, so both need every read.
         let me: Weak<dyn PeerProgress> = self.sh.me.clone();
+        let split = !Arc::ptr_eq(&en.rx_cq, &en.tx_cq);
         let ready = en
             .rx_cq
-            .add_peer(me.clone())
+            .add_peer(me.clone(), split)
             .and_then(|()| {
-                if Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
-                    Ok(())
+                if split {
+                    en.tx_cq.add_peer(me.clone(), true)
                 } else {
-                    en.tx_cq.add_peer(me.clone())
+                    Ok(())
                 }
             })
             .and_then(|()| (0..rx_n as u32).try_for_each(|i| post_bounce(&en, i)));
@@ -833,7 +804,6 @@ impl RdmEndpoint {
                 format!("FI_INJECT of {len} bytes: the inject size is {eager}"),
             ));
         }
-        let name = en.av.rdm_name(dest)?;
         let quiet = flags.contains(Flags::INJECT)
             || (en.tx_selective && !flags.contains(Flags::COMPLETION));
         let kind = if op.tagged() {
@@ -864,6 +834,7 @@ impl RdmEndpoint {
             None
         };
         let mut g = lock(&en.inner);
+        let peer = peer_of(en, &mut g, dest)?;
         let Some(slot) = g.tx_free.pop() else {
             return Err(Error::new(
                 errno::EAGAIN,
@@ -935,7 +906,6 @@ impl RdmEndpoint {
             drop(release_tx(&mut g, slot));
             return Err(e);
         }
-        let peer = peer_for(&mut g, &name, dest);
         match g.peers[peer as usize].link.send_path() {
             SendPath::Post(c) => {
                 let r = post_on(en, &mut g, c, slot);
@@ -951,7 +921,7 @@ impl RdmEndpoint {
             SendPath::Connect => {
                 g.peers[peer as usize].waiting.push_back(slot);
                 let c = new_conn(&mut g, peer);
-                en.in_setup.fetch_add(1, Ordering::Relaxed);
+                setup_begin(en);
                 g.peers[peer as usize].link.connecting(c);
                 drop(g);
                 let opened = self.sh.open_conn(en, c, None);
@@ -967,7 +937,11 @@ impl RdmEndpoint {
                 match started {
                     Ok(()) => Ok(()),
                     Err(e) => {
-                        crate::fi_warn!("rdm", "connecting to {}: {e}", name.to_str());
+                        crate::fi_warn!(
+                            "rdm",
+                            "connecting to {}: {e}",
+                            g.peers[peer as usize].name.to_str()
+                        );
                         let gone = uninstall(&mut g, c);
                         setup_done(en);
                         g.peers[peer as usize].link.failed(c);
@@ -1261,14 +1235,25 @@ impl RdmEndpoint {
 }
 
 /// The peer named `name` (at `addr` in the AV, or `FI_ADDR_NOTAVAIL`), added on first use.
-fn peer_for(g: &mut Inner, name: &RdmName, addr: u64) -> u32 {
-    // The send path's lookup: by AV index, checked against the name (an index removed and
-    // reused names someone else).
-    if let Some(&p) = g.addr_peer.get(addr as usize) {
-        if p != NONE && g.peers[p as usize].name == *name {
-            return p;
+/// The send path's lookup: by AV index while nothing was removed from the AV (an index
+/// removed and reused names someone else), else by the name the AV holds.
+fn peer_of(en: &Enabled, g: &mut Inner, addr: u64) -> Result<u32> {
+    let gen = en.av.removals();
+    if gen == g.addr_gen {
+        if let Some(&p) = g.addr_peer.get(addr as usize) {
+            if p != NONE {
+                return Ok(p);
+            }
         }
+    } else {
+        g.addr_peer.clear();
+        g.addr_gen = gen;
     }
+    let name = en.av.rdm_name(addr)?;
+    Ok(peer_for(g, &name, addr))
+}
+
+fn peer_for(g: &mut Inner, name: &RdmName, addr: u64) -> u32 {
     let p = peer_by_name(g, name, addr);
     if addr < ADDR_CACHE as u64 {
         let i = addr as usize;
@@ -1590,7 +1575,9 @@ fn discard(en: &Enabled, g: &mut Inner, id: u32) {
 fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
     let Some(slot) = g.tx_free.pop() else {
         g.fins.push_back((c, fin));
-        en.fins_waiting.store(true, Ordering::Relaxed);
+        if !en.fins_waiting.swap(true, Ordering::Relaxed) {
+            en.tx_cq.want_progress(true);
+        }
         return;
     };
     let off = slot as usize * en.slot;
@@ -1624,7 +1611,9 @@ fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
 fn flush_fins(en: &Enabled, g: &mut Inner) {
     while !g.tx_free.is_empty() {
         let Some((c, fin)) = g.fins.pop_front() else {
-            en.fins_waiting.store(false, Ordering::Relaxed);
+            if en.fins_waiting.swap(false, Ordering::Relaxed) {
+                en.tx_cq.want_progress(false);
+            }
             return;
         };
         queue_fin(en, g, c, fin);
@@ -1710,11 +1699,15 @@ impl Shared {
             let mut g = lock(&en.inner);
             flush_fins(en, &mut g);
         }
-        // A plain load and store: a count lost to a race only shifts the next look.
-        let polls = en.polls.load(Ordering::Relaxed);
-        en.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
-        if en.in_setup.load(Ordering::Relaxed) == 0 && polls % CM_POLL_EVERY != 0 {
-            return;
+        // One CQ: it calls this one read in PEER_POLL_EVERY while nothing is being set up.
+        // Two: each read of either calls it, and it looks one call in CM_POLL_EVERY.
+        if en.in_setup.load(Ordering::Relaxed) == 0 && !Arc::ptr_eq(&en.tx_cq, &en.rx_cq) {
+            // A plain load and store: a count lost to a race only shifts the next look.
+            let polls = en.polls.load(Ordering::Relaxed);
+            en.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
+            if polls % CM_POLL_EVERY != 0 {
+                return;
+            }
         }
         self.progress_cm(en);
     }
@@ -1857,7 +1850,7 @@ impl Shared {
             }
         }
         let c = new_conn(&mut g, peer);
-        en.in_setup.fetch_add(1, Ordering::Relaxed);
+        setup_begin(en);
         if !loopback {
             g.peers[peer as usize].link.accepting(c);
         }
@@ -2077,10 +2070,21 @@ fn forget_qp(g: &mut Inner, ep: &MsgEndpoint) {
 }
 
 /// A connection finished setting up (connected, or failed to).
+/// A connection starts being set up: until it is done, every read of the endpoint's CQ
+/// reads the connection events too.
+fn setup_begin(en: &Enabled) {
+    en.in_setup.fetch_add(1, Ordering::Relaxed);
+    en.rx_cq.want_progress(true);
+}
+
 fn setup_done(en: &Enabled) {
-    let _ = en
+    if en
         .in_setup
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        en.rx_cq.want_progress(false);
+    }
 }
 
 /// Takes connection `c` out whatever its state (a connect or accept that failed).
@@ -2136,6 +2140,13 @@ impl PeerProgress for Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         let Some(en) = self.on.get_mut() else { return };
+        // What it asked of its CQs ends with it.
+        for _ in 0..*en.in_setup.get_mut() {
+            en.rx_cq.want_progress(false);
+        }
+        if *en.fins_waiting.get_mut() {
+            en.tx_cq.want_progress(false);
+        }
         let g = en.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         for c in g.conns.iter().flatten() {
             if let ConnSlot::Open(conn) = c {

@@ -464,7 +464,7 @@ impl ShmImport {
         let cq = s.cq()?.clone();
         let peer = Arc::new(ShmPeer::open(&s.owner, cq.clone())?);
         let hook: Weak<dyn PeerProgress> = Arc::downgrade(&peer) as Weak<dyn PeerProgress>;
-        cq.add_peer(hook.clone())?;
+        cq.add_peer(hook.clone(), true)?;
         crate::fi_info!("peer", "shm imported as a peer of the SRX");
         Ok(ShmImport { peer, cq, hook })
     }

@@ -1,0 +1,116 @@
+"""Splits a callgrind profile of one of our tools into who spent the instructions:
+rverbs itself (functions of the rfabric crates, with the libc calls they make), the tool
+(its own functions and their libc calls), the device provider (libibverbs and the rxe
+provider, or any lib*-rdmav*), and the rest. Used by compare-guest --instructions.
+
+    python3 scripts/callgrind_split.py FILE [TOOL_CRATE]
+
+Cross-crate inlining can move a little of rverbs into the tool's functions and back; the
+split is by symbol, as callgrind sees it."""
+import re, subprocess, sys
+from collections import defaultdict
+
+DEVICE = re.compile(r"libibverbs|rdmav|librxe|libmlx|libefa")
+LIBC = re.compile(r"libc\.so|libc-|ld-linux|libpthread|libgcc")
+
+
+def parse(path):
+    """Returns (self cost by (object, function), inclusive call costs by (caller, callee))."""
+    names = {"ob": {}, "fn": {}}
+    selfc = defaultdict(int)
+    calls = defaultdict(int)
+    ob = fn = None
+    cob = cfn = None
+    pending_call = False
+    positions = 1
+
+    def name(kind, v):
+        m = re.match(r"\((\d+)\)(?: (.*))?", v)
+        if not m:
+            return v
+        if m.group(2) is not None:
+            names[kind][m.group(1)] = m.group(2)
+            return m.group(2)
+        return names[kind][m.group(1)]
+
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("positions:"):
+                positions = len(line.split()) - 1
+            elif line.startswith("ob="):
+                ob = name("ob", line[3:])
+            elif line.startswith("fn="):
+                fn = (ob, name("fn", line[3:]))
+                cob = None
+            elif line.startswith("cob="):
+                cob = name("ob", line[4:])
+            elif line.startswith("cfn="):
+                cfn = name("fn", line[4:])
+            elif line.startswith("calls="):
+                pending_call = True
+            elif line and (line[0].isdigit() or line[0] in "+-*"):
+                parts = line.split()
+                cost = int(parts[positions]) if len(parts) > positions else 0
+                if pending_call:
+                    calls[(fn, (cob or ob, cfn))] += cost
+                    pending_call = False
+                    cob = None
+                else:
+                    selfc[fn] += cost
+    return selfc, calls
+
+
+def demangle(syms):
+    """callgrind demangles Rust names itself; c++filt covers any it left mangled."""
+    raw = [s for s in syms if s.startswith("_Z")]
+    d = {s: s for s in syms}
+    if raw:
+        try:
+            out = subprocess.run(["c++filt"], input="\n".join(raw), capture_output=True, text=True).stdout.splitlines()
+            if len(out) == len(raw):
+                d.update(zip(raw, out))
+        except OSError:
+            pass
+    return d
+
+
+def split(path, tool):
+    selfc, calls = parse(path)
+    syms = sorted({f for (_, f) in selfc} | {f for (_, (_, f)) in calls})
+    dm = demangle(syms)
+
+    def who(key):
+        ob, f = key
+        n = dm.get(f, f)
+        if DEVICE.search(ob or ""):
+            return "device"
+        if LIBC.search(ob or ""):
+            return "libc"
+        if n.startswith(tool + "::") or ("<" + tool + "::") in n or n.startswith("common::"):
+            return "tool"
+        if "rfabric" in n:
+            return "rverbs"
+        return "other"
+
+    out = defaultdict(int)
+    for k, c in selfc.items():
+        out[who(k)] += c
+    # libc called by rverbs or by the tool is theirs (memcpy, memset, locks).
+    for (caller, callee), c in calls.items():
+        a, b = who(caller), who(callee)
+        if b == "libc" and a in ("rverbs", "tool"):
+            out[a] += c
+            out["libc"] -= c
+    by_fn = defaultdict(int)
+    for k, c in selfc.items():
+        if who(k) == "rverbs":
+            by_fn[dm.get(k[1], k[1])] += c
+    return dict(out), by_fn
+
+
+if __name__ == "__main__":
+    parts, fns = split(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "rfab_send_lat")
+    print(parts)
+    for n, c in sorted(fns.items(), key=lambda x: -x[1])[:40]:
+        print(f"{c:>12} {n}")
