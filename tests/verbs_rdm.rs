@@ -32,6 +32,7 @@ struct Node {
     cq: Arc<CompletionQueue>,
     av: Arc<AddressVector>,
     mr: MemoryRegion,
+    domain: Arc<Domain>,
 }
 
 /// Endpoints in one domain, each with its CQ (tagged format) and its own AV holding every
@@ -67,7 +68,13 @@ fn nodes(info: &Info, n: usize, sel: bool) -> Vec<Node> {
             ep.bind_av(&av).unwrap();
             ep.enable().unwrap();
             let mr = MemoryRegion::alloc(&domain, 1 << 16, Flags::RECV).unwrap();
-            Node { ep, cq, av, mr }
+            Node {
+                ep,
+                cq,
+                av,
+                mr,
+                domain: domain.clone(),
+            }
         })
         .collect();
     let names: Vec<_> = v
@@ -463,7 +470,13 @@ fn split_nodes(info: &Info) -> (Vec<Node>, Vec<Arc<CompletionQueue>>, Arc<Domain
             ep.enable().unwrap();
             txs.push(tx);
             let mr = MemoryRegion::alloc(&domain, 1 << 16, Flags::RECV).unwrap();
-            Node { ep, cq: rx, av, mr }
+            Node {
+                ep,
+                cq: rx,
+                av,
+                mr,
+                domain: domain.clone(),
+            }
         })
         .collect();
     let names: Vec<_> = v
@@ -1235,6 +1248,100 @@ fn race_cancels_and_claims(threaded: bool) {
     got.sort();
     assert_eq!(got, (0..N).collect::<Vec<_>>(), "every message once");
     // Nothing else is waiting.
+    peek_flags(&v[1], 1, 7, Flags::empty()).unwrap();
+    assert_eq!(next_err(&v, 1).err, errno::ENOMSG);
+}
+
+#[test]
+fn an_unexpected_flood_larger_than_the_receive_buffers_loses_nothing() {
+    let Some(mut info) = rdm_info() else { return };
+    // 32 bounce buffers: the flood is six times that, and nothing is posted until it ends.
+    info.rx_attr.size = 32;
+    let v = nodes(&info, 2, false);
+    let mem = v[1].ep.receive_memory();
+    let eager = v[0].ep.inject_size();
+    const N: usize = 200;
+    let size = |k: usize| match k % 20 {
+        19 => 20_000, // rendezvous: only its announcement waits
+        7 => eager,   // a full bounce buffer
+        _ => 1 + (k * 37) % 600,
+    };
+    let src = MemoryRegion::alloc(&v[0].domain, N * 20_000, Flags::SEND).unwrap();
+    for k in 0..N {
+        src.write_at(k * 20_000, &pattern(size(k), k as u8))
+            .unwrap();
+    }
+    let (mut eager_done, mut posted) = (0, 0);
+    let t = Instant::now();
+    let read_tx = |done: &mut usize| {
+        let mut e = [TaggedEntry::default(); 8];
+        match v[0].cq.read(&mut e) {
+            Ok(n) => *done += n,
+            Err(er) if er.is_again() => {}
+            Err(er) => panic!("{er}: {:?}", v[0].cq.readerr()),
+        }
+        // The receiver reads its CQ too (arrivals move), with nothing posted.
+        let mut r = [TaggedEntry::default(); 1];
+        match v[1].cq.read(&mut r) {
+            Err(er) if er.is_again() => {}
+            other => panic!("nothing was posted, yet: {other:?}"),
+        }
+    };
+    while posted < N {
+        match v[0].ep.send_region(
+            &src,
+            posted * 20_000,
+            size(posted),
+            1,
+            Some(posted as u64),
+            posted as u64,
+            Flags::empty(),
+        ) {
+            Ok(()) => posted += 1,
+            Err(er) if er.is_again() => read_tx(&mut eager_done),
+            Err(er) => panic!("send {posted}: {er}"),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "send {posted} refused for 30 s"
+        );
+    }
+    // Every eager send completes while the receiver has posted nothing: its buffers went
+    // back to the SRQ as the messages were set aside.
+    let rndv = (0..N).filter(|k| size(*k) > eager).count();
+    while eager_done < N - rndv {
+        read_tx(&mut eager_done);
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{eager_done} of {} eager sends completed: the receiver ran out of buffers",
+            N - rndv
+        );
+    }
+    assert_eq!(v[1].ep.receive_memory(), mem, "receive memory grew");
+    // Received by tag, last first: held and set-aside messages alike, bytes checked.
+    for k in (0..N).rev() {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 32768), ANY, k as u64, 0, 1000 + k as u64)
+            .unwrap();
+        let (e, src_addr) = next_ok(&v, 1);
+        assert_eq!(
+            (e.op_context, e.len, src_addr),
+            (1000 + k as u64, size(k), 0)
+        );
+        assert_eq!(
+            read(&v[1], 0, size(k)),
+            pattern(size(k), k as u8),
+            "message {k}"
+        );
+    }
+    // The rendezvous sends complete once read.
+    while eager_done < N {
+        read_tx(&mut eager_done);
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{eager_done} of {N} sends completed"
+        );
+    }
     peek_flags(&v[1], 1, 7, Flags::empty()).unwrap();
     assert_eq!(next_err(&v, 1).err, errno::ENOMSG);
 }

@@ -190,6 +190,33 @@ impl<B: Clone> RxEngine<B> {
         self.slots.len()
     }
 
+    /// Adds `extra` free entries (an endpoint whose unexpected messages outgrow what it
+    /// planned for: they are kept, not dropped).
+    pub fn grow(&mut self, extra: usize) -> Result<()> {
+        let n = self.slots.len();
+        let extra = extra.min(NIL as usize - 1 - n);
+        if extra == 0 {
+            return Err(Error::new(
+                errno::ENOSPC,
+                "the receive engine is at its largest",
+            ));
+        }
+        self.slots
+            .try_reserve(extra)
+            .map_err(|_| Error::new(errno::ENOMEM, "no memory to grow the receive engine"))?;
+        for i in n..n + extra {
+            let mut e = Entry::vacant();
+            e.next = if i + 1 < n + extra {
+                i as u32 + 1
+            } else {
+                self.free
+            };
+            self.slots.push(e);
+        }
+        self.free = n as u32;
+        Ok(())
+    }
+
     /// Entries not free.
     pub fn in_use(&self) -> usize {
         self.in_use
@@ -856,5 +883,55 @@ mod tests {
             e.unexpected(Kind::Msg) + e.unexpected(Kind::Tag),
             unexp.len()
         );
+    }
+
+    #[test]
+    fn a_grown_engine_keeps_its_entries_and_hands_out_the_new_ones() {
+        let mut e: RxEngine<u32> = RxEngine::new(2);
+        let a = e.arrive(Kind::Tag, 1, 7, 10, 100).unwrap();
+        let b = e.arrive(Kind::Tag, 1, 8, 10, 101).unwrap();
+        for x in [a, b] {
+            let Arrival::Unexpected(id) = x else {
+                panic!("{x:?}")
+            };
+            e.queue(id).unwrap();
+        }
+        assert_eq!(
+            e.arrive(Kind::Tag, 1, 9, 10, 102).unwrap_err().errno(),
+            errno::EAGAIN
+        );
+        e.grow(3).unwrap();
+        assert_eq!(e.capacity(), 5);
+        for t in 9..12 {
+            let Arrival::Unexpected(id) = e.arrive(Kind::Tag, 1, t, 10, 100 + t).unwrap() else {
+                panic!("matched nothing posted")
+            };
+            e.queue(id).unwrap();
+        }
+        assert_eq!(
+            e.arrive(Kind::Tag, 1, 12, 10, 112).unwrap_err().errno(),
+            errno::EAGAIN
+        );
+        // The older messages still match first, in order.
+        for t in 7..12 {
+            let mut got = None;
+            e.post(
+                Recv {
+                    kind: Kind::Tag,
+                    from: Filter {
+                        addr: ADDR_UNSPEC,
+                        tag: t,
+                        ignore: 0,
+                    },
+                    buf: 0,
+                    size: 10,
+                    context: t,
+                    flags: Flags::empty(),
+                },
+                |eng, id| got = Some(eng.entry(id).owner),
+            )
+            .unwrap();
+            assert_eq!(got, Some(if t < 9 { 93 + t } else { 100 + t }));
+        }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
-use rfabric_sys::mem::{copy, ForeignBuf, Place};
+use rfabric_sys::mem::{copy, copy_in, ForeignBuf, Place};
 use rfabric_sys::verbs::{self as sv, send_flags, WorkCompletion};
 
 use crate::core::cq::{CqEntry, CqErrEntry};
@@ -208,6 +208,8 @@ struct RxMeta {
     /// The sender's `FI_DELIVERY_COMPLETE` handle, for the notice once delivered.
     ack: Option<u32>,
     conn: u32,
+    /// An unexpected message that keeps its bounce buffer until a receive takes it.
+    held: bool,
 }
 
 /// A large send waiting for its receiver to read it and say so.
@@ -323,6 +325,14 @@ struct Inner {
     fins: VecDeque<(u32, Fin)>,
     /// Messages set aside by `FI_PEEK|FI_CLAIM`, by the claiming context.
     claimed: HashMap<u64, u32>,
+    /// Bounce buffers held by unexpected messages. Past half of them, unexpected messages
+    /// are copied aside (`spill`) and their buffers go back to the SRQ at once: a flood of
+    /// unexpected messages never leaves the endpoint without buffers to receive the
+    /// messages its application waits for (as MPI's unexpected floods would).
+    held: u32,
+    /// Messages copied aside, as holders `rx_n + i` (their metadata in `rx` there too).
+    spill: Vec<Vec<u8>>,
+    spill_free: Vec<u32>,
     /// Peer by AV index (`NONE` where unknown), valid while the AV's removal count is
     /// `addr_gen`.
     addr_peer: Vec<u32>,
@@ -341,6 +351,8 @@ struct Enabled {
     rx_pool: MemoryRegion,
     tx_pool: MemoryRegion,
     slot: usize,
+    /// Bounce buffers on the SRQ (holders below this are bounce buffers).
+    rx_n: usize,
     tx_cq: Arc<CompletionQueue>,
     rx_cq: Arc<CompletionQueue>,
     av: Arc<AddressVector>,
@@ -550,6 +562,9 @@ impl RdmEndpoint {
                     fins: VecDeque::new(),
                     claimed: HashMap::new(),
                     addr_peer: Vec::new(),
+                    held: 0,
+                    spill: Vec::new(),
+                    spill_free: Vec::new(),
                     addr_gen: 0,
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
@@ -563,6 +578,7 @@ impl RdmEndpoint {
                 rx_pool,
                 tx_pool,
                 slot,
+                rx_n,
                 tx_cq,
                 rx_cq,
                 av,
@@ -633,7 +649,6 @@ impl RdmEndpoint {
         crate::core::addr::fill_name(&self.getname()?.to_bytes(), buf, addrlen)
     }
 
-    /// The largest message it carries (eager only, for now).
     /// The largest message it carries: what one RDMA read moves (the port's
     /// `max_msg_sz`); larger than the eager size, the receiver reads it (rendezvous).
     pub fn max_msg_size(&self) -> usize {
@@ -1457,17 +1472,18 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     let n = e.size.min(cap);
     let copied = match (&ebuf, m.rts) {
         (_, Some(_)) => Ok(()),
-        (Some(b), None) if n > 0 => copy(
-            Place::Region(en.rx_pool.sys(), slot as usize * en.slot + Header::LEN),
-            b.target(e.offset),
-            n,
-        ),
+        (Some(b), None) if n > 0 => match spilled(en, slot) {
+            None => copy(
+                Place::Region(en.rx_pool.sys(), slot as usize * en.slot + Header::LEN),
+                b.target(e.offset),
+                n,
+            ),
+            Some(i) => copy_in(&g.spill[i][..n.min(g.spill[i].len())], b.target(e.offset)),
+        },
         _ => Ok(()),
     };
     let _ = g.engine.free(id);
-    if let Err(err) = post_bounce(en, slot) {
-        crate::fi_warn!("rdm", "reposting bounce buffer {slot}: {err}");
-    }
+    release_holder(en, g, slot);
     let Some(rts) = m.rts else {
         let failed = copied.err().map(|_| errno::EIO);
         if let Some(id) = m.ack {
@@ -1561,14 +1577,70 @@ fn discard(en: &Enabled, g: &mut Inner, id: u32) {
     let slot = g.engine.entry(id).owner as u32;
     let m = g.rx[slot as usize];
     let _ = g.engine.free(id);
+    release_holder(en, g, slot);
     // An announced message's sender, or one that asked for delivery completion, waits for
     // word: discarded counts as delivered.
     if let Some(fid) = m.rts.map(|r| r.id).or(m.ack) {
         queue_fin(en, g, m.conn, Fin { id: fid, status: 0 });
     }
+}
+
+/// The spill index of holder `slot`, if it is a message copied aside.
+fn spilled(en: &Enabled, slot: u32) -> Option<usize> {
+    (slot as usize).checked_sub(en.rx_n)
+}
+
+/// A message is done with where it was kept: a bounce buffer goes back to the SRQ, a
+/// copy aside to the free list (its memory kept for the next one).
+fn release_holder(en: &Enabled, g: &mut Inner, slot: u32) {
+    if let Some(i) = spilled(en, slot) {
+        g.spill_free.push(i as u32);
+        return;
+    }
+    if std::mem::take(&mut g.rx[slot as usize].held) {
+        g.held -= 1;
+    }
     if let Err(err) = post_bounce(en, slot) {
         crate::fi_warn!("rdm", "reposting bounce buffer {slot}: {err}");
     }
+}
+
+/// Copies the unexpected message in bounce buffer `slot` (`len` bytes after its header)
+/// aside; returns its new holder. The buffer is the caller's to post again.
+fn spill(en: &Enabled, g: &mut Inner, slot: u32, len: usize) -> Result<u32> {
+    let i = match g.spill_free.pop() {
+        Some(i) => i as usize,
+        None => {
+            g.spill.try_reserve(1).map_err(|_| no_memory())?;
+            g.rx.try_reserve(1).map_err(|_| no_memory())?;
+            g.spill.push(Vec::new());
+            g.rx.push(RxMeta::default());
+            g.spill.len() - 1
+        }
+    };
+    let r = (|| {
+        let v = &mut g.spill[i];
+        v.clear();
+        v.try_reserve(len).map_err(|_| no_memory())?;
+        v.resize(len, 0);
+        en.rx_pool.read_at(slot as usize * en.slot + Header::LEN, v)
+    })();
+    if let Err(e) = r {
+        g.spill_free.push(i as u32);
+        return Err(e);
+    }
+    g.rx[en.rx_n + i] = RxMeta {
+        held: false,
+        ..g.rx[slot as usize]
+    };
+    Ok((en.rx_n + i) as u32)
+}
+
+fn no_memory() -> Error {
+    Error::new(
+        errno::ENOMEM,
+        "no memory to set an unexpected message aside",
+    )
 }
 
 /// Sends notice `fin` on connection `c`, or queues it until a send buffer is free.
@@ -2021,15 +2093,48 @@ impl Shared {
             rts,
             ack: h.ack,
             conn: route.map_or(NONE, |r| r.conn),
+            held: false,
         };
-        match g.engine.arrive(kind, addr, h.tag, size, id as u64) {
+        let mut arrived = g.engine.arrive(kind, addr, h.tag, size, id as u64);
+        if arrived.is_err() {
+            // More unexpected messages than planned for (they were set aside): grow.
+            let n = g.engine.capacity();
+            arrived = g
+                .engine
+                .grow(n)
+                .and_then(|()| g.engine.arrive(kind, addr, h.tag, size, id as u64));
+        }
+        match arrived {
             Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
             Ok(Arrival::Unexpected(e)) => {
-                // The bounce buffer holds it until a receive comes.
+                let payload = if rts.is_some() { 0 } else { h.len as usize };
+                let aside = if (g.held as usize) < en.rx_n / 2 {
+                    None
+                } else {
+                    spill(en, &mut g, id, payload)
+                        .map_err(|err| {
+                            crate::fi_info!("rdm", "{err}: the message keeps its buffer")
+                        })
+                        .ok()
+                };
+                match aside {
+                    Some(holder) => {
+                        g.engine.entry_mut(e).owner = holder as u64;
+                        if let Err(err) = post_bounce(en, id) {
+                            crate::fi_warn!("rdm", "reposting bounce buffer {id}: {err}");
+                        }
+                    }
+                    None => {
+                        // The bounce buffer holds it until a receive comes.
+                        g.rx[id as usize].held = true;
+                        g.held += 1;
+                    }
+                }
                 let _ = g.engine.queue(e);
                 None
             }
             Err(e) => {
+                // Only when the engine cannot grow (no memory left): lost, and said so.
                 crate::fi_warn!("rdm", "receive engine full, message dropped: {e}");
                 let _ = post_bounce(en, id);
                 None

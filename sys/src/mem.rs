@@ -102,6 +102,18 @@ pub fn copy(src: Place<'_>, dst: Place<'_>, len: usize) -> Result<(), i32> {
     Ok(())
 }
 
+/// Copies `src` (provider memory, such as a message set aside) to `dst`.
+pub fn copy_in(src: &[u8], dst: Place<'_>) -> Result<(), i32> {
+    let to = dst.range(src.len()).ok_or(libc::EINVAL)?;
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the range was checked above and is valid as in `copy`; `src` is a Rust slice,
+    // which no application buffer aliases mutably while we hold it.
+    unsafe { ptr::copy(src.as_ptr(), to as *mut u8, src.len()) };
+    Ok(())
+}
+
 impl ForeignBuf {
     /// Registers the buffer with `access` for the device (an RDM rendezvous exposing it to
     /// one peer's read, or receiving a read into it). Sound by `new`'s contract: the memory

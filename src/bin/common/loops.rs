@@ -50,10 +50,10 @@ impl Deadline {
 /// Counts completions until `recvs` receives were seen; sends are reaped on the way.
 /// Returns how many send completions were reaped.
 fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String> {
-    let mut out = [CqEntry::default(); 16];
+    let mut out = c.entries.borrow_mut();
     let (mut got, mut sends) = (0, 0);
     while got < recvs {
-        match c.cq.read(&mut out) {
+        match c.cq.read(&mut out[..]) {
             Ok(n) => {
                 for e in &out[..n] {
                     if e.flags & Flags::RECV.bits() != 0 {
@@ -83,9 +83,9 @@ fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String
 }
 
 fn reap_sends(c: &Conn, mut n: usize, deadline: &mut Deadline) -> Result<(), String> {
-    let mut out = [CqEntry::default(); 16];
+    let mut out = c.entries.borrow_mut();
     while n > 0 {
-        match c.cq.read(&mut out) {
+        match c.cq.read(&mut out[..]) {
             Ok(k) => {
                 n = n.saturating_sub(
                     out[..k]
