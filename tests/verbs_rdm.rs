@@ -334,14 +334,11 @@ fn truncation_reports_olen_and_remote_cq_data_keeps_64_bits() {
     let (e, _) = next_ok(&v, 1);
     assert_eq!(e.data, data);
     assert_ne!(e.flags & Flags::REMOTE_CQ_DATA.bits(), 0);
-    // A borrowed slice is read only during the call: larger than the eager size, it is
-    // refused (send_region, or C's buffers, go by rendezvous).
+    // A borrowed slice is read only during the call: up to the segmented size it is copied
+    // then; larger, it is refused (send_region, or C's buffers, go by rendezvous).
     let eager = v[0].ep.inject_size();
     assert_eq!(
-        v[0].ep
-            .send(&vec![0u8; eager + 1], 1, 3)
-            .unwrap_err()
-            .errno(),
+        v[0].ep.send(&vec![0u8; 65537], 1, 3).unwrap_err().errno(),
         errno::EMSGSIZE
     );
     assert_eq!(
@@ -1344,6 +1341,135 @@ fn an_unexpected_flood_larger_than_the_receive_buffers_loses_nothing() {
     }
     peek_flags(&v[1], 1, 7, Flags::empty()).unwrap();
     assert_eq!(next_err(&v, 1).err, errno::ENOMSG);
+}
+
+#[test]
+fn middle_sizes_go_in_segments_from_two_senders_at_once_posted_or_unexpected() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 3, false);
+    let eager = v[0].ep.inject_size();
+    // Segmented up to 64 KiB by default; 65537 goes by rendezvous.
+    let sizes = [eager + 1, 2 * eager, 2 * eager + 1, 20_000, 65536, 65537];
+    let big = 65537;
+    let srcs: Vec<MemoryRegion> = [0usize, 2]
+        .iter()
+        .map(|_| MemoryRegion::alloc(&v[0].domain, sizes.len() * big, Flags::SEND).unwrap())
+        .collect();
+    let rx = MemoryRegion::alloc(&v[1].domain, 2 * sizes.len() * big, Flags::RECV).unwrap();
+    let seed = |from: usize, k: usize| (from * 16 + k) as u8;
+    // Nodes 0 and 2 send every size to node 1, interleaved, tagged by (sender, index):
+    // node 0 from registered memory, node 2 from borrowed slices (copied at the call).
+    let slices: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| pattern(n, seed(2, k)))
+        .collect();
+    for (k, &n) in sizes.iter().enumerate() {
+        srcs[0].write_at(k * big, &pattern(n, seed(0, k))).unwrap();
+        let flags = if k % 2 == 0 {
+            Flags::DELIVERY_COMPLETE
+        } else {
+            Flags::empty()
+        };
+        v[0].ep
+            .send_region(&srcs[0], k * big, n, 1, Some(k as u64), k as u64, flags)
+            .unwrap();
+        if n <= 65536 {
+            v[2].ep
+                .sendmsg(
+                    &[&slices[k][..n / 3], &slices[k][n / 3..]],
+                    1,
+                    Some(100 + k as u64),
+                    Some(k as u64),
+                    50 + k as u64,
+                    Flags::empty(),
+                )
+                .unwrap();
+        }
+    }
+    // Half of them wait as unexpected messages before their receives come.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        for n in &v {
+            n.ep.progress();
+        }
+        // The receiver's CQ moves arrivals in: nothing completes, nothing is posted.
+        let mut e = [TaggedEntry::default(); 1];
+        match v[1].cq.read(&mut e) {
+            Err(er) if er.is_again() => {}
+            other => panic!("nothing was posted yet: {other:?}"),
+        }
+    }
+    let mut want = vec![];
+    for (k, &n) in sizes.iter().enumerate() {
+        want.push((0usize, k, n));
+        if n <= 65536 {
+            want.push((2, k, n));
+        }
+    }
+    for (j, &(from, k, n)) in want.iter().enumerate() {
+        let tag = if from == 0 { k as u64 } else { 100 + k as u64 };
+        v[1].ep
+            .trecv(
+                RecvBuf::region(&rx, j * big, big).unwrap(),
+                ANY,
+                tag,
+                0,
+                1000 + j as u64,
+            )
+            .unwrap();
+        let (e, src) = next_ok(&v, 1);
+        assert_eq!(
+            (e.op_context, e.len, src),
+            (1000 + j as u64, n, from as u64),
+            "{from}/{k}"
+        );
+        if from == 2 {
+            assert_eq!(e.data, k as u64, "remote CQ data of a segmented message");
+        }
+        let mut got = vec![0u8; n];
+        rx.read_at(j * big, &mut got).unwrap();
+        assert_eq!(
+            got,
+            pattern(n, seed(from, k)),
+            "bytes of {n} from node {from}"
+        );
+    }
+    // Every send completes once (delivery-complete ones on the receiver's notice).
+    for who in [0usize, 2] {
+        let expect = if who == 0 {
+            sizes.len()
+        } else {
+            sizes.len() - 1
+        };
+        let mut ctxs = vec![];
+        while ctxs.len() < expect {
+            let (e, _) = next_ok(&v, who);
+            ctxs.push(e.op_context);
+        }
+        ctxs.sort();
+        let base = if who == 0 { 0 } else { 50 };
+        assert_eq!(ctxs, (base..base + expect as u64).collect::<Vec<_>>());
+        quiet(&v, who);
+    }
+    // Truncated: a segmented message into a smaller buffer reports olen.
+    v[0].ep
+        .send_region(&srcs[0], 0, 20_000, 1, Some(9), 9, Flags::empty())
+        .unwrap();
+    v[1].ep
+        .trecv(RecvBuf::region(&rx, 0, 10_000).unwrap(), ANY, 9, 0, 77)
+        .unwrap();
+    let err = next_err(&v, 1);
+    assert_eq!(
+        (err.op_context, err.err, err.len, err.olen),
+        (77, errno::ETRUNC, 10_000, 10_000)
+    );
+    let mut got = vec![0u8; 10_000];
+    rx.read_at(0, &mut got).unwrap();
+    let mut want = vec![0u8; 10_000];
+    srcs[0].read_at(0, &mut want).unwrap();
+    assert!(got == want, "the truncated message's first 10000 bytes");
+    next_ok(&v, 0);
 }
 
 #[test]

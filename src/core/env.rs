@@ -55,7 +55,12 @@ pub const KNOBS: &[Knob] = &[
     Knob {
         name: "FI_RVERBS_RDM_BUFFER_SIZE",
         default: "8192",
-        help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 32-byte header; larger ones go by rendezvous",
+        help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 32-byte header; larger ones go in segments, then by rendezvous",
+    },
+    Knob {
+        name: "FI_RVERBS_RDM_SEGMENTED_MAX",
+        default: "65536",
+        help: "largest RDM message sent in segments (several bounce buffers, copied on both sides, no registration); larger ones go by rendezvous (RDMA read); at most 64 bounce buffers' worth, 0 for none",
     },
 ];
 

@@ -104,12 +104,19 @@ pub enum Op {
     RtsTag = 4,
     /// The receiver is done reading: the body is a [`Fin`].
     Fin = 5,
+    /// The first segment of a message larger than a bounce buffer sent in several
+    /// (segmented protocol), untagged; [`Header::total`] is the message's size.
+    SegMsg = 6,
+    /// The first segment, tagged.
+    SegTag = 7,
+    /// A later segment: its bytes follow the segments before it on the same connection.
+    Cont = 8,
 }
 
 impl Op {
     /// Whether it carries a tag that takes part in matching.
     pub fn tagged(self) -> bool {
-        matches!(self, Op::Tag | Op::RtsTag)
+        matches!(self, Op::Tag | Op::RtsTag | Op::SegTag)
     }
 }
 
@@ -198,6 +205,8 @@ pub struct Header {
     /// `FI_DELIVERY_COMPLETE`: the receiver sends a [`Fin`] with this id once the message
     /// is in the receive's buffer.
     pub ack: Option<u32>,
+    /// The whole message's size on a first segment (`Op::SegMsg`/`SegTag`), else 0.
+    pub total: u32,
 }
 
 const HDR_MAGIC: u8 = 0xe7;
@@ -217,6 +226,7 @@ impl Header {
         b[8..16].copy_from_slice(&self.tag.to_le_bytes());
         b[16..24].copy_from_slice(&self.data.unwrap_or(0).to_le_bytes());
         b[24..28].copy_from_slice(&self.ack.unwrap_or(0).to_le_bytes());
+        b[28..32].copy_from_slice(&self.total.to_le_bytes());
         b
     }
 
@@ -235,6 +245,9 @@ impl Header {
             3 => Op::RtsMsg,
             4 => Op::RtsTag,
             5 => Op::Fin,
+            6 => Op::SegMsg,
+            7 => Op::SegTag,
+            8 => Op::Cont,
             o => return Err(bad(format!("operation {o}"))),
         };
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
@@ -245,7 +258,20 @@ impl Header {
                 received - Self::LEN
             )));
         }
+        let total = match op {
+            Op::SegMsg | Op::SegTag => {
+                let t = u32::from_le_bytes(b[28..32].try_into().unwrap_or_default());
+                if t <= len {
+                    return Err(bad(format!(
+                        "a first segment of {len} bytes of a {t}-byte message"
+                    )));
+                }
+                t
+            }
+            _ => 0,
+        };
         Ok(Header {
+            total,
             op,
             tag: u64_at(8),
             data: (b[2] & HAS_DATA != 0).then(|| u64_at(16)),
@@ -425,6 +451,7 @@ mod tests {
             data: Some(0xdead_beef_0000_0001),
             len: 100,
             ack: Some(41),
+            total: 0,
         };
         let b = h.encode();
         assert_eq!(Header::decode(&b, Header::LEN + 100).unwrap(), h);
@@ -436,10 +463,11 @@ mod tests {
             data: None,
             len: 0,
             ack: None,
+            total: 0,
         };
         assert_eq!(Header::decode(&u.encode(), Header::LEN).unwrap(), u);
         let mut bad = u.encode();
-        bad[1] = 7;
+        bad[1] = 9;
         assert_eq!(
             Header::decode(&bad, Header::LEN).unwrap_err().errno(),
             errno::EIO
@@ -464,12 +492,44 @@ mod tests {
             data: None,
             len: Rts::LEN as u32,
             ack: None,
+            total: 0,
         };
         assert_eq!(
             Header::decode(&h.encode(), Header::LEN + Rts::LEN).unwrap(),
             h
         );
         assert!(Op::RtsTag.tagged() && Op::Tag.tagged() && !Op::RtsMsg.tagged());
+    }
+
+    #[test]
+    fn a_first_segment_carries_the_message_size_and_later_ones_none() {
+        let h = Header {
+            op: Op::SegTag,
+            tag: 5,
+            data: Some(1),
+            len: 8160,
+            ack: Some(2),
+            total: 20_000,
+        };
+        assert_eq!(Header::decode(&h.encode(), Header::LEN + 8160).unwrap(), h);
+        assert!(Op::SegTag.tagged() && !Op::SegMsg.tagged() && !Op::Cont.tagged());
+        // A "first segment" as large as its message is malformed.
+        let whole = Header { total: 8160, ..h };
+        assert_eq!(
+            Header::decode(&whole.encode(), Header::LEN + 8160)
+                .unwrap_err()
+                .errno(),
+            errno::EIO
+        );
+        let c = Header {
+            op: Op::Cont,
+            tag: 0,
+            data: None,
+            len: 3680,
+            ack: None,
+            total: 0,
+        };
+        assert_eq!(Header::decode(&c.encode(), Header::LEN + 3680).unwrap(), c);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
-use rfabric_sys::mem::{copy, copy_in, ForeignBuf, Place};
+use rfabric_sys::mem::{append_from, copy, copy_in, ForeignBuf, Place};
 use rfabric_sys::verbs::{self as sv, send_flags, WorkCompletion};
 
 use crate::core::cq::{CqEntry, CqErrEntry};
@@ -153,6 +153,35 @@ impl Src<'_> {
         }
     }
 
+    /// Copies `n` bytes from offset `from` to `at` in `pool` (one segment).
+    fn copy_range_to(&self, pool: &MemoryRegion, at: usize, from: usize, n: usize) -> Result<()> {
+        let to = Place::Region(pool.sys(), at);
+        match self {
+            Src::Slices(v) => {
+                let (mut skip, mut at, mut left) = (from, at, n);
+                for b in v.iter() {
+                    if left == 0 {
+                        break;
+                    }
+                    if skip >= b.len() {
+                        skip -= b.len();
+                        continue;
+                    }
+                    let k = (b.len() - skip).min(left);
+                    pool.write_at(at, &b[skip..skip + k])?;
+                    at += k;
+                    left -= k;
+                    skip = 0;
+                }
+                Ok(())
+            }
+            Src::Region(mr, off, _) => copy(Place::Region(mr.sys(), off + from), to, n)
+                .map_err(|_| mr.range_error(off + from, n)),
+            Src::Foreign(f) => copy(Place::Foreign(f, from), to, n)
+                .map_err(|e| Error::os(e, "copying a send buffer")),
+        }
+    }
+
     /// Registers the bytes for one peer to read (rendezvous); a borrowed slice cannot be.
     fn register(&self, domain: &Domain) -> Result<sv::MemoryRegion> {
         let r = match self {
@@ -195,6 +224,85 @@ struct TxMeta {
     rndv: u32,
     /// Bytes it puts on the wire (header and body).
     wire: u32,
+    /// A segment before a segmented message's last: it completes nothing, and its failure
+    /// is reported by the last segment's (flushed with it).
+    part: bool,
+}
+
+/// Segments of one segmented message, at most.
+const MAX_SEGS: usize = 64;
+
+/// The largest message sent in segments (`FI_RVERBS_RDM_SEGMENTED_MAX`); larger ones
+/// go by rendezvous.
+fn segmented_max(eager: usize) -> Result<usize> {
+    let max = eager * MAX_SEGS;
+    match crate::core::env::get_usize_or("FI_RVERBS_RDM_SEGMENTED_MAX", 65536)? {
+        n if n <= max => Ok(n),
+        n => Err(Error::new(
+            errno::EINVAL,
+            format!("FI_RVERBS_RDM_SEGMENTED_MAX={n}: at most {MAX_SEGS} bounce buffers ({max} bytes); 0 turns segments off"),
+        )),
+    }
+}
+
+/// Copies a segmented message into bounce buffers `slots` (the first segment says the
+/// message's size); the last carries the send's completion (and its notice handle `ack`).
+#[allow(clippy::too_many_arguments)]
+fn stage_segments(
+    en: &Enabled,
+    g: &mut Inner,
+    slots: &[u32],
+    src: &Src<'_>,
+    op: Op,
+    tag: u64,
+    data: Option<u64>,
+    ack: Option<u32>,
+    user: TxMeta,
+) -> Result<()> {
+    let eager = en.slot - Header::LEN;
+    let len = src.len();
+    let last = slots.len() - 1;
+    for (i, &s) in slots.iter().enumerate() {
+        let from = i * eager;
+        let n = eager.min(len - from);
+        let hdr = if i == 0 {
+            Header {
+                op: if op.tagged() { Op::SegTag } else { Op::SegMsg },
+                tag,
+                data,
+                len: n as u32,
+                ack,
+                total: len as u32,
+            }
+        } else {
+            Header {
+                op: Op::Cont,
+                tag: 0,
+                data: None,
+                len: n as u32,
+                ack: None,
+                total: 0,
+            }
+        };
+        g.tx[s as usize] = match (i == last, ack) {
+            (true, None) => user,
+            (true, Some(id)) => TxMeta {
+                quiet: true,
+                rndv: id,
+                ..user
+            },
+            (false, _) => TxMeta {
+                quiet: true,
+                part: true,
+                ..user
+            },
+        };
+        g.tx[s as usize].wire = (Header::LEN + n) as u32;
+        let off = s as usize * en.slot;
+        en.tx_pool.write_at(off, &hdr.encode())?;
+        src.copy_range_to(&en.tx_pool, off + Header::LEN, from, n)?;
+    }
+    Ok(())
 }
 
 const NONE: u32 = u32::MAX;
@@ -210,6 +318,17 @@ struct RxMeta {
     conn: u32,
     /// An unexpected message that keeps its bounce buffer until a receive takes it.
     held: bool,
+}
+
+/// A segmented message being put together (in a copy aside) from its segments.
+#[derive(Debug)]
+struct Asm {
+    spill: usize,
+    total: usize,
+    kind: RxKind,
+    tag: u64,
+    addr: u64,
+    meta: RxMeta,
 }
 
 /// A large send waiting for its receiver to read it and say so.
@@ -333,6 +452,8 @@ struct Inner {
     /// Messages copied aside, as holders `rx_n + i` (their metadata in `rx` there too).
     spill: Vec<Vec<u8>>,
     spill_free: Vec<u32>,
+    /// Segmented messages being put together, by the queue pair they arrive on.
+    asm: HashMap<u32, Asm, QpnHash>,
     /// Peer by AV index (`NONE` where unknown), valid while the AV's removal count is
     /// `addr_gen`.
     addr_peer: Vec<u32>,
@@ -353,6 +474,9 @@ struct Enabled {
     slot: usize,
     /// Bounce buffers on the SRQ (holders below this are bounce buffers).
     rx_n: usize,
+    /// Messages up to this size larger than a bounce buffer go in segments (never more
+    /// segments than send buffers).
+    seg_max: usize,
     tx_cq: Arc<CompletionQueue>,
     rx_cq: Arc<CompletionQueue>,
     av: Arc<AddressVector>,
@@ -565,6 +689,7 @@ impl RdmEndpoint {
                     held: 0,
                     spill: Vec::new(),
                     spill_free: Vec::new(),
+                    asm: HashMap::default(),
                     addr_gen: 0,
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
@@ -579,6 +704,7 @@ impl RdmEndpoint {
                 tx_pool,
                 slot,
                 rx_n,
+                seg_max: segmented_max(slot - Header::LEN)?.min((slot - Header::LEN) * tx_n),
                 tx_cq,
                 rx_cq,
                 av,
@@ -841,23 +967,49 @@ impl RdmEndpoint {
             conn: NONE,
             rndv: NONE,
             wire: 0,
+            part: false,
         };
-        // Larger than a bounce buffer: announced, and read by the receiver once matched.
-        let reg = if len > eager {
+        // Up to the segmented size, in several bounce buffers; larger, announced and read by
+        // the receiver once matched.
+        let segs = if len > eager && len <= en.seg_max {
+            len.div_ceil(eager)
+        } else {
+            1
+        };
+        let reg = if len > eager && segs == 1 {
             Some(src.register(&self.sh.domain)?)
         } else {
             None
         };
         let mut g = lock(&en.inner);
         let peer = peer_of(en, &mut g, dest)?;
-        let Some(slot) = g.tx_free.pop() else {
+        if g.tx_free.len() < segs {
             return Err(Error::new(
                 errno::EAGAIN,
                 "every send buffer is in flight: read the CQ to complete some",
             ));
-        };
+        }
+        let mut slots = [0u32; MAX_SEGS];
+        for x in &mut slots[..segs] {
+            let Some(s) = g.tx_free.pop() else {
+                unreachable!("counted above")
+            };
+            *x = s;
+        }
+        let slots = &slots[..segs];
+        // The last buffer carries the send's completion.
+        let slot = slots[segs - 1];
         let off = slot as usize * en.slot;
         let copied = match reg {
+            None if segs > 1 => {
+                let ack = flags.contains(Flags::DELIVERY_COMPLETE).then(|| {
+                    g.sends.insert(RndvSend {
+                        meta: user,
+                        _reg: None,
+                    })
+                });
+                stage_segments(en, &mut g, slots, &src, op, tag, data, ack, user)
+            }
             None => {
                 // FI_DELIVERY_COMPLETE: the send completes on the receiver's notice, sent
                 // once the message is in the receive's buffer.
@@ -882,6 +1034,7 @@ impl RdmEndpoint {
                     data,
                     len: len as u32,
                     ack,
+                    total: 0,
                 };
                 en.tx_pool
                     .write_at(off, &hdr.encode())
@@ -910,6 +1063,7 @@ impl RdmEndpoint {
                     data,
                     len: Rts::LEN as u32,
                     ack: None,
+                    total: 0,
                 };
                 en.tx_pool.write_at(off, &hdr.encode()).and_then(|_| {
                     en.tx_pool
@@ -918,23 +1072,31 @@ impl RdmEndpoint {
             }
         };
         if let Err(e) = copied {
-            drop(release_tx(&mut g, slot));
+            let regs: Vec<_> = slots.iter().map(|s| release_tx(&mut g, *s)).collect();
+            drop(g);
+            drop(regs);
             return Err(e);
         }
         match g.peers[peer as usize].link.send_path() {
             SendPath::Post(c) => {
-                let r = post_on(en, &mut g, c, slot);
-                if r.is_err() {
-                    drop(release_tx(&mut g, slot));
+                for (i, s) in slots.iter().enumerate() {
+                    if let Err(e) = post_on(en, &mut g, c, *s) {
+                        // What was posted completes quietly (its connection is failing).
+                        let regs: Vec<_> =
+                            slots[i..].iter().map(|s| release_tx(&mut g, *s)).collect();
+                        drop(g);
+                        drop(regs);
+                        return Err(e);
+                    }
                 }
-                r
+                Ok(())
             }
             SendPath::Wait => {
-                g.peers[peer as usize].waiting.push_back(slot);
+                g.peers[peer as usize].waiting.extend(slots.iter().copied());
                 Ok(())
             }
             SendPath::Connect => {
-                g.peers[peer as usize].waiting.push_back(slot);
+                g.peers[peer as usize].waiting.extend(slots.iter().copied());
                 let c = new_conn(&mut g, peer);
                 setup_begin(en);
                 g.peers[peer as usize].link.connecting(c);
@@ -966,7 +1128,8 @@ impl RdmEndpoint {
                         let mut errs = Vec::new();
                         let mut regs = Vec::new();
                         for s in q {
-                            if s != slot {
+                            // The parts before a segmented send's last report nothing.
+                            if !slots.contains(&s) && !g.tx[s as usize].part {
                                 errs.push(tx_error(&g.tx[s as usize], e.errno()));
                             }
                             regs.push(release_tx(&mut g, s));
@@ -1608,6 +1771,21 @@ fn release_holder(en: &Enabled, g: &mut Inner, slot: u32) {
 /// Copies the unexpected message in bounce buffer `slot` (`len` bytes after its header)
 /// aside; returns its new holder. The buffer is the caller's to post again.
 fn spill(en: &Enabled, g: &mut Inner, slot: u32, len: usize) -> Result<u32> {
+    let i = spill_slot(g, len)?;
+    let from = Place::Region(en.rx_pool.sys(), slot as usize * en.slot + Header::LEN);
+    if let Err(e) = append_from(from, len, &mut g.spill[i]) {
+        g.spill_free.push(i as u32);
+        return Err(Error::os(e, "setting an unexpected message aside"));
+    }
+    g.rx[en.rx_n + i] = RxMeta {
+        held: false,
+        ..g.rx[slot as usize]
+    };
+    Ok((en.rx_n + i) as u32)
+}
+
+/// An empty copy-aside with room for `len` bytes.
+fn spill_slot(g: &mut Inner, len: usize) -> Result<usize> {
     let i = match g.spill_free.pop() {
         Some(i) => i as usize,
         None => {
@@ -1618,22 +1796,132 @@ fn spill(en: &Enabled, g: &mut Inner, slot: u32, len: usize) -> Result<u32> {
             g.spill.len() - 1
         }
     };
-    let r = (|| {
-        let v = &mut g.spill[i];
-        v.clear();
-        v.try_reserve(len).map_err(|_| no_memory())?;
-        v.resize(len, 0);
-        en.rx_pool.read_at(slot as usize * en.slot + Header::LEN, v)
-    })();
-    if let Err(e) = r {
+    let v = &mut g.spill[i];
+    v.clear();
+    if v.try_reserve(len).is_err() {
         g.spill_free.push(i as u32);
-        return Err(e);
+        return Err(no_memory());
     }
-    g.rx[en.rx_n + i] = RxMeta {
-        held: false,
-        ..g.rx[slot as usize]
+    Ok(i)
+}
+
+/// A message arrives at the receive engine from `holder` (bounce buffer or copy aside);
+/// an engine full of unexpected messages (more than planned for, set aside) grows rather
+/// than drop one.
+fn arrive(
+    g: &mut Inner,
+    kind: RxKind,
+    addr: u64,
+    tag: u64,
+    size: usize,
+    holder: u32,
+) -> Result<Arrival> {
+    g.engine
+        .arrive(kind, addr, tag, size, holder as u64)
+        .or_else(|_| {
+            let n = g.engine.capacity();
+            g.engine
+                .grow(n)
+                .and_then(|()| g.engine.arrive(kind, addr, tag, size, holder as u64))
+        })
+}
+
+/// A segment of a segmented message on queue pair `qpn`, in bounce buffer `id`: copied
+/// aside behind the segments before it (its buffer posted again); the last one makes the
+/// message arrive.
+fn segment(
+    en: &Enabled,
+    g: &mut Inner,
+    qpn: u32,
+    id: u32,
+    h: &Header,
+    addr: u64,
+    conn: u32,
+) -> Option<Owned> {
+    let from = Place::Region(en.rx_pool.sys(), id as usize * en.slot + Header::LEN);
+    let n = h.len as usize;
+    let copied = if h.op == Op::Cont {
+        match g.asm.get(&qpn) {
+            Some(a) => {
+                let (i, room) = (a.spill, a.total - g.spill[a.spill].len());
+                append_from(from, n.min(room), &mut g.spill[i])
+                    .map_err(|e| Error::os(e, "putting a segmented message together"))
+            }
+            None => Err(Error::new(
+                errno::EIO,
+                "a segment without the message's first one",
+            )),
+        }
+    } else {
+        if let Some(old) = g.asm.remove(&qpn) {
+            crate::fi_warn!("rdm", "a segmented message on QP {qpn} was left incomplete");
+            g.spill_free.push(old.spill as u32);
+        }
+        let total = h.total as usize;
+        let fits = if total <= MAX_SEGS << 20 {
+            Ok(())
+        } else {
+            Err(Error::new(
+                errno::EIO,
+                format!("a {total}-byte segmented message: more than any peer sends"),
+            ))
+        };
+        fits.and_then(|()| spill_slot(g, total)).and_then(|i| {
+            g.asm.insert(
+                qpn,
+                Asm {
+                    spill: i,
+                    total,
+                    kind: if h.op.tagged() {
+                        RxKind::Tag
+                    } else {
+                        RxKind::Msg
+                    },
+                    tag: h.tag,
+                    addr,
+                    meta: RxMeta {
+                        data: h.data,
+                        rts: None,
+                        ack: h.ack,
+                        conn,
+                        held: false,
+                    },
+                },
+            );
+            append_from(from, n.min(total), &mut g.spill[i])
+                .map_err(|e| Error::os(e, "putting a segmented message together"))
+        })
     };
-    Ok((en.rx_n + i) as u32)
+    if let Err(err) = post_bounce(en, id) {
+        crate::fi_warn!("rdm", "reposting bounce buffer {id}: {err}");
+    }
+    if let Err(err) = copied {
+        // Out of memory, or a peer breaking the protocol: said, not silent.
+        crate::fi_warn!("rdm", "segmented message from QP {qpn} dropped: {err}");
+        if let Some(a) = g.asm.remove(&qpn) {
+            g.spill_free.push(a.spill as u32);
+        }
+        return None;
+    }
+    match g.asm.get(&qpn) {
+        Some(a) if g.spill[a.spill].len() >= a.total => {}
+        _ => return None,
+    }
+    let a = g.asm.remove(&qpn)?;
+    let holder = (en.rx_n + a.spill) as u32;
+    g.rx[holder as usize] = a.meta;
+    match arrive(g, a.kind, a.addr, a.tag, a.total, holder) {
+        Ok(Arrival::Matched(e)) => to_owned(deliver(en, g, e)),
+        Ok(Arrival::Unexpected(e)) => {
+            let _ = g.engine.queue(e);
+            None
+        }
+        Err(err) => {
+            crate::fi_warn!("rdm", "receive engine full, message dropped: {err}");
+            g.spill_free.push(a.spill as u32);
+            None
+        }
+    }
 }
 
 fn no_memory() -> Error {
@@ -1659,6 +1947,7 @@ fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
         data: None,
         len: Fin::LEN as u32,
         ack: None,
+        total: 0,
     };
     g.tx[slot as usize] = TxMeta {
         quiet: true,
@@ -1971,6 +2260,9 @@ impl Shared {
             flush_fins(en, &mut g);
             drop(g);
             drop((gone, rndv));
+            if m.part {
+                return None;
+            }
             return if ok {
                 (!m.quiet).then(|| send_entry(&m))
             } else {
@@ -2082,6 +2374,10 @@ impl Shared {
             }
             None => FI_ADDR_NOTAVAIL,
         };
+        let conn = route.map_or(NONE, |r| r.conn);
+        if matches!(h.op, Op::SegMsg | Op::SegTag | Op::Cont) {
+            return segment(en, &mut g, wc.qp_num(), id, &h, addr, conn);
+        }
         let kind = if h.op.tagged() {
             RxKind::Tag
         } else {
@@ -2092,19 +2388,10 @@ impl Shared {
             data: h.data,
             rts,
             ack: h.ack,
-            conn: route.map_or(NONE, |r| r.conn),
+            conn,
             held: false,
         };
-        let mut arrived = g.engine.arrive(kind, addr, h.tag, size, id as u64);
-        if arrived.is_err() {
-            // More unexpected messages than planned for (they were set aside): grow.
-            let n = g.engine.capacity();
-            arrived = g
-                .engine
-                .grow(n)
-                .and_then(|()| g.engine.arrive(kind, addr, h.tag, size, id as u64));
-        }
-        match arrived {
+        match arrive(&mut g, kind, addr, h.tag, size, id) {
             Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
             Ok(Arrival::Unexpected(e)) => {
                 let payload = if rts.is_some() { 0 } else { h.len as usize };

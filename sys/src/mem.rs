@@ -114,6 +114,24 @@ pub fn copy_in(src: &[u8], dst: Place<'_>) -> Result<(), i32> {
     Ok(())
 }
 
+/// Appends `len` bytes at `src` to `dst` (provider memory setting a message aside), without
+/// zeroing the room first.
+pub fn append_from(src: Place<'_>, len: usize, dst: &mut Vec<u8>) -> Result<(), i32> {
+    let from = src.range(len).ok_or(libc::EINVAL)?;
+    dst.try_reserve(len).map_err(|_| libc::ENOMEM)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let at = dst.len();
+    // SAFETY: the source range was checked above; `try_reserve` made room for `len` more
+    // bytes, all of which the copy initializes before `set_len` exposes them.
+    unsafe {
+        ptr::copy_nonoverlapping(from as *const u8, dst.as_mut_ptr().add(at), len);
+        dst.set_len(at + len);
+    }
+    Ok(())
+}
+
 impl ForeignBuf {
     /// Registers the buffer with `access` for the device (an RDM rendezvous exposing it to
     /// one peer's read, or receiving a read into it). Sound by `new`'s contract: the memory
@@ -137,5 +155,23 @@ mod tests {
         assert_eq!(f.write_at(usize::MAX, b"a"), Err(libc::EINVAL));
         f.write_at(5, b"abc").unwrap();
         assert_eq!(&v[5..], b"abc");
+    }
+
+    #[test]
+    fn appends_and_copies_in_stay_in_bounds() {
+        let mut v = *b"0123456789";
+        // SAFETY: v outlives f and is only read after f's last use.
+        let f = unsafe { ForeignBuf::new(v.as_mut_ptr(), v.len()) };
+        let mut out = b"ab".to_vec();
+        append_from(Place::Foreign(&f, 7), 3, &mut out).unwrap();
+        assert_eq!(out, b"ab789");
+        assert_eq!(
+            append_from(Place::Foreign(&f, 8), 3, &mut out),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(out, b"ab789", "nothing appended on error");
+        copy_in(b"xy", Place::Foreign(&f, 8)).unwrap();
+        assert_eq!(copy_in(b"xyz", Place::Foreign(&f, 8)), Err(libc::EINVAL));
+        assert_eq!(&v, b"01234567xy");
     }
 }
