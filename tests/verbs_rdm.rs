@@ -38,6 +38,11 @@ struct Node {
 /// Endpoints in one domain, each with its CQ (tagged format) and its own AV holding every
 /// name, inserted in the same order (so fi_addr `i` is node `i` everywhere).
 fn nodes(info: &Info, n: usize, sel: bool) -> Vec<Node> {
+    nodes_waiting_on(info, n, sel, WaitObj::None)
+}
+
+/// As [`nodes`], with CQs whose blocked reads wait on `wait_obj`.
+fn nodes_waiting_on(info: &Info, n: usize, sel: bool, wait_obj: WaitObj) -> Vec<Node> {
     let fabric = Fabric::open(&info.fabric_attr).unwrap();
     let domain = Domain::open(&fabric, info).unwrap();
     let v: Vec<Node> = (0..n)
@@ -46,6 +51,7 @@ fn nodes(info: &Info, n: usize, sel: bool) -> Vec<Node> {
                 &domain,
                 &CqAttr {
                     format: CqFormat::Tagged,
+                    wait_obj,
                     ..Default::default()
                 },
             )
@@ -1470,6 +1476,63 @@ fn middle_sizes_go_in_segments_from_two_senders_at_once_posted_or_unexpected() {
     srcs[0].read_at(0, &mut want).unwrap();
     assert!(got == want, "the truncated message's first 10000 bytes");
     next_ok(&v, 0);
+}
+
+/// Voluntary context switches of the calling thread so far (each sleep that ends is one).
+fn sleeps() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap()
+}
+
+#[test]
+fn a_blocked_read_sleeps_until_a_new_peer_connects_and_its_message_arrives() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes_waiting_on(&info, 2, false, WaitObj::Fd);
+    // Nothing happening: the blocked read sleeps through its timeout, not waking every
+    // millisecond to look for connection requests (its wait set holds their descriptor).
+    let mut e = [TaggedEntry::default(); 1];
+    let before = sleeps();
+    let t = Instant::now();
+    let r = v[1].cq.sread(&mut e, 0, 1000);
+    assert!(r.unwrap_err().is_again(), "nothing was sent");
+    assert!(t.elapsed() >= Duration::from_millis(900));
+    let woke = sleeps() - before;
+    assert!(
+        woke < 50,
+        "an idle blocked read woke {woke} times in a second"
+    );
+    // A peer it never heard from connects and sends: the blocked read wakes for the
+    // connection request, accepts it, and returns the message, long before its timeout.
+    v[1].ep
+        .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 42)
+        .unwrap();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            v[0].ep.tsend(b"first contact", 3, 1, 7).unwrap();
+            let t = Instant::now();
+            let mut s = [TaggedEntry::default(); 1];
+            // The sender's side: its own connection and send complete as it reads.
+            while t.elapsed() < Duration::from_secs(10) {
+                match v[0].cq.read(&mut s) {
+                    Ok(1) => return,
+                    Err(er) if er.is_again() => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            panic!("the send did not complete");
+        });
+        let t = Instant::now();
+        let n = v[1].cq.sread(&mut e, 0, 20_000).unwrap();
+        let took = t.elapsed();
+        assert_eq!((n, e[0].op_context, e[0].len), (1, 42, 13));
+        assert!(took < Duration::from_secs(10), "woke after {took:?}");
+        eprintln!("the blocked read returned the first message after {took:?}");
+    });
+    assert_eq!(read(&v[1], 0, 13), b"first contact");
 }
 
 #[test]

@@ -182,10 +182,18 @@ pub struct CompletionQueue {
     peers_always: AtomicU32,
     peers_wanted: AtomicU32,
     peer_tick: AtomicU32,
+    /// Peers, and those whose events a blocked read also waits on (`add_wait_fd`): while
+    /// every peer has one, a blocked read sleeps until something happens instead of
+    /// waking every millisecond to drive them.
+    peers_total: AtomicU32,
+    peer_fds: AtomicU32,
     /// Where the completions of peers' transfers go, by queue pair number.
     transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
     _domain: Arc<Domain>,
 }
+
+/// The epoll token of peers' descriptors (`add_wait_fd`).
+const PEER_FD_TOKEN: u64 = 2;
 
 /// Peer providers and RDM endpoints one CQ's reads drive, at most.
 const MAX_PEERS: usize = 16;
@@ -464,6 +472,8 @@ impl CompletionQueue {
             peers_always: AtomicU32::new(0),
             peers_wanted: AtomicU32::new(0),
             peer_tick: AtomicU32::new(0),
+            peers_total: AtomicU32::new(0),
+            peer_fds: AtomicU32::new(0),
             has_peers: AtomicBool::new(false),
             transfers: RwLock::new(Vec::new()),
             _domain: domain.clone(),
@@ -766,7 +776,42 @@ impl CompletionQueue {
         *self.peer_list.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(list);
         let always = v.iter().filter(|(_, a)| *a).count() as u32;
         self.peers_always.store(always, Ordering::SeqCst);
+        self.peers_total.store(v.len() as u32, Ordering::SeqCst);
         self.has_peers.store(!v.is_empty(), Ordering::SeqCst);
+    }
+
+    /// A blocked read also wakes when `fd` is readable (an RDM endpoint's connection
+    /// events), and then drives the peers. Returns whether the CQ has a descriptor to wait
+    /// on (`FI_WAIT_FD`/`UNSPEC`); without one, blocked reads keep waking to drive peers.
+    pub(crate) fn add_wait_fd(&self, fd: BorrowedFd<'_>) -> Result<bool> {
+        let Some(Waiter::Fd { epoll, .. }) = &self.waiter else {
+            return Ok(false);
+        };
+        epoll
+            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, PEER_FD_TOKEN))
+            .map_err(nix_err("epoll_ctl"))?;
+        self.peer_fds.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// Undoes [`Self::add_wait_fd`].
+    pub(crate) fn remove_wait_fd(&self, fd: BorrowedFd<'_>) {
+        if let Some(Waiter::Fd { epoll, .. }) = &self.waiter {
+            if epoll.delete(fd).is_ok() {
+                let _ = self
+                    .peer_fds
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            }
+        }
+    }
+
+    /// Whether a blocked read must wake now and then to drive peers that have no
+    /// descriptor of their own to wake it, or that asked to be driven on every read.
+    fn peers_need_polling(&self) -> bool {
+        self.has_peers.load(Ordering::Relaxed)
+            && (self.peers_always.load(Ordering::Relaxed) != 0
+                || self.peers_wanted.load(Ordering::Relaxed) != 0
+                || self.peers_total.load(Ordering::Relaxed) > self.peer_fds.load(Ordering::Relaxed))
     }
 
     /// Hands a peer's transfer completion to its sink, or drops it once the link is closed.
@@ -1157,7 +1202,7 @@ impl Waitable for CompletionQueue {
     fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
         // Peers progress only when driven and have no wait object here: wake to drive them.
         const PEER_POLL: Duration = Duration::from_millis(1);
-        let timeout = if self.has_peers.load(Ordering::Relaxed) {
+        let timeout = if self.peers_need_polling() {
             Some(timeout.map_or(PEER_POLL, |t| t.min(PEER_POLL)))
         } else {
             timeout
@@ -1176,9 +1221,17 @@ impl Waitable for CompletionQueue {
                     None => EpollTimeout::NONE,
                     Some(d) => EpollTimeout::try_from(d).unwrap_or(EpollTimeout::MAX),
                 };
-                let mut events = [EpollEvent::empty(); 2];
+                let mut events = [EpollEvent::empty(); 4];
                 match epoll.wait(&mut events, t) {
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+                    Ok(n) => {
+                        // A peer's event (a connection request): drive the peers now,
+                        // whatever the read count says.
+                        if events[..n].iter().any(|e| e.data() == PEER_FD_TOKEN) {
+                            self.progress_peers();
+                        }
+                        Ok(())
+                    }
+                    Err(nix::errno::Errno::EINTR) => Ok(()),
                     Err(e) => Err(Error::os(e as i32, "epoll_wait on the CQ")),
                 }
             }

@@ -491,6 +491,8 @@ struct Enabled {
     /// events; otherwise one in `CM_POLL_EVERY` does (a read is a system call).
     in_setup: AtomicU32,
     polls: AtomicU32,
+    /// Its connection events' descriptor is in its CQ's wait set (`add_wait_fd`).
+    cm_wakes: bool,
 }
 
 /// How often an idle endpoint's progress looks for connection events (requests from new
@@ -715,6 +717,7 @@ impl RdmEndpoint {
                 fins_waiting: std::sync::atomic::AtomicBool::new(false),
                 in_setup: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
+                cm_wakes: false,
             })
         })();
         let en = match reserved {
@@ -745,6 +748,14 @@ impl RdmEndpoint {
             en.tx_cq.remove_peer(&me);
             c.cqs.unreserve();
             return Err(e);
+        }
+        // With one CQ, a read blocked on it also wakes for a new peer's connection request.
+        let mut en = en;
+        if !split {
+            match en.rx_cq.add_wait_fd(en.eq.channel().borrow_fd()) {
+                Ok(w) => en.cm_wakes = w,
+                Err(e) => crate::fi_info!("rdm", "{e}: blocked reads poll for connections"),
+            }
         }
         let _ = self.sh.on.set(en);
         let Some(en) = self.sh.on.get() else {
@@ -2556,6 +2567,9 @@ impl Drop for Shared {
 impl Drop for RdmEndpoint {
     fn drop(&mut self) {
         if let Some(en) = self.sh.on.get() {
+            if en.cm_wakes {
+                en.rx_cq.remove_wait_fd(en.eq.channel().borrow_fd());
+            }
             let me: Weak<dyn PeerProgress> = self.sh.me.clone();
             en.rx_cq.remove_peer(&me);
             en.tx_cq.remove_peer(&me);
