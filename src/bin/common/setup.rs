@@ -457,8 +457,48 @@ fn connect_rdm(
         _pep: None,
         _control: control,
     };
+    first_contact(&conn, o.timeout)?;
     post_rx(&conn, RX_DEPTH.min(conn.info.rx_attr.size), max)?;
     Ok(conn)
+}
+
+/// The first message to a peer connects: one goes from client to server before anything
+/// is timed, as perftest's queue pairs are connected before its loops start (otherwise a
+/// short bandwidth run would time the connection too).
+fn first_contact(c: &Conn, timeout: std::time::Duration) -> Result<(), String> {
+    let e = |e: Error| e.to_string();
+    let Ep::Rdm { ep, peer, tag } = &c.ep else {
+        return Ok(());
+    };
+    const CONTACT: u64 = 7;
+    let want = if c.is_server {
+        let buf = RecvBuf::region(&c.rx, 0, c.rx.len()).map_err(e)?;
+        match tag {
+            Some(t) => ep.trecv(buf, u64::MAX, *t, 0, CONTACT),
+            None => ep.recv(buf, u64::MAX, CONTACT),
+        }
+        .map_err(e)?;
+        Flags::RECV
+    } else {
+        ep.send_region(&c.tx, 0, 1, *peer, *tag, CONTACT, Flags::COMPLETION)
+            .map_err(e)?;
+        Flags::SEND
+    };
+    let t = Instant::now();
+    let mut out = [rfabric::core::cq::CqEntry::default(); 1];
+    loop {
+        match c.cq.read(&mut out) {
+            Ok(1) if out[0].op_context == CONTACT && out[0].flags & want.bits() != 0 => {
+                return Ok(())
+            }
+            Ok(_) => {}
+            Err(er) if er.is_again() => {}
+            Err(er) => return Err(format!("first message to the peer: {er}")),
+        }
+        if t.elapsed() > timeout {
+            return Err("the peer did not answer the first message (connection)".into());
+        }
+    }
 }
 
 fn hex(b: &[u8]) -> String {
