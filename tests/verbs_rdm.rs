@@ -1439,6 +1439,23 @@ fn middle_sizes_go_in_segments_from_two_senders_at_once_posted_or_unexpected() {
         assert_eq!(ctxs, (base..base + expect as u64).collect::<Vec<_>>());
         quiet(&v, who);
     }
+    // A segmented send from outside its region is refused whole: nothing is posted, and
+    // the endpoint goes on (the next send and its receive below).
+    for flags in [Flags::empty(), Flags::DELIVERY_COMPLETE] {
+        let bad = v[0]
+            .ep
+            .send_region(
+                &srcs[0],
+                sizes.len() * big - 100,
+                20_000,
+                1,
+                Some(9),
+                8,
+                flags,
+            )
+            .unwrap_err();
+        assert_eq!(bad.errno(), errno::EINVAL, "{bad}");
+    }
     // Truncated: a segmented message into a smaller buffer reports olen.
     v[0].ep
         .send_region(&srcs[0], 0, 20_000, 1, Some(9), 9, Flags::empty())
@@ -1457,6 +1474,9 @@ fn middle_sizes_go_in_segments_from_two_senders_at_once_posted_or_unexpected() {
     srcs[0].read_at(0, &mut want).unwrap();
     assert!(got == want, "the truncated message's first 10000 bytes");
     next_ok(&v, 0);
+    // The refused sends left nothing behind on either side.
+    quiet(&v, 0);
+    quiet(&v, 1);
 }
 
 /// Voluntary context switches of the calling thread so far (each sleep that ends is one).

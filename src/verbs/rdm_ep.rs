@@ -1019,7 +1019,15 @@ impl RdmEndpoint {
                         _reg: None,
                     })
                 });
-                stage_segments(en, &mut g, slots, &src, op, tag, data, ack, user)
+                let r = stage_segments(en, &mut g, slots, &src, op, tag, data, ack, user);
+                if r.is_err() {
+                    // Nothing is posted: the notice handle goes with the buffers.
+                    if let Some(id) = ack {
+                        drop(g.sends.take(id));
+                    }
+                    g.tx[slot as usize].rndv = NONE;
+                }
+                r
             }
             None => {
                 // FI_DELIVERY_COMPLETE: the send completes on the receiver's notice, sent
