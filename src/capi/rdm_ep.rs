@@ -522,24 +522,40 @@ fn data_of(flags: Flags, data: u64) -> Option<u64> {
     flags.contains(Flags::REMOTE_CQ_DATA).then_some(data)
 }
 
-unsafe extern "C" fn rdm_sendmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
+/// A `*msg` send: a NULL `msg` is `-FI_EINVAL`; otherwise `gather` reads it.
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `msg` is NULL or the application's message,
+/// whose iov stays unchanged until the send completes.
+unsafe fn send_msg_of<M>(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    msg: *const M,
+    flags: u64,
+    gather: impl FnOnce(&M, Flags) -> Gather,
+) -> isize {
     let fl = Flags::from_bits_retain(flags);
-    // SAFETY: NULL or the application's message (fi_msg(3)).
+    // SAFETY: the caller's contract.
     let Some(m) = (unsafe { msg.as_ref() }) else {
-        return guarded_len("fi_sendmsg", || {
-            Err(Error::new(errno::EINVAL, "msg is NULL"))
-        });
+        return guarded_len(what, || Err(Error::new(errno::EINVAL, "msg is NULL")));
     };
-    let g = Gather {
-        iov: m.msg_iov,
-        count: m.iov_count,
-        dest: m.addr,
-        tag: None,
-        data: data_of(fl, m.data),
-        context: m.context as u64,
-    };
+    let g = gather(m, fl);
+    // SAFETY: the caller's contract.
+    unsafe { send_gather(what, ep, g, fl) }
+}
+
+unsafe extern "C" fn rdm_sendmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
     // SAFETY: the application's handle and message (fi_msg(3)).
-    unsafe { send_gather("fi_sendmsg", ep, g, fl) }
+    unsafe {
+        send_msg_of("fi_sendmsg", ep, msg, flags, |m, fl| Gather {
+            iov: m.msg_iov,
+            count: m.iov_count,
+            dest: m.addr,
+            tag: None,
+            data: data_of(fl, m.data),
+            context: m.context as u64,
+        })
+    }
 }
 
 unsafe extern "C" fn rdm_inject(
@@ -692,23 +708,17 @@ unsafe extern "C" fn rdm_tsendmsg(
     msg: *const fi::fi_msg_tagged,
     flags: u64,
 ) -> isize {
-    let fl = Flags::from_bits_retain(flags);
-    // SAFETY: NULL or the application's message (fi_tagged(3)).
-    let Some(m) = (unsafe { msg.as_ref() }) else {
-        return guarded_len("fi_tsendmsg", || {
-            Err(Error::new(errno::EINVAL, "msg is NULL"))
-        });
-    };
-    let g = Gather {
-        iov: m.msg_iov,
-        count: m.iov_count,
-        dest: m.addr,
-        tag: Some(m.tag),
-        data: data_of(fl, m.data),
-        context: m.context as u64,
-    };
     // SAFETY: the application's handle and message (fi_tagged(3)).
-    unsafe { send_gather("fi_tsendmsg", ep, g, fl) }
+    unsafe {
+        send_msg_of("fi_tsendmsg", ep, msg, flags, |m, fl| Gather {
+            iov: m.msg_iov,
+            count: m.iov_count,
+            dest: m.addr,
+            tag: Some(m.tag),
+            data: data_of(fl, m.data),
+            context: m.context as u64,
+        })
+    }
 }
 
 unsafe extern "C" fn rdm_tinject(

@@ -121,7 +121,7 @@ impl RecvBuf {
 /// Where a send's bytes come from.
 #[derive(Clone, Copy)]
 enum Src<'a> {
-    /// Borrowed for the call: copied (eager) or refused (larger).
+    /// Borrowed for the call: copied (eager or segmented) or refused (larger).
     Slices(&'a [&'a [u8]]),
     Region(&'a MemoryRegion, usize, usize),
     /// An application buffer valid until the send completes (C callers).
@@ -188,7 +188,7 @@ impl Src<'_> {
             Src::Slices(_) => {
                 return Err(Error::new(
                     errno::EMSGSIZE,
-                    "a message larger than the eager size cannot be sent from a borrowed slice (it is read after the call returns): send it from a MemoryRegion with send_region",
+                    "a message larger than the segmented size (FI_RVERBS_RDM_SEGMENTED_MAX) cannot be sent from a borrowed slice (it would be read after the call returns): send it from a MemoryRegion with send_region",
                 ))
             }
             Src::Region(mr, off, len) => {
@@ -801,8 +801,8 @@ impl RdmEndpoint {
     }
 
     /// A send from an application buffer valid until the send completes (C callers'
-    /// `fi_send`, `fi_tsend`, …): copied when it is eager, read by the receiver (rendezvous)
-    /// when it is larger. `tag` makes it tagged.
+    /// `fi_send`, `fi_tsend`, …): copied when it is eager or segmented, read by the receiver
+    /// (rendezvous) when it is larger. `tag` makes it tagged.
     pub fn send_foreign(
         &self,
         buf: ForeignBuf,
