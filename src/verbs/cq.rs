@@ -29,7 +29,7 @@ use crate::core::cq::{
 };
 use crate::core::env;
 use crate::core::error::{errno, Error, Result};
-use crate::core::flags::{CqFormat, CqWaitCond, Flags, WaitObj};
+use crate::core::flags::{CqFormat, CqWaitCond, Flags, Threading, WaitObj};
 use crate::verbs::{os_err, wr_id, Domain};
 
 /// `fi_cq_attr`.
@@ -170,6 +170,12 @@ pub struct CompletionQueue {
     /// other's place in an owner's queue. Without owners the read path takes no lock.
     has_owners: AtomicBool,
     ordered: Mutex<()>,
+    /// The domain's threading serialises reads of this CQ (`FI_THREAD_DOMAIN`,
+    /// `FI_THREAD_COMPLETION`): `ordered` has nobody to keep apart.
+    serial: bool,
+    /// Owners found by the key their work requests carry (RDM endpoints: one key for all
+    /// their connections, so no lookup by queue pair). Few per CQ; keys are never reused.
+    keyed: RwLock<Vec<(u32, Weak<dyn RecvOwner>)>>,
     /// Peer providers whose progress a read drives (fi_peer(3)); `has_peers` keeps the
     /// lock off the plain verbs path.
     /// Each with whether it needs every read (a peer provider's messages move only then).
@@ -190,6 +196,13 @@ pub struct CompletionQueue {
     /// Where the completions of peers' transfers go, by queue pair number.
     transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
     _domain: Arc<Domain>,
+}
+
+/// A key no owner has had in this process (`register_keyed_owner`): never reused, so a
+/// completion of a closed endpoint left in a CQ cannot reach a later one.
+pub(crate) fn new_owner_key() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// The epoll token of peers' descriptors (`add_wait_fd`).
@@ -467,6 +480,11 @@ impl CompletionQueue {
             owners: RwLock::new(HashMap::default()),
             has_owners: AtomicBool::new(false),
             ordered: Mutex::new(()),
+            serial: matches!(
+                domain.info().domain_attr.threading,
+                Threading::Domain | Threading::Completion
+            ),
+            keyed: RwLock::new(Vec::new()),
             peers: RwLock::new(Vec::new()),
             peer_list: RwLock::new(Arc::from(Vec::new())),
             peers_always: AtomicU32::new(0),
@@ -695,12 +713,21 @@ impl CompletionQueue {
 
     /// The entry for a completion whose endpoint places it (`wr_id::is_owned`).
     fn owned(&self, w: &WorkCompletion) -> Option<Owned> {
-        let owner = self
-            .owners
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&w.qp_num())
-            .and_then(Weak::upgrade);
+        let owner = match wr_id::owner_key(w.wr_id()) {
+            Some(k) => self
+                .keyed
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .find(|(key, _)| *key == k)
+                .and_then(|(_, o)| o.upgrade()),
+            None => self
+                .owners
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&w.qp_num())
+                .and_then(Weak::upgrade),
+        };
         match owner {
             Some(o) => o.recv_completion(w),
             None => {
@@ -855,11 +882,30 @@ impl CompletionQueue {
         self.has_owners.store(true, Ordering::SeqCst);
     }
 
-    /// Held across a poll and its owners' translation while owners exist (see `ordered`).
+    /// Routes the owned completions whose work requests carry `key` (`wr_id::keyed`) to
+    /// `owner`.
+    pub(crate) fn register_keyed_owner(&self, key: u32, owner: Weak<dyn RecvOwner>) {
+        let v = self.owners.read().unwrap_or_else(|p| p.into_inner());
+        let mut k = self.keyed.write().unwrap_or_else(|p| p.into_inner());
+        k.retain(|(_, o)| o.strong_count() > 0);
+        k.push((key, owner));
+        drop(v);
+        self.has_owners.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn unregister_keyed_owner(&self, key: u32) {
+        let v = self.owners.read().unwrap_or_else(|p| p.into_inner());
+        let mut k = self.keyed.write().unwrap_or_else(|p| p.into_inner());
+        k.retain(|(x, o)| *x != key && o.strong_count() > 0);
+        self.has_owners
+            .store(!v.is_empty() || !k.is_empty(), Ordering::SeqCst);
+    }
+
+    /// Held across a poll and its owners' translation while owners exist (see `ordered`),
+    /// unless the threading level already keeps readers apart.
     #[inline]
     fn order(&self) -> Option<MutexGuard<'_, ()>> {
-        self.has_owners
-            .load(Ordering::Acquire)
+        (!self.serial && self.has_owners.load(Ordering::Acquire))
             .then(|| self.ordered.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
@@ -867,8 +913,10 @@ impl CompletionQueue {
         let mut v = self.owners.write().unwrap_or_else(|p| p.into_inner());
         v.remove(&qp_num);
         v.retain(|_, o| o.strong_count() > 0);
+        let k = self.keyed.read().unwrap_or_else(|p| p.into_inner());
         // With the last owner gone, reads take no lock again.
-        self.has_owners.store(!v.is_empty(), Ordering::SeqCst);
+        self.has_owners
+            .store(!v.is_empty() || !k.is_empty(), Ordering::SeqCst);
     }
 
     /// Moves device completions into the software queue, in order, until the flush of the

@@ -493,6 +493,12 @@ struct Enabled {
     polls: AtomicU32,
     /// Its connection events' descriptor is in its CQ's wait set (`add_wait_fd`).
     cm_wakes: bool,
+    /// What its work request ids carry for its CQs to find it (`wr_id::keyed`).
+    key: u32,
+    /// `FI_DIRECTED_RECV` in its caps: receives filter by source.
+    directed: bool,
+    /// `FI_MULTI_RECV` in `rx_attr.op_flags`: every untagged receive is a multi-receive.
+    multi_recv_default: bool,
 }
 
 /// How often an idle endpoint's progress looks for connection events (requests from new
@@ -630,11 +636,15 @@ impl RdmEndpoint {
         let info = &self.sh.info;
         let dev = self.sh.domain.device();
         let slot = buffer_size()?;
-        let tx_n = info.tx_attr.size.clamp(1, dev.attr.max_qp_wr as usize);
-        let rx_n = info
-            .rx_attr
+        // Buffer indices travel in work request ids below 2^24 (`wr_id::keyed`).
+        let tx_n = info
+            .tx_attr
             .size
-            .clamp(1, dev.attr.max_srq_wr.max(1) as usize);
+            .clamp(1, (dev.attr.max_qp_wr as usize).min(1 << wr_id::INDEX_BITS));
+        let rx_n = info.rx_attr.size.clamp(
+            1,
+            (dev.attr.max_srq_wr.max(1) as usize).min(1 << wr_id::INDEX_BITS),
+        );
         // One CQ entry per send buffer and per SRQ receive, whatever the number of peers.
         c.cqs.reserve(tx_n as u32, rx_n as u32)?;
         let reserved = (|| {
@@ -718,6 +728,9 @@ impl RdmEndpoint {
                 in_setup: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
                 cm_wakes: false,
+                key: crate::verbs::cq::new_owner_key(),
+                directed: (info.caps | info.rx_attr.caps).contains(Flags::DIRECTED_RECV),
+                multi_recv_default: info.rx_attr.op_flags.contains(Flags::MULTI_RECV),
             })
         })();
         let en = match reserved {
@@ -732,6 +745,12 @@ impl RdmEndpoint {
         // CQs each read drives the other CQ too, so both need every read.
         let me: Weak<dyn PeerProgress> = self.sh.me.clone();
         let split = !Arc::ptr_eq(&en.rx_cq, &en.tx_cq);
+        // Its completions (every connection's) find it by the key their ids carry.
+        let owner: Weak<dyn RecvOwner> = self.sh.me.clone();
+        en.rx_cq.register_keyed_owner(en.key, owner.clone());
+        if split {
+            en.tx_cq.register_keyed_owner(en.key, owner);
+        }
         let ready = en
             .rx_cq
             .add_peer(me.clone(), split)
@@ -746,6 +765,8 @@ impl RdmEndpoint {
         if let Err(e) = ready {
             en.rx_cq.remove_peer(&me);
             en.tx_cq.remove_peer(&me);
+            en.rx_cq.unregister_keyed_owner(en.key);
+            en.tx_cq.unregister_keyed_owner(en.key);
             c.cqs.unreserve();
             return Err(e);
         }
@@ -1114,53 +1135,65 @@ impl RdmEndpoint {
                 g.peers[peer as usize].waiting.extend(slots.iter().copied());
                 Ok(())
             }
-            SendPath::Connect => {
-                g.peers[peer as usize].waiting.extend(slots.iter().copied());
-                let c = new_conn(&mut g, peer);
-                setup_begin(en);
-                g.peers[peer as usize].link.connecting(c);
-                drop(g);
-                let opened = self.sh.open_conn(en, c, None);
-                let mut g = lock(&en.inner);
-                // Installed before connecting, so that its first message finds it.
-                let started = opened.and_then(|ep| {
-                    install(en, &mut g, c, peer, ep);
-                    let Some(conn) = open_conn_mut(&mut g, c) else {
-                        unreachable!("installed above")
-                    };
-                    conn.ep.connect(&en.bytes)
-                });
-                match started {
-                    Ok(()) => Ok(()),
-                    Err(e) => {
-                        crate::fi_warn!(
-                            "rdm",
-                            "connecting to {}: {e}",
-                            g.peers[peer as usize].name.to_str()
-                        );
-                        let gone = uninstall(&mut g, c);
-                        setup_done(en);
-                        g.peers[peer as usize].link.failed(c);
-                        // The send that started it fails at once; others queued meanwhile
-                        // complete in error.
-                        let q = std::mem::take(&mut g.peers[peer as usize].waiting);
-                        let mut errs = Vec::new();
-                        let mut regs = Vec::new();
-                        for s in q {
-                            // The parts before a segmented send's last report nothing.
-                            if !slots.contains(&s) && !g.tx[s as usize].part {
-                                errs.push(tx_error(&g.tx[s as usize], e.errno()));
-                            }
-                            regs.push(release_tx(&mut g, s));
-                        }
-                        drop(g);
-                        drop((gone, regs));
-                        for x in errs {
-                            let _ = en.tx_cq.writeerr(x);
-                        }
-                        Err(e)
+            SendPath::Connect => self.connect_first(en, g, peer, slots),
+        }
+    }
+
+    /// The first send to `peer` (its buffers `slots` staged): queued, and a connection
+    /// started; if that fails at once, the send fails and what else waits completes in error.
+    #[cold]
+    #[inline(never)]
+    fn connect_first(
+        &self,
+        en: &Enabled,
+        mut g: std::sync::MutexGuard<'_, Inner>,
+        peer: u32,
+        slots: &[u32],
+    ) -> Result<()> {
+        g.peers[peer as usize].waiting.extend(slots.iter().copied());
+        let c = new_conn(&mut g, peer);
+        setup_begin(en);
+        g.peers[peer as usize].link.connecting(c);
+        drop(g);
+        let opened = self.sh.open_conn(en, c, None);
+        let mut g = lock(&en.inner);
+        // Installed before connecting, so that its first message finds it.
+        let started = opened.and_then(|ep| {
+            install(en, &mut g, c, peer, ep);
+            let Some(conn) = open_conn_mut(&mut g, c) else {
+                unreachable!("installed above")
+            };
+            conn.ep.connect(&en.bytes)
+        });
+        match started {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                crate::fi_warn!(
+                    "rdm",
+                    "connecting to {}: {e}",
+                    g.peers[peer as usize].name.to_str()
+                );
+                let gone = uninstall(&mut g, c);
+                setup_done(en);
+                g.peers[peer as usize].link.failed(c);
+                // The send that started it fails at once; others queued meanwhile
+                // complete in error.
+                let q = std::mem::take(&mut g.peers[peer as usize].waiting);
+                let mut errs = Vec::new();
+                let mut regs = Vec::new();
+                for s in q {
+                    // The parts before a segmented send's last report nothing.
+                    if !slots.contains(&s) && !g.tx[s as usize].part {
+                        errs.push(tx_error(&g.tx[s as usize], e.errno()));
                     }
+                    regs.push(release_tx(&mut g, s));
                 }
+                drop(g);
+                drop((gone, regs));
+                for x in errs {
+                    let _ = en.tx_cq.writeerr(x);
+                }
+                Err(e)
             }
         }
     }
@@ -1214,9 +1247,7 @@ impl RdmEndpoint {
             ));
         }
         // fi_msg(3): the source is ignored unless the endpoint has FI_DIRECTED_RECV.
-        let directed = self.sh.info.caps.contains(Flags::DIRECTED_RECV)
-            || self.sh.info.rx_attr.caps.contains(Flags::DIRECTED_RECV);
-        let from_addr = if from == ADDR_UNSPEC || !directed {
+        let from_addr = if from == ADDR_UNSPEC || !en.directed {
             ADDR_UNSPEC
         } else {
             en.av.rdm_name(from)?;
@@ -1240,12 +1271,11 @@ impl RdmEndpoint {
             ));
         }
         // `rx_attr.op_flags` with FI_MULTI_RECV makes every untagged receive one.
-        let flags =
-            if kind == RxKind::Msg && self.sh.info.rx_attr.op_flags.contains(Flags::MULTI_RECV) {
-                flags | Flags::MULTI_RECV
-            } else {
-                flags
-            };
+        let flags = if kind == RxKind::Msg && en.multi_recv_default {
+            flags | Flags::MULTI_RECV
+        } else {
+            flags
+        };
         let size = buf.len();
         let mut g = lock(&en.inner);
         // A receive takes one waiting message; a multi-receive buffer as many as fit.
@@ -1265,6 +1295,12 @@ impl RdmEndpoint {
             },
         )?;
         let done = first.map(|id| deliver(en, &mut g, id));
+        if more.is_empty() {
+            drop(g);
+            write_out(&en.rx_cq, done);
+            return Ok(());
+        }
+        // A multi-receive buffer that took several waiting messages.
         let rest: Vec<_> = more.into_iter().map(|id| deliver(en, &mut g, id)).collect();
         drop(g);
         write_out(&en.rx_cq, done);
@@ -1434,6 +1470,7 @@ impl RdmEndpoint {
 /// The peer named `name` (at `addr` in the AV, or `FI_ADDR_NOTAVAIL`), added on first use.
 /// The send path's lookup: by AV index while nothing was removed from the AV (an index
 /// removed and reused names someone else), else by the name the AV holds.
+#[inline]
 fn peer_of(en: &Enabled, g: &mut Inner, addr: u64) -> Result<u32> {
     let gen = en.av.removals();
     if gen == g.addr_gen {
@@ -1517,6 +1554,7 @@ fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
     );
 }
 
+#[inline]
 fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
     match g.conns.get_mut(c as usize) {
         Some(Some(ConnSlot::Open(conn))) => Some(conn),
@@ -1525,13 +1563,14 @@ fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
 }
 
 /// Posts send buffer `slot` on connection `c`.
+#[inline]
 fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     let wire = g.tx[slot as usize].wire as usize;
     let Some(conn) = open_conn_mut(g, c) else {
         return Err(Error::new(errno::EIO, "the peer's connection is gone"));
     };
     let qp = conn.ep.qp()?;
-    let wr = wr_id::encode(slot as u64, Kind::RdmSend, false);
+    let wr = wr_id::keyed(slot, en.key, Kind::RdmSend);
     let off = slot as usize * en.slot;
     qp.post_send_mr(wr, en.tx_pool.sys(), off, wire, send_flags::SIGNALED, None)
         .map_err(|e| Error::os(e, "ibv_post_send"))?;
@@ -1540,6 +1579,7 @@ fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     Ok(())
 }
 
+#[inline]
 fn post_bounce(en: &Enabled, i: u32) -> Result<()> {
     let sge = en
         .rx_pool
@@ -1548,7 +1588,7 @@ fn post_bounce(en: &Enabled, i: u32) -> Result<()> {
         .ok_or_else(|| Error::new(errno::EINVAL, "bounce buffer outside its pool"))?;
     en.srx
         .srq()
-        .post_recv(wr_id::encode(i as u64, Kind::RdmRecv, false), &[sge])
+        .post_recv(wr_id::keyed(i, en.key, Kind::RdmRecv), &[sge])
         .map_err(|e| Error::os(e, "ibv_post_srq_recv"))
 }
 
@@ -1582,6 +1622,7 @@ type Done = std::result::Result<(CqEntry, u64), CqErrEntry>;
 /// (a positive errno), truncation (`FI_ETRUNC` with `olen`), success, or nothing when its
 /// success is not asked for.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 fn recv_done(
     context: u64,
     flags: Flags,
@@ -1628,14 +1669,37 @@ fn recv_done(
     )))
 }
 
+/// What `deliver` needs of a claimed entry, copied out before the entry is freed.
+#[derive(Clone, Copy)]
+struct Took {
+    kind: RxKind,
+    addr: u64,
+    tag: u64,
+    size: usize,
+    context: u64,
+    flags: Flags,
+    offset: usize,
+    owner: u64,
+}
+
 /// Delivers the message of claimed entry `id` from the bounce buffer it holds into the
 /// receive's buffer (or starts reading it, for an announced one), frees the entry and
 /// posts the bounce buffer again; returns the receive's completion and its source, unless
 /// a read is under way.
 fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     // The buffer is taken, not cloned (the entry is freed below): no reference count moves.
-    let ebuf = g.engine.entry_mut(id).buf.take();
-    let e = g.engine.entry(id).clone();
+    let ent = g.engine.entry_mut(id);
+    let ebuf = ent.buf.take();
+    let e = Took {
+        kind: ent.kind,
+        addr: ent.addr,
+        tag: ent.tag,
+        size: ent.size,
+        context: ent.context,
+        flags: ent.flags,
+        offset: ent.offset,
+        owner: ent.owner,
+    };
     let slot = e.owner as u32;
     let m = g.rx[slot as usize];
     let cap = ebuf
@@ -1725,11 +1789,16 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         _reg: Some(reg),
     });
     let posted = match open_conn_mut(g, m.conn) {
+        // Read indices travel in work request ids below 2^24.
+        _ if rid >= 1 << wr_id::INDEX_BITS => Err(Error::new(
+            errno::EAGAIN,
+            "too many rendezvous reads in flight",
+        )),
         Some(c) => {
             c.ep.qp()
                 .and_then(|qp| {
                     qp.post_read(
-                        wr_id::encode(rid as u64, Kind::RdmRead, false),
+                        wr_id::keyed(rid, en.key, Kind::RdmRead),
                         sge,
                         rts.addr,
                         rts.rkey,
@@ -1768,12 +1837,14 @@ fn discard(en: &Enabled, g: &mut Inner, id: u32) {
 }
 
 /// The spill index of holder `slot`, if it is a message copied aside.
+#[inline]
 fn spilled(en: &Enabled, slot: u32) -> Option<usize> {
     (slot as usize).checked_sub(en.rx_n)
 }
 
 /// A message is done with where it was kept: a bounce buffer goes back to the SRQ, a
 /// copy aside to the free list (its memory kept for the next one).
+#[inline]
 fn release_holder(en: &Enabled, g: &mut Inner, slot: u32) {
     if let Some(i) = spilled(en, slot) {
         g.spill_free.push(i as u32);
@@ -1827,6 +1898,7 @@ fn spill_slot(g: &mut Inner, len: usize) -> Result<usize> {
 /// A message arrives at the receive engine from `holder` (bounce buffer or copy aside);
 /// an engine full of unexpected messages (more than planned for, set aside) grows rather
 /// than drop one.
+#[inline]
 fn arrive(
     g: &mut Inner,
     kind: RxKind,
@@ -1988,6 +2060,7 @@ fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
 }
 
 /// Sends the notices that waited for a send buffer.
+#[inline]
 fn flush_fins(en: &Enabled, g: &mut Inner) {
     while !g.tx_free.is_empty() {
         let Some((c, fin)) = g.fins.pop_front() else {
@@ -2000,6 +2073,7 @@ fn flush_fins(en: &Enabled, g: &mut Inner) {
     }
 }
 
+#[inline]
 fn write_out(cq: &CompletionQueue, c: Option<Option<Done>>) {
     let r = match c.flatten() {
         Some(Ok((e, from))) => cq.write(e, from),
@@ -2011,6 +2085,7 @@ fn write_out(cq: &CompletionQueue, c: Option<Option<Done>>) {
     }
 }
 
+#[inline]
 fn to_owned(c: Option<Done>) -> Option<Owned> {
     match c? {
         Ok((e, from)) => Some(Owned::Entry(e, from)),
@@ -2065,10 +2140,6 @@ impl Shared {
         ep.bind_cq(&en.rx_cq, Flags::RECV)?;
         ep.bind_srx(&en.srx)?;
         ep.enable()?;
-        let qpn = ep.qp()?.qp_num();
-        let owner: Weak<dyn RecvOwner> = self.me.clone();
-        en.rx_cq.register_owner(qpn, owner.clone());
-        en.tx_cq.register_owner(qpn, owner);
         en.opened.fetch_add(1, Ordering::Relaxed);
         Ok(ep)
     }
@@ -2260,196 +2331,245 @@ impl Shared {
     /// rendezvous read, or a message in a bounce buffer. What it completes for the
     /// application goes to that operation's CQ: returned when it is the one being read,
     /// written into the other otherwise.
+    #[inline]
     fn completion(&self, en: &Enabled, wc: &WorkCompletion) -> Option<Owned> {
-        let id = wr_id::context(wc.wr_id()) as u32;
+        let id = wr_id::index(wc.wr_id());
         let ok = wc.status() == sv::wc_status::IBV_WC_SUCCESS;
-        let same = Arc::ptr_eq(&en.tx_cq, &en.rx_cq);
         if wr_id::is_kind(wc.wr_id(), Kind::RdmSend) {
-            let mut g = lock(&en.inner);
-            let m = g.tx[id as usize];
-            // An announcement's send waits for the receiver's notice; a failed one fails it.
-            let rndv = if ok {
-                g.tx[id as usize].rndv = NONE;
-                g.tx_free.push(id);
-                None
-            } else {
-                release_tx(&mut g, id)
-            };
-            let gone = conn_done(&mut g, m.conn);
-            flush_fins(en, &mut g);
-            drop(g);
-            drop((gone, rndv));
-            if m.part {
-                return None;
-            }
-            return if ok {
-                (!m.quiet).then(|| send_entry(&m))
-            } else {
-                let mut e = tx_error(&m, crate::verbs::cq::status_errno(wc.status()));
-                e.prov_errno = wc.status() as i32;
-                Some(Owned::Errors(vec![e]))
-            };
+            return send_completion(en, id, wc.status());
         }
         if wr_id::is_kind(wc.wr_id(), Kind::RdmRead) {
-            let mut g = lock(&en.inner);
-            let r = g.reads.take(id)?;
-            let status = if ok {
-                0
-            } else {
-                crate::verbs::cq::status_errno(wc.status())
-            };
-            queue_fin(en, &mut g, r.conn, Fin { id: r.id, status });
-            let gone = conn_done(&mut g, r.conn);
-            drop(g);
-            drop((gone, r._reg));
-            let done = recv_done(
-                r.context,
-                r.flags,
-                r.tag,
-                r.data,
-                r.from,
-                r.size,
-                if ok { r.n } else { 0 },
-                0,
-                r.quiet,
-                (!ok).then_some(status),
-            );
-            // Polled from the send CQ: the receive's completion belongs to the receive CQ.
-            if same {
-                return to_owned(done);
-            }
-            write_out(&en.rx_cq, Some(done));
-            return None;
+            return read_completion(en, id, wc.status());
         }
         if !ok {
             // Bounce buffers flushed as the endpoint closes: nothing the application posted.
             return None;
         }
-        let mut g = lock(&en.inner);
-        let mut hdr = [0u8; Header::LEN + Rts::LEN];
-        let off = id as usize * en.slot;
-        let got = (wc.byte_len() as usize).min(hdr.len());
-        let parsed = en
-            .rx_pool
-            .read_at(off, &mut hdr[..got])
-            .and_then(|_| Header::decode(&hdr[..got], wc.byte_len() as usize));
-        let h = match parsed {
-            Ok(h) => h,
+        message(en, id, wc)
+    }
+}
+
+/// A send buffer's completion: the buffer is free again; the send completes unless it
+/// waits for a notice (rendezvous, delivery complete) or is a segment before the last.
+#[inline]
+fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
+    let ok = status == sv::wc_status::IBV_WC_SUCCESS;
+    let mut g = lock(&en.inner);
+    let m = g.tx[id as usize];
+    // An announcement's send waits for the receiver's notice; a failed one fails it.
+    let rndv = if ok {
+        g.tx[id as usize].rndv = NONE;
+        g.tx_free.push(id);
+        None
+    } else {
+        release_tx(&mut g, id)
+    };
+    let gone = conn_done(&mut g, m.conn);
+    flush_fins(en, &mut g);
+    drop(g);
+    drop((gone, rndv));
+    if m.part {
+        return None;
+    }
+    if ok {
+        (!m.quiet).then(|| send_entry(&m))
+    } else {
+        let mut e = tx_error(&m, crate::verbs::cq::status_errno(status));
+        e.prov_errno = status as i32;
+        Some(Owned::Errors(vec![e]))
+    }
+}
+
+/// A rendezvous read's completion: the sender is told, and the receive completes (on the
+/// receive CQ).
+#[cold]
+#[inline(never)]
+fn read_completion(en: &Enabled, id: u32, wc_status: u32) -> Option<Owned> {
+    let ok = wc_status == sv::wc_status::IBV_WC_SUCCESS;
+    let same = Arc::ptr_eq(&en.tx_cq, &en.rx_cq);
+    let mut g = lock(&en.inner);
+    let r = g.reads.take(id)?;
+    let status = if ok {
+        0
+    } else {
+        crate::verbs::cq::status_errno(wc_status)
+    };
+    queue_fin(en, &mut g, r.conn, Fin { id: r.id, status });
+    let gone = conn_done(&mut g, r.conn);
+    drop(g);
+    drop((gone, r._reg));
+    let done = recv_done(
+        r.context,
+        r.flags,
+        r.tag,
+        r.data,
+        r.from,
+        r.size,
+        if ok { r.n } else { 0 },
+        0,
+        r.quiet,
+        (!ok).then_some(status),
+    );
+    // Polled from the send CQ: the receive's completion belongs to the receive CQ.
+    if same {
+        return to_owned(done);
+    }
+    write_out(&en.rx_cq, Some(done));
+    None
+}
+
+/// A message in bounce buffer `id`: matched and delivered, or queued unexpected.
+#[inline]
+fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
+    let mut g = lock(&en.inner);
+    let mut hdr = [0u8; Header::LEN + Rts::LEN];
+    let off = id as usize * en.slot;
+    let got = (wc.byte_len() as usize).min(hdr.len());
+    let parsed = en
+        .rx_pool
+        .read_at(off, &mut hdr[..got])
+        .and_then(|_| Header::decode(&hdr[..got], wc.byte_len() as usize));
+    let h = match parsed {
+        Ok(h) => h,
+        Err(e) => {
+            crate::fi_warn!("rdm", "dropping a message: {e}");
+            let _ = post_bounce(en, id);
+            return None;
+        }
+    };
+    let body = &hdr[Header::LEN..got];
+    if h.op == Op::Fin {
+        return notice(en, g, id, body);
+    }
+    let rts = match h.op {
+        Op::RtsMsg | Op::RtsTag => match Rts::decode(body) {
+            Ok(r) => Some(r),
             Err(e) => {
                 crate::fi_warn!("rdm", "dropping a message: {e}");
                 let _ = post_bounce(en, id);
                 return None;
             }
-        };
-        let body = &hdr[Header::LEN..got];
-        if h.op == Op::Fin {
+        },
+        _ => None,
+    };
+    // One lookup per message: who sent it, and on which connection.
+    let route = g.qpns.get(&wc.qp_num()).copied();
+    let src = route.map(|r| r.peer);
+    let addr = match src {
+        Some(p) => {
+            let peer = &mut g.peers[p as usize];
+            if peer.addr == FI_ADDR_NOTAVAIL {
+                peer.addr = en.av.find_rdm(&peer.name).unwrap_or(FI_ADDR_NOTAVAIL);
+            }
+            peer.addr
+        }
+        None => FI_ADDR_NOTAVAIL,
+    };
+    let conn = route.map_or(NONE, |r| r.conn);
+    if matches!(h.op, Op::SegMsg | Op::SegTag | Op::Cont) {
+        return segment(en, &mut g, wc.qp_num(), id, &h, addr, conn);
+    }
+    let kind = if h.op.tagged() {
+        RxKind::Tag
+    } else {
+        RxKind::Msg
+    };
+    let size = rts.map_or(h.len as usize, |r| r.size as usize);
+    g.rx[id as usize] = RxMeta {
+        data: h.data,
+        rts,
+        ack: h.ack,
+        conn,
+        held: false,
+    };
+    match arrive(&mut g, kind, addr, h.tag, size, id) {
+        Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
+        Ok(Arrival::Unexpected(e)) => {
+            unexpected(
+                en,
+                &mut g,
+                id,
+                e,
+                if rts.is_some() { 0 } else { h.len as usize },
+            );
+            None
+        }
+        Err(e) => {
+            // Only when the engine cannot grow (no memory left): lost, and said so.
+            crate::fi_warn!("rdm", "receive engine full, message dropped: {e}");
             let _ = post_bounce(en, id);
-            let fin = Fin::decode(body).ok()?;
-            crate::fi_debug!("rdm", "notice {fin:?}");
-            let s = g.sends.take(fin.id);
-            drop(g);
-            let s = s?;
-            let done = if fin.status == 0 {
-                (!s.meta.quiet).then(|| send_entry(&s.meta))
-            } else {
-                Some(Owned::Errors(vec![tx_error(&s.meta, fin.status)]))
-            };
-            drop(s);
-            // Polled from the receive CQ: the send's completion belongs to the send CQ.
-            if same {
-                return done;
-            }
-            let w = match done {
-                Some(Owned::Entry(e, from)) => en.tx_cq.write(e, from),
-                Some(Owned::Errors(v)) => v.into_iter().try_for_each(|e| en.tx_cq.writeerr(e)),
-                None => Ok(()),
-            };
-            if let Err(e) = w {
-                crate::fi_warn!("rdm", "send completion not written: {e}");
-            }
-            return None;
-        }
-        let rts = match h.op {
-            Op::RtsMsg | Op::RtsTag => match Rts::decode(body) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    crate::fi_warn!("rdm", "dropping a message: {e}");
-                    let _ = post_bounce(en, id);
-                    return None;
-                }
-            },
-            _ => None,
-        };
-        // One lookup per message: who sent it, and on which connection.
-        let route = g.qpns.get(&wc.qp_num()).copied();
-        let src = route.map(|r| r.peer);
-        let addr = match src {
-            Some(p) => {
-                let peer = &mut g.peers[p as usize];
-                if peer.addr == FI_ADDR_NOTAVAIL {
-                    peer.addr = en.av.find_rdm(&peer.name).unwrap_or(FI_ADDR_NOTAVAIL);
-                }
-                peer.addr
-            }
-            None => FI_ADDR_NOTAVAIL,
-        };
-        let conn = route.map_or(NONE, |r| r.conn);
-        if matches!(h.op, Op::SegMsg | Op::SegTag | Op::Cont) {
-            return segment(en, &mut g, wc.qp_num(), id, &h, addr, conn);
-        }
-        let kind = if h.op.tagged() {
-            RxKind::Tag
-        } else {
-            RxKind::Msg
-        };
-        let size = rts.map_or(h.len as usize, |r| r.size as usize);
-        g.rx[id as usize] = RxMeta {
-            data: h.data,
-            rts,
-            ack: h.ack,
-            conn,
-            held: false,
-        };
-        match arrive(&mut g, kind, addr, h.tag, size, id) {
-            Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
-            Ok(Arrival::Unexpected(e)) => {
-                let payload = if rts.is_some() { 0 } else { h.len as usize };
-                let aside = if (g.held as usize) < en.rx_n / 2 {
-                    None
-                } else {
-                    spill(en, &mut g, id, payload)
-                        .map_err(|err| {
-                            crate::fi_info!("rdm", "{err}: the message keeps its buffer")
-                        })
-                        .ok()
-                };
-                match aside {
-                    Some(holder) => {
-                        g.engine.entry_mut(e).owner = holder as u64;
-                        if let Err(err) = post_bounce(en, id) {
-                            crate::fi_warn!("rdm", "reposting bounce buffer {id}: {err}");
-                        }
-                    }
-                    None => {
-                        // The bounce buffer holds it until a receive comes.
-                        g.rx[id as usize].held = true;
-                        g.held += 1;
-                    }
-                }
-                let _ = g.engine.queue(e);
-                None
-            }
-            Err(e) => {
-                // Only when the engine cannot grow (no memory left): lost, and said so.
-                crate::fi_warn!("rdm", "receive engine full, message dropped: {e}");
-                let _ = post_bounce(en, id);
-                None
-            }
+            None
         }
     }
 }
 
+/// A delivery or rendezvous notice in bounce buffer `id`: the send it names completes.
+#[cold]
+#[inline(never)]
+fn notice(
+    en: &Enabled,
+    mut g: std::sync::MutexGuard<'_, Inner>,
+    id: u32,
+    body: &[u8],
+) -> Option<Owned> {
+    let same = Arc::ptr_eq(&en.tx_cq, &en.rx_cq);
+    let _ = post_bounce(en, id);
+    let fin = Fin::decode(body).ok()?;
+    crate::fi_debug!("rdm", "notice {fin:?}");
+    let s = g.sends.take(fin.id);
+    drop(g);
+    let s = s?;
+    let done = if fin.status == 0 {
+        (!s.meta.quiet).then(|| send_entry(&s.meta))
+    } else {
+        Some(Owned::Errors(vec![tx_error(&s.meta, fin.status)]))
+    };
+    drop(s);
+    // Polled from the receive CQ: the send's completion belongs to the send CQ.
+    if same {
+        return done;
+    }
+    let w = match done {
+        Some(Owned::Entry(e, from)) => en.tx_cq.write(e, from),
+        Some(Owned::Errors(v)) => v.into_iter().try_for_each(|e| en.tx_cq.writeerr(e)),
+        None => Ok(()),
+    };
+    if let Err(e) = w {
+        crate::fi_warn!("rdm", "send completion not written: {e}");
+    }
+    None
+}
+
+/// Unexpected message `e` in bounce buffer `id`: the buffer holds it until a receive
+/// comes, or, once half the buffers are held, its `payload` bytes are copied aside and the
+/// buffer goes back to the SRQ at once.
+#[cold]
+#[inline(never)]
+fn unexpected(en: &Enabled, g: &mut Inner, id: u32, e: u32, payload: usize) {
+    let aside = if (g.held as usize) < en.rx_n / 2 {
+        None
+    } else {
+        spill(en, g, id, payload)
+            .map_err(|err| crate::fi_info!("rdm", "{err}: the message keeps its buffer"))
+            .ok()
+    };
+    match aside {
+        Some(holder) => {
+            g.engine.entry_mut(e).owner = holder as u64;
+            if let Err(err) = post_bounce(en, id) {
+                crate::fi_warn!("rdm", "reposting bounce buffer {id}: {err}");
+            }
+        }
+        None => {
+            g.rx[id as usize].held = true;
+            g.held += 1;
+        }
+    }
+    let _ = g.engine.queue(e);
+}
+
 /// A send's completion entry.
+#[inline]
 fn send_entry(m: &TxMeta) -> Owned {
     Owned::Entry(
         CqEntry {
@@ -2463,6 +2583,7 @@ fn send_entry(m: &TxMeta) -> Owned {
 
 /// One operation on connection `c` finished; returns the connection when it is down and
 /// that was its last (to drop once the lock is released).
+#[inline]
 fn conn_done(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
     let down = open_conn_mut(g, c).and_then(|conn| {
         conn.in_flight -= 1;
@@ -2565,10 +2686,8 @@ impl Drop for Shared {
             }
         }
         g.conns.clear();
-        for q in g.qpns.keys() {
-            en.tx_cq.unregister_owner(*q);
-            en.rx_cq.unregister_owner(*q);
-        }
+        en.tx_cq.unregister_keyed_owner(en.key);
+        en.rx_cq.unregister_keyed_owner(en.key);
     }
 }
 

@@ -103,6 +103,35 @@ pub(crate) fn is_owned(wr_id: u64) -> bool {
         || k == Kind::RdmRead as u64
 }
 
+/// Bits of a keyed work request id that index the owner's operation (`keyed`).
+pub(crate) const INDEX_BITS: u32 = 24;
+
+/// A work request id of an owner found by key (an RDM endpoint's): `index` names the
+/// operation (below 2^24), `key` the owner (`CompletionQueue::register_keyed_owner`).
+#[inline(always)]
+pub(crate) fn keyed(index: u32, key: u32, kind: Kind) -> u64 {
+    debug_assert!(index < 1 << INDEX_BITS);
+    encode(
+        u64::from(index) | (u64::from(key) << INDEX_BITS),
+        kind,
+        false,
+    )
+}
+
+/// The operation index of a keyed work request id.
+#[inline(always)]
+pub(crate) fn index(wr_id: u64) -> u32 {
+    (wr_id & ((1 << INDEX_BITS) - 1)) as u32
+}
+
+/// The owner key of an RDM work request id, `None` for other kinds.
+#[inline(always)]
+pub(crate) fn owner_key(wr_id: u64) -> Option<u32> {
+    let k = (wr_id >> KIND_SHIFT) & KIND_MASK;
+    (k == Kind::RdmRecv as u64 || k == Kind::RdmSend as u64 || k == Kind::RdmRead as u64)
+        .then_some(((wr_id & CONTEXT) >> INDEX_BITS) as u32)
+}
+
 #[inline(always)]
 pub(crate) fn is_kind(wr_id: u64, kind: Kind) -> bool {
     (wr_id >> KIND_SHIFT) & KIND_MASK == kind as u64
@@ -142,6 +171,20 @@ mod tests {
                 assert_eq!((context(w), flags(w), is_suppressed(w)), (ctx, f, sup));
             }
         }
+    }
+
+    #[test]
+    fn keyed_ids_carry_index_key_and_kind() {
+        for kind in [Kind::RdmRecv, Kind::RdmSend, Kind::RdmRead] {
+            let w = keyed(0xff_fffe, u32::MAX, kind);
+            assert_eq!((index(w), owner_key(w)), (0xff_fffe, Some(u32::MAX)));
+            assert!(is_owned(w) && is_kind(w, kind) && !is_suppressed(w) && !is_peer(w));
+        }
+        assert_eq!(owner_key(encode(7 << INDEX_BITS, Kind::Recv, false)), None);
+        assert_eq!(
+            owner_key(encode(7 << INDEX_BITS, Kind::DgramRecv, false)),
+            None
+        );
     }
 
     #[test]

@@ -47,11 +47,28 @@ impl Deadline {
     }
 }
 
+/// `RFAB_SETTLE_US`: wait this long before reading for a round trip's completions. Only for
+/// counting instructions (`scripts/compare-guest --instructions`): the completions are then
+/// there at the first read, so the count holds the provider's work and no waiting spins,
+/// whose number follows how busy the machine is.
+fn settle() -> Option<Duration> {
+    static SETTLE: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *SETTLE.get_or_init(|| {
+        std::env::var("RFAB_SETTLE_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_micros)
+    })
+}
+
 /// Counts completions until `recvs` receives were seen; sends are reaped on the way.
 /// Returns how many send completions were reaped.
 fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String> {
     let mut out = c.entries.borrow_mut();
     let (mut got, mut sends) = (0, 0);
+    if let Some(d) = settle() {
+        std::thread::sleep(d);
+    }
     while got < recvs {
         match c.cq.read(&mut out[..]) {
             Ok(n) => {

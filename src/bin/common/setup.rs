@@ -141,6 +141,8 @@ fn hints(o: &Opts) -> Info {
     // One buffer per operation, as perftest: smaller work queue entries.
     h.tx_attr.iov_limit = 1;
     h.rx_attr.iov_limit = 1;
+    // One thread per process uses the domain (fabtests ask the same).
+    h.domain_attr.threading = Threading::Domain;
     if let Some(d) = &o.device {
         h.domain_attr.name = d.clone();
     }
