@@ -622,6 +622,59 @@ fn large_messages_are_read_by_the_receiver_in_order_with_eager_ones_between() {
     assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 78);
 }
 
+/// Rendezvous sends of `n` bytes from `src` into `dst` (one at a time, bytes checked);
+/// returns the memory registrations they made.
+fn rendezvous_registrations(
+    v: &[Node],
+    txs: &[Arc<CompletionQueue>],
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+    n: usize,
+    count: u64,
+) -> u64 {
+    let before = rfabric_sys::verbs::registrations();
+    for k in 0..count {
+        src.write_at(0, &pattern(n, k as u8)).unwrap();
+        v[1].ep
+            .trecv(RecvBuf::region(dst, 0, n).unwrap(), ANY, 5, 0, 200 + k)
+            .unwrap();
+        v[0].ep
+            .send_region(src, 0, n, 1, Some(5), 300 + k, Flags::empty())
+            .unwrap();
+        let e = next_on(v, &v[1].cq).unwrap();
+        assert_eq!((e.op_context, e.len), (200 + k, n));
+        assert_eq!(next_on(v, &txs[0]).unwrap().op_context, 300 + k);
+        let mut b = vec![0u8; n];
+        dst.read_at(0, &mut b).unwrap();
+        assert!(b == pattern(n, k as u8), "message {k}");
+    }
+    rfabric_sys::verbs::registrations() - before
+}
+
+#[test]
+fn rendezvous_uses_the_applications_registrations_when_their_access_allows() {
+    let Some(info) = rdm_info() else { return };
+    let (v, txs, domain) = split_nodes(&info);
+    let n = (1 << 20) + 5;
+    // Connect first: a connection registers nothing of the application's, but count only
+    // the transfers.
+    v[0].ep.tsend(b"hello", 5, 1, 1).unwrap();
+    v[1].ep.trecv(recv_buf(&v[1], 0, 5), ANY, 5, 0, 2).unwrap();
+    assert_eq!(next_on(&v, &v[1].cq).unwrap().op_context, 2);
+    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 1);
+    // The sender granted FI_REMOTE_READ, the receiver FI_RECV (the device writes it): both
+    // sides use the application's own registration, whatever the number of messages.
+    let readable = MemoryRegion::alloc(&domain, n, Flags::SEND | Flags::REMOTE_READ).unwrap();
+    let dst = MemoryRegion::alloc(&domain, n, Flags::RECV).unwrap();
+    assert_eq!(rendezvous_registrations(&v, &txs, &readable, &dst, n, 4), 0);
+    // FI_SEND alone grants no remote read: each send registers its buffer for the peer's
+    // read, for that send only.
+    let plain = MemoryRegion::alloc(&domain, n, Flags::SEND).unwrap();
+    assert_eq!(rendezvous_registrations(&v, &txs, &plain, &dst, n, 4), 4);
+    quiet(&v, 0);
+    quiet(&v, 1);
+}
+
 /// Waits for the sender's completions, so that its messages wait at the receiver.
 fn sent(v: &[Node], from: usize, n: usize) {
     for _ in 0..n {

@@ -103,9 +103,21 @@ impl RecvBuf {
         }
     }
 
-    /// Registers `n` bytes at `at` for the device to write (a rendezvous read lands there).
-    fn register(&self, domain: &Domain, at: usize, n: usize) -> Result<sv::MemoryRegion> {
+    /// `n` bytes at `at` for the device to write (a rendezvous read lands there): the
+    /// application's own registration when it lets the device write (`FI_RECV`), else a
+    /// registration for this read alone.
+    fn expose(&self, domain: &Domain, at: usize, n: usize) -> Result<(Exposed, sv::Sge)> {
+        let range = || {
+            Error::new(
+                errno::EINVAL,
+                "a rendezvous read outside its receive buffer",
+            )
+        };
         let r = match self {
+            RecvBuf::Region { mr, offset, .. } if mr.access() & sv::access::LOCAL_WRITE != 0 => {
+                let sge = mr.sge(offset + at, n).ok_or_else(range)?;
+                return Ok((Exposed::App(mr.clone()), sge));
+            }
             RecvBuf::Region { mr, offset, .. } => {
                 sv::MemoryRegion::register_view(mr, offset + at, n, sv::access::LOCAL_WRITE)
             }
@@ -114,8 +126,19 @@ impl RecvBuf {
                 .ok_or(libc::EINVAL)
                 .and_then(|b| b.register(domain.pd(), sv::access::LOCAL_WRITE)),
         };
-        r.map_err(|e| Error::os(e, "ibv_reg_mr of a receive buffer (rendezvous)"))
+        let r = r.map_err(|e| Error::os(e, "ibv_reg_mr of a receive buffer (rendezvous)"))?;
+        let sge = r.sge(0, n).ok_or_else(range)?;
+        Ok((Exposed::Own(r), sge))
     }
+}
+
+/// Memory a rendezvous exposes (the sender's to the peer's read, the receiver's to the
+/// read's landing): a registration for that operation alone, or the application's own
+/// region when its access already allows it (held, so it outlives the operation).
+#[derive(Debug)]
+enum Exposed {
+    Own(#[allow(dead_code)] sv::MemoryRegion),
+    App(#[allow(dead_code)] Arc<sv::MemoryRegion>),
 }
 
 /// Where a send's bytes come from.
@@ -182,8 +205,19 @@ impl Src<'_> {
         }
     }
 
-    /// Registers the bytes for one peer to read (rendezvous); a borrowed slice cannot be.
-    fn register(&self, domain: &Domain) -> Result<sv::MemoryRegion> {
+    /// The bytes for one peer to read (rendezvous), with their address and key: the
+    /// application's own registration when it grants remote read (`FI_REMOTE_READ`), else a
+    /// registration for this send alone. A borrowed slice cannot be read later.
+    fn expose(&self, domain: &Domain) -> Result<(Exposed, u64, u32)> {
+        if let Src::Region(mr, off, len) = self {
+            let m = mr.sys();
+            if m.access() & sv::access::REMOTE_READ != 0 {
+                let sge = m
+                    .sge(*off, *len)
+                    .ok_or_else(|| mr.range_error(*off, *len))?;
+                return Ok((Exposed::App(m.clone()), sge.addr, m.rkey()));
+            }
+        }
         let r = match self {
             Src::Slices(_) => {
                 return Err(Error::new(
@@ -196,7 +230,9 @@ impl Src<'_> {
             }
             Src::Foreign(f) => f.register(domain.pd(), sv::access::REMOTE_READ),
         };
-        r.map_err(|e| Error::os(e, "ibv_reg_mr of a send buffer (rendezvous)"))
+        let r = r.map_err(|e| Error::os(e, "ibv_reg_mr of a send buffer (rendezvous)"))?;
+        let (addr, rkey) = (r.addr(), r.rkey());
+        Ok((Exposed::Own(r), addr, rkey))
     }
 }
 
@@ -337,7 +373,7 @@ struct RndvSend {
     meta: TxMeta,
     /// Exposed to the peer's read until the notice comes (none for an eager message sent
     /// with `FI_DELIVERY_COMPLETE`, which waits for the same notice).
-    _reg: Option<sv::MemoryRegion>,
+    _reg: Option<Exposed>,
 }
 
 /// A rendezvous read in flight, for a matched receive.
@@ -355,7 +391,7 @@ struct RndvRead {
     conn: u32,
     /// The sender's handle, echoed in the notice.
     id: u32,
-    _reg: Option<sv::MemoryRegion>,
+    _reg: Option<Exposed>,
 }
 
 /// Slots reused by index, for in-flight operations.
@@ -1009,7 +1045,7 @@ impl RdmEndpoint {
             1
         };
         let reg = if len > eager && segs == 1 {
-            Some(src.register(&self.sh.domain)?)
+            Some(src.expose(&self.sh.domain)?)
         } else {
             None
         };
@@ -1080,10 +1116,10 @@ impl RdmEndpoint {
                     .write_at(off, &hdr.encode())
                     .and_then(|_| src.copy_to(&en.tx_pool, off + Header::LEN))
             }
-            Some(reg) => {
+            Some((reg, addr, rkey)) => {
                 let rts = Rts {
-                    addr: reg.addr(),
-                    rkey: reg.rkey(),
+                    addr,
+                    rkey,
                     size: len as u64,
                     id: 0,
                 };
@@ -1764,16 +1800,10 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
             e.context, flags, e.tag, m.data, e.addr, e.size, 0, buf, quiet, None,
         );
     }
-    let reg = match ebuf.as_ref().map(|b| b.register(&en.domain, e.offset, n)) {
+    let (reg, sge) = match ebuf.as_ref().map(|b| b.expose(&en.domain, e.offset, n)) {
         Some(Ok(r)) => r,
         Some(Err(err)) => return failed(g, err),
         None => return failed(g, Error::new(errno::EINVAL, "a receive without a buffer")),
-    };
-    let Some(sge) = reg.sge(0, n) else {
-        return failed(
-            g,
-            Error::new(errno::EINVAL, "registration shorter than asked"),
-        );
     };
     let rid = g.reads.insert(RndvRead {
         context: e.context,

@@ -310,6 +310,8 @@ pub struct MemoryRegion {
     len: usize,
     lkey: u32,
     rkey: u32,
+    /// The verbs access it was registered with (`access::*`).
+    access: u32,
     /// Present when the region owns its memory (allocated with [`MemoryRegion::alloc`]).
     owned: Option<Layout>,
     /// The region whose memory this one registers again ([`MemoryRegion::register_view`]):
@@ -322,6 +324,14 @@ pub struct MemoryRegion {
 unsafe impl Send for MemoryRegion {}
 // SAFETY: as above; byte access goes through raw copies (see read_at/write_at).
 unsafe impl Sync for MemoryRegion {}
+
+static REGISTRATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Memory registrations (`ibv_reg_mr`) this process has made: what tests count to show a
+/// path registers nothing.
+pub fn registrations() -> u64 {
+    REGISTRATIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 impl MemoryRegion {
     /// Allocates `len` zeroed, page-aligned bytes and registers them.
@@ -371,6 +381,7 @@ impl MemoryRegion {
         // SAFETY: valid PD; memory validity is the caller's contract.
         let mr = unsafe { r::ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access as i32) };
         let mr = NonNull::new(mr).ok_or_else(last_errno)?;
+        REGISTRATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: a successful registration returns a valid ibv_mr.
         let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
         Ok(MemoryRegion {
@@ -379,6 +390,7 @@ impl MemoryRegion {
             len,
             lkey,
             rkey,
+            access,
             owned: None,
             _parent: None,
             _pd: pd.clone(),
@@ -422,6 +434,10 @@ impl MemoryRegion {
     }
     pub fn rkey(&self) -> u32 {
         self.rkey
+    }
+    /// The verbs access it was registered with (`access::*`; local read is implied).
+    pub fn access(&self) -> u32 {
+        self.access
     }
 
     /// The element naming `offset..offset+len` of this region, if it lies inside it.

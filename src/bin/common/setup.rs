@@ -437,7 +437,11 @@ fn connect_rdm(
     ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
     ep.bind_av(&av).map_err(e)?;
     ep.enable().map_err(e)?;
-    let tx = MemoryRegion::alloc(&domain, max.max(1), Flags::SEND).map_err(e)?;
+    // The send buffer grants remote read: large messages are read from it by the receiver
+    // (rendezvous) with no registration per message, as perftest's buffers are registered
+    // once. Without it each large send registers its buffer for that send.
+    let tx =
+        MemoryRegion::alloc(&domain, max.max(1), Flags::SEND | Flags::REMOTE_READ).map_err(e)?;
     let rx = MemoryRegion::alloc(&domain, max.max(1), Flags::RECV).map_err(e)?;
     let tag = o.tagged.then_some(TAG);
     let theirs = swap_names(
