@@ -1038,8 +1038,15 @@ impl RdmEndpoint {
             part: false,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
-        // the receiver once matched.
-        let segs = if len > eager && len <= en.seg_max {
+        // the receiver once matched. A region that already grants remote read needs no
+        // registration for that read, which then beats copying past two buffers' worth.
+        let seg_max = match src {
+            Src::Region(mr, ..) if mr.sys().access() & sv::access::REMOTE_READ != 0 => {
+                en.seg_max.min(2 * eager)
+            }
+            _ => en.seg_max,
+        };
+        let segs = if len > eager && len <= seg_max {
             len.div_ceil(eager)
         } else {
             1
