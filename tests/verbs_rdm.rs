@@ -669,7 +669,10 @@ fn rendezvous_uses_the_applications_registrations_when_their_access_allows() {
     assert_eq!(rendezvous_registrations(&v, &txs, &readable, &dst, n, 4), 0);
     // Past two bounce buffers such a region goes by rendezvous even below the segmented size.
     let mid = 3 * v[0].ep.inject_size() + 7;
-    assert_eq!(rendezvous_registrations(&v, &txs, &readable, &dst, mid, 2), 0);
+    assert_eq!(
+        rendezvous_registrations(&v, &txs, &readable, &dst, mid, 2),
+        0
+    );
     // FI_SEND alone grants no remote read: each send registers its buffer for the peer's
     // read, for that send only.
     let plain = MemoryRegion::alloc(&domain, n, Flags::SEND).unwrap();
