@@ -681,6 +681,94 @@ fn rendezvous_uses_the_applications_registrations_when_their_access_allows() {
     quiet(&v, 1);
 }
 
+#[test]
+fn quiet_sends_go_unsignaled_and_their_buffers_come_back_even_when_the_peer_leaves() {
+    let Some(info) = rdm_info() else { return };
+    let mut v = nodes(&info, 2, false);
+    let (free0, all) = v[0].ep.send_buffers();
+    assert_eq!(free0, all);
+    // More injects than send buffers: each buffer comes back with a later signalled send's
+    // completion, so the sender never runs dry for good. Nothing is lost, nothing reported.
+    let n = all as u64 * 3;
+    let (mut sent, mut got, mut posted) = (0u64, 0u64, 0u64);
+    let t = Instant::now();
+    while got < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "sent {sent}, got {got} of {n}"
+        );
+        while posted < n && posted < got + 16 {
+            v[1].ep
+                .trecv(
+                    recv_buf(&v[1], (posted % 16) as usize, 64),
+                    ANY,
+                    1,
+                    0,
+                    posted,
+                )
+                .unwrap();
+            posted += 1;
+        }
+        while sent < n && sent < got + 200 {
+            let msg = pattern(64, sent as u8);
+            match v[0].ep.tinject(&msg, 1, 1) {
+                Ok(()) => sent += 1,
+                Err(e) if e.is_again() => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let mut e = [TaggedEntry::default(); 16];
+        match v[0].cq.read(&mut e) {
+            Err(err) if err.is_again() => {}
+            other => panic!("a quiet send reported {other:?}"),
+        }
+        match v[1].cq.read(&mut e) {
+            Ok(k) => {
+                for x in &e[..k] {
+                    let b = read(&v[1], (x.op_context % 16) as usize, 64);
+                    assert!(
+                        b == pattern(64, x.op_context as u8),
+                        "message {}",
+                        x.op_context
+                    );
+                    assert_eq!(x.op_context, got, "in order");
+                    got += 1;
+                }
+            }
+            Err(err) if err.is_again() => {}
+            Err(err) => panic!("{err}: {:?}", v[1].cq.readerr()),
+        }
+    }
+    // A few more stay unsignalled; the receiver leaves. Its disconnect frees them (a
+    // signalled send behind them, flushed) and the connection goes.
+    for k in 0..5 {
+        v[0].ep.tinject(b"last", 1, 1).unwrap();
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, 1000 + k)
+            .unwrap();
+        assert_eq!(next_ok(&v, 1).0.op_context, 1000 + k);
+    }
+    assert!(
+        v[0].ep.send_buffers().0 < all,
+        "the last injects went unsignalled"
+    );
+    drop(v.remove(1));
+    let t = Instant::now();
+    while v[0].ep.send_buffers().0 < all {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "send buffers {:?} after the peer left",
+            v[0].ep.send_buffers()
+        );
+        v[0].ep.progress();
+        let mut e = [TaggedEntry::default(); 1];
+        match v[0].cq.read(&mut e) {
+            Err(err) if err.is_again() => {}
+            other => panic!("the peer's leaving reported {other:?}"),
+        }
+    }
+}
+
 /// Waits for the sender's completions, so that its messages wait at the receiver.
 fn sent(v: &[Node], from: usize, n: usize) {
     for _ in 0..n {

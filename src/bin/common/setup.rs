@@ -132,6 +132,13 @@ pub(crate) struct Conn {
     _control: TcpStream,
 }
 
+/// Whether sends ask for their completion (`FI_COMPLETION`) one in `CQ_MOD` times, as
+/// perftest's do: both sides of a latency run, the client of a bandwidth run (its server
+/// waits for the completion of its one answer).
+fn selective_sends(o: &Opts, is_server: bool) -> bool {
+    o.test == Test::SendLat || !is_server
+}
+
 fn hints(o: &Opts) -> Info {
     let mut h = Info::default();
     h.ep_attr.ep_type = EpType::Msg;
@@ -278,7 +285,7 @@ fn endpoint(
     control: TcpStream,
 ) -> Result<Conn, String> {
     let inline = o.inline;
-    let selective_tx = o.test == Test::SendBw && pep.is_none();
+    let selective_tx = selective_sends(o, pep.is_some());
     let e = |e: Error| e.to_string();
     let is_server = pep.is_some();
     let mut info = info.clone();
@@ -288,7 +295,6 @@ fn endpoint(
     let cq = CompletionQueue::open(domain, &CqAttr::default()).map_err(e)?;
     let ep = MsgEndpoint::open(domain, &info, 0).map_err(e)?;
     ep.bind_eq(eq).map_err(e)?;
-    // The bandwidth client asks for one send completion in CQ_MOD, as perftest does.
     let tx_bind = if selective_tx {
         Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
     } else {
@@ -343,7 +349,13 @@ fn connect_ud(
     let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
     let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
     let ep = DgramEndpoint::open(&domain, &info).map_err(e)?;
-    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).map_err(e)?;
+    let tx_bind = if selective_sends(o, is_server) {
+        Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
+    } else {
+        Flags::TRANSMIT
+    };
+    ep.bind_cq(&cq, tx_bind).map_err(e)?;
+    ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
     ep.bind_av(&av).map_err(e)?;
     ep.enable().map_err(e)?;
     let tx = MemoryRegion::alloc(&domain, max.max(1), Flags::SEND).map_err(e)?;
@@ -427,8 +439,7 @@ fn connect_rdm(
     let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
     let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
     let ep = RdmEndpoint::open(&domain, &info).map_err(e)?;
-    // The bandwidth client asks for one send completion in CQ_MOD, as perftest does.
-    let tx_bind = if o.test == Test::SendBw && !is_server {
+    let tx_bind = if selective_sends(o, is_server) {
         Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
     } else {
         Flags::TRANSMIT
