@@ -1223,16 +1223,9 @@ impl RdmEndpoint {
         setup_begin(en);
         g.peers[peer as usize].link.connecting(c);
         drop(g);
-        let opened = self.sh.open_conn(en, c, None);
-        let mut g = lock(&en.inner);
-        // Installed before connecting, so that its first message finds it.
-        let started = opened.and_then(|ep| {
-            install(en, &mut g, c, peer, ep);
-            let Some(conn) = open_conn_mut(&mut g, c) else {
-                unreachable!("installed above")
-            };
-            conn.ep.connect(&en.bytes)
-        });
+        let (mut g, started) = self
+            .sh
+            .open_and_start(en, c, peer, None, |ep, name| ep.connect(name));
         match started {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -2246,6 +2239,29 @@ impl Shared {
 
     /// Opens, binds and enables a connection's MSG endpoint (outside the lock): to `to`
     /// (its listener) when connecting, or on the request in `info` when accepting.
+    /// Opens connection `c`'s endpoint to `peer` (the lock not held), installs it, and starts
+    /// it with `start` (connect, or accept `accept`'s request) given this endpoint's name.
+    /// Installed first, so that its first message finds it. Returns the lock, taken again.
+    fn open_and_start<'a>(
+        &self,
+        en: &'a Enabled,
+        c: u32,
+        peer: u32,
+        accept: Option<&Info>,
+        start: impl FnOnce(&MsgEndpoint, &[u8]) -> Result<()>,
+    ) -> (std::sync::MutexGuard<'a, Inner>, Result<()>) {
+        let opened = self.open_conn(en, c, accept);
+        let mut g = lock(&en.inner);
+        let started = opened.and_then(|ep| {
+            install(en, &mut g, c, peer, ep);
+            let Some(conn) = open_conn_mut(&mut g, c) else {
+                unreachable!("installed above")
+            };
+            start(&conn.ep, &en.bytes)
+        });
+        (g, started)
+    }
+
     fn open_conn(&self, en: &Enabled, c: u32, accept: Option<&Info>) -> Result<MsgEndpoint> {
         let info = match accept {
             Some(i) => {
@@ -2440,15 +2456,8 @@ impl Shared {
             g.peers[peer as usize].link.accepting(c);
         }
         drop(g);
-        let opened = self.open_conn(en, c, Some(&info));
-        let mut g = lock(&en.inner);
-        let accepted = opened.and_then(|conn| {
-            install(en, &mut g, c, peer, conn);
-            let Some(conn) = open_conn_mut(&mut g, c) else {
-                unreachable!("installed above")
-            };
-            conn.ep.accept(&en.bytes)
-        });
+        let (mut g, accepted) =
+            self.open_and_start(en, c, peer, Some(&info), |ep, name| ep.accept(name));
         if let Err(e) = accepted {
             crate::fi_warn!("rdm", "accepting {}: {e}", remote.to_str());
             let gone = uninstall(&mut g, c);

@@ -132,11 +132,15 @@ pub(crate) struct Conn {
     _control: TcpStream,
 }
 
-/// Whether sends ask for their completion (`FI_COMPLETION`) one in `CQ_MOD` times, as
-/// perftest's do: both sides of a latency run, the client of a bandwidth run (its server
-/// waits for the completion of its one answer).
-fn selective_sends(o: &Opts, is_server: bool) -> bool {
-    o.test == Test::SendLat || !is_server
+/// How sends bind their CQ: with selective completion (`FI_COMPLETION` asked one in
+/// `CQ_MOD` times, as perftest does) on both sides of a latency run and on the client of a
+/// bandwidth run, whose server waits for the completion of its one answer.
+fn send_bind(o: &Opts, is_server: bool) -> Flags {
+    if o.test == Test::SendLat || !is_server {
+        Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
+    } else {
+        Flags::TRANSMIT
+    }
 }
 
 fn hints(o: &Opts) -> Info {
@@ -285,7 +289,6 @@ fn endpoint(
     control: TcpStream,
 ) -> Result<Conn, String> {
     let inline = o.inline;
-    let selective_tx = selective_sends(o, pep.is_some());
     let e = |e: Error| e.to_string();
     let is_server = pep.is_some();
     let mut info = info.clone();
@@ -295,12 +298,7 @@ fn endpoint(
     let cq = CompletionQueue::open(domain, &CqAttr::default()).map_err(e)?;
     let ep = MsgEndpoint::open(domain, &info, 0).map_err(e)?;
     ep.bind_eq(eq).map_err(e)?;
-    let tx_bind = if selective_tx {
-        Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
-    } else {
-        Flags::TRANSMIT
-    };
-    ep.bind_cq(&cq, tx_bind).map_err(e)?;
+    ep.bind_cq(&cq, send_bind(o, is_server)).map_err(e)?;
     ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
     ep.enable().map_err(e)?;
     let tx = MemoryRegion::alloc(domain, max.max(1), Flags::SEND).map_err(e)?;
@@ -349,12 +347,7 @@ fn connect_ud(
     let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
     let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
     let ep = DgramEndpoint::open(&domain, &info).map_err(e)?;
-    let tx_bind = if selective_sends(o, is_server) {
-        Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
-    } else {
-        Flags::TRANSMIT
-    };
-    ep.bind_cq(&cq, tx_bind).map_err(e)?;
+    ep.bind_cq(&cq, send_bind(o, is_server)).map_err(e)?;
     ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
     ep.bind_av(&av).map_err(e)?;
     ep.enable().map_err(e)?;
@@ -439,12 +432,7 @@ fn connect_rdm(
     let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
     let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
     let ep = RdmEndpoint::open(&domain, &info).map_err(e)?;
-    let tx_bind = if selective_sends(o, is_server) {
-        Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
-    } else {
-        Flags::TRANSMIT
-    };
-    ep.bind_cq(&cq, tx_bind).map_err(e)?;
+    ep.bind_cq(&cq, send_bind(o, is_server)).map_err(e)?;
     ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
     ep.bind_av(&av).map_err(e)?;
     ep.enable().map_err(e)?;
