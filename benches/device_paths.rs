@@ -103,6 +103,33 @@ fn timed_reads(b: &Bed, iters: u64, batch: usize) -> Duration {
     spent
 }
 
+/// `iters` sends (`sends`) or receives, timed `CHUNK` at a time; the other side's posts
+/// that match them and the completions they leave are untimed.
+fn timed_posts(b: &Bed, iters: u64, sends: bool) -> Duration {
+    let mut spent = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(CHUNK);
+        if sends {
+            b.post_recvs(n);
+        }
+        let t = Instant::now();
+        if sends {
+            b.post_sends(n);
+        } else {
+            b.post_recvs(n);
+        }
+        spent += t.elapsed();
+        if !sends {
+            b.post_sends(n);
+        }
+        Bed::drain(&b.pair.server_cq, n);
+        Bed::drain(&b.pair.client_cq, n);
+        left -= n;
+    }
+    spent
+}
+
 fn device_paths(c: &mut Criterion) {
     let Some(b) = bed() else {
         eprintln!("no RDMA device: device_paths measures nothing here (scripts/bench-device runs it in the SoftRoCE VM)");
@@ -125,45 +152,10 @@ fn device_paths(c: &mut Criterion) {
         bn.iter_custom(|iters| timed_reads(&b, iters, 16))
     });
     g.bench_function("post send (8 B, inline)", |bn| {
-        bn.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let n = left.min(CHUNK);
-                b.post_recvs(n);
-                let t = Instant::now();
-                for i in 0..n {
-                    b.pair.client.send(&b.tx, 0, 8, i).unwrap();
-                }
-                spent += t.elapsed();
-                Bed::drain(&b.pair.server_cq, n);
-                Bed::drain(&b.pair.client_cq, n);
-                left -= n;
-            }
-            spent
-        })
+        bn.iter_custom(|iters| timed_posts(&b, iters, true))
     });
     g.bench_function("post receive", |bn| {
-        bn.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let n = left.min(CHUNK);
-                let t = Instant::now();
-                for i in 0..n {
-                    b.pair
-                        .server
-                        .recv(&b.rx, (i % CHUNK) as usize * 64, 64, i)
-                        .unwrap();
-                }
-                spent += t.elapsed();
-                b.post_sends(n);
-                Bed::drain(&b.pair.server_cq, n);
-                Bed::drain(&b.pair.client_cq, n);
-                left -= n;
-            }
-            spent
-        })
+        bn.iter_custom(|iters| timed_posts(&b, iters, false))
     });
     g.finish();
 }
