@@ -1735,3 +1735,149 @@ fn sixteen_endpoints_share_one_cq_and_the_next_is_refused_whole() {
     got.sort();
     assert_eq!(got, vec![1, 2]);
 }
+
+/// Retries a send while it says -FI_EAGAIN (shm's first send to a peer waits for the
+/// peer's progress to answer its handshake), driving every node.
+fn retry(v: &[Node], mut f: impl FnMut() -> Result<()>) {
+    let t = Instant::now();
+    loop {
+        match f() {
+            Err(e) if e.is_again() && t.elapsed() < Duration::from_secs(10) => {
+                for n in v {
+                    n.ep.progress();
+                }
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
+/// Both endpoints with libfabric's shm as their local path (what `fi_enable` does from C).
+fn local_nodes(info: &Info, n: usize) -> Vec<Node> {
+    let v = nodes(info, n, false);
+    for x in &v {
+        assert!(
+            rfabric::capi::ext::local::import_shm(&x.ep).unwrap(),
+            "shm could not be imported"
+        );
+        assert!(x.ep.has_local_path());
+    }
+    v
+}
+
+#[test]
+fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
+    let Some(info) = rdm_info() else { return };
+    let v = local_nodes(&info, 2);
+    let sizes = [0usize, 1, 64, 4096, 4097, 8160];
+    // Posted first: every size, tagged, bytes checked, in order.
+    for k in 0..sizes.len() {
+        v[1].ep
+            .trecv(
+                recv_buf(&v[1], 2 * k, 8192),
+                0,
+                0x70 + k as u64,
+                0,
+                k as u64,
+            )
+            .unwrap();
+    }
+    let big = MemoryRegion::alloc(&v[1].domain, 1 << 17, Flags::RECV).unwrap();
+    let src = MemoryRegion::alloc(&v[0].domain, 1 << 17, Flags::SEND).unwrap();
+    let large = 100_000;
+    src.write_at(0, &pattern(large, 42)).unwrap();
+    v[1].ep
+        .trecv(RecvBuf::region(&big, 0, 1 << 17).unwrap(), 0, 0x99, 0, 50)
+        .unwrap();
+    let mut posted = 0;
+    for (k, &n) in sizes.iter().enumerate() {
+        retry(&v, || {
+            v[0].ep
+                .tsend(&pattern(n, k as u8), 0x70 + k as u64, 1, 100 + k as u64)
+        });
+        posted += 1;
+    }
+    retry(&v, || {
+        v[0].ep
+            .send_region(&src, 0, large, 1, Some(0x99), 150, Flags::empty())
+    });
+    posted += 1;
+    let mut done = 0;
+    for _ in 0..sizes.len() + 1 {
+        let (e, from) = next_ok(&v, 1);
+        assert_eq!(from, 0, "FI_SOURCE names the sender's fi_addr");
+        assert_ne!(e.flags & Flags::TAGGED.bits(), 0);
+        if e.op_context == 50 {
+            assert_eq!(e.len, large);
+            let mut b = vec![0u8; large];
+            big.read_at(0, &mut b).unwrap();
+            assert!(b == pattern(large, 42), "100 KB over shm: bytes differ");
+        } else {
+            let k = e.op_context as usize;
+            assert_eq!((e.len, e.tag), (sizes[k], 0x70 + k as u64));
+            assert!(
+                read(&v[1], 2 * k, sizes[k]) == pattern(sizes[k], k as u8),
+                "{} bytes: bytes differ",
+                sizes[k]
+            );
+        }
+        done += 1;
+    }
+    // Unexpected: sent before anything is posted, tagged and untagged, with CQ data.
+    for k in 0..3u64 {
+        retry(&v, || {
+            v[0].ep
+                .tsenddata(&pattern(200 + k as usize, 7), 0xd0 + k, 0x55, 1, 200 + k)
+        });
+        posted += 1;
+    }
+    retry(&v, || v[0].ep.send(&pattern(300, 8), 1, 210));
+    posted += 1;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        for n in &v {
+            n.ep.progress();
+        }
+    }
+    v[1].ep.recv(recv_buf(&v[1], 12, 4096), 0, 9).unwrap();
+    for k in 0..3usize {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 13 + k, 4096), 0, 0x55, 0, 20 + k as u64)
+            .unwrap();
+    }
+    for _ in 0..4 {
+        let (e, from) = next_ok(&v, 1);
+        assert_eq!(from, 0);
+        if e.op_context == 9 {
+            assert_eq!(e.len, 300);
+            assert!(
+                read(&v[1], 12, 300) == pattern(300, 8),
+                "untagged bytes differ"
+            );
+        } else {
+            let k = e.op_context as usize - 20;
+            assert_eq!((e.len, e.tag, e.data), (200 + k, 0x55, 0xd0 + k as u64));
+            assert_ne!(e.flags & Flags::REMOTE_CQ_DATA.bits(), 0);
+            assert!(read(&v[1], 13 + k, 200 + k) == pattern(200 + k, 7), "order");
+        }
+        done += 1;
+    }
+    // Every send completes once, and nothing went over verbs.
+    let mut sends = vec![];
+    for _ in 0..posted {
+        sends.push(next_ok(&v, 0).0.op_context);
+    }
+    sends.sort();
+    let want: Vec<u64> = (100..106).chain([150, 200, 201, 202, 210]).collect();
+    assert_eq!(sends, want);
+    assert_eq!(done, posted, "received as many as sent");
+    quiet(&v, 0);
+    quiet(&v, 1);
+    assert_eq!(
+        v[0].ep.connections_opened(),
+        0,
+        "no RC connection for a local peer"
+    );
+    assert_eq!(v[1].ep.connections_opened(), 0);
+    assert_eq!(v[0].ep.send_buffers().0, v[0].ep.send_buffers().1);
+}

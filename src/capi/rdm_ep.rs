@@ -142,7 +142,10 @@ unsafe extern "C" fn rdm_control(f: *mut fi::fid, cmd: i32, _arg: *mut c_void) -
         // SAFETY: the application's endpoint fid.
         let g = &unsafe { CRdmEp::from_c(f.cast(), "ep") }?.inner;
         match cmd as u32 {
-            fi::FI_ENABLE => g.enable(),
+            // Peers on this host go over shm from the start (unless turned off).
+            fi::FI_ENABLE => g
+                .enable()
+                .and_then(|()| crate::capi::ext::local::import_shm(g).map(|_| ())),
             _ => Err(Error::new(
                 errno::ENOSYS,
                 format!("fi_control command {cmd} is not supported on an endpoint"),

@@ -143,6 +143,14 @@ impl<T> AvTable<T> {
         Ok(e.data)
     }
 
+    /// Every entry: its address and transport data.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, &T)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|e| (self.encode(i, e.generation), &e.data)))
+    }
+
     /// Entries in the table.
     pub fn len(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()

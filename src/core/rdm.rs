@@ -81,6 +81,12 @@ impl RdmName {
     }
 
     /// `fi_av_straddr`'s form: `fi_rverbs_rdm://<ip>:<port>/<host>/<nonce>`.
+    /// The name of this endpoint's shared-memory peer (what local peers send to): a
+    /// function of the name alone, so a peer on the same host derives it at `fi_av_insert`.
+    pub fn shm_name(&self) -> String {
+        format!("rfab-{:016x}-{}-{:08x}", self.host, self.port, self.nonce)
+    }
+
     pub fn to_str(&self) -> String {
         format!(
             "fi_rverbs_rdm://{}/{:#x}/{:#x}",

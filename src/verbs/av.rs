@@ -86,6 +86,8 @@ pub struct AddressVector {
     table: RwLock<AvTable<Dest>>,
     /// Addresses removed so far: a cache of what an index names holds while this holds.
     removals: AtomicU64,
+    /// Insertions and removals so far: an RDM endpoint's local routes follow it.
+    changes: AtomicU64,
     /// One address handle per remote port, made on first use and shared by its entries.
     ahs: Mutex<HashMap<[u8; 16], Arc<AddressHandle>>>,
     attr: AvAttr,
@@ -102,6 +104,7 @@ impl AddressVector {
         Ok(Arc::new(AddressVector {
             table: RwLock::new(AvTable::new(av_type, attr.count)?),
             removals: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
             ahs: Mutex::new(HashMap::new()),
             attr: AvAttr {
                 av_type,
@@ -142,7 +145,9 @@ impl AddressVector {
     pub fn insert(&self, name: &[u8]) -> Result<u64> {
         if name.len() == RdmName::LEN {
             let n = RdmName::parse(name)?;
-            return Ok(self.write().insert(&n.to_bytes(), Dest::Rdm(n)));
+            let a = self.write().insert(&n.to_bytes(), Dest::Rdm(n));
+            self.changes.fetch_add(1, Ordering::Release);
+            return Ok(a);
         }
         let n = UdName::parse(name)?;
         let ah = {
@@ -180,7 +185,24 @@ impl AddressVector {
     pub fn remove(&self, addr: u64) -> Result<()> {
         let r = self.write().remove(addr).map(|_| ());
         self.removals.fetch_add(1, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::Release);
         r
+    }
+
+    /// Changes with every insertion and removal.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// The RDM names it holds of endpoints on host `host`, with their addresses.
+    pub(crate) fn rdm_on_host(&self, host: u64) -> Vec<(u64, RdmName)> {
+        self.read()
+            .entries()
+            .filter_map(|(a, d)| match d {
+                Dest::Rdm(n) if n.host == host => Some((a, *n)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Changes with every removal (an index then may name someone else once reused).

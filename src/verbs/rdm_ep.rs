@@ -34,6 +34,10 @@ use crate::verbs::{
     PassiveEndpoint, SharedRxContext,
 };
 
+mod local;
+pub use local::{LocalEntry, LocalOwner, LocalPath, LocalSend};
+use local::{LocalLink, LOCAL_HOLDER};
+
 /// The context of the listener's events on the endpoint's own EQ (connections use their
 /// index).
 const LISTENER: u64 = u64::MAX >> 8;
@@ -549,6 +553,8 @@ struct Enabled {
     directed: bool,
     /// `FI_MULTI_RECV` in `rx_attr.op_flags`: every untagged receive is a multi-receive.
     multi_recv_default: bool,
+    /// Peers on this host go over it (`RdmEndpoint::set_local_path`).
+    local: OnceLock<LocalLink>,
 }
 
 /// How often an idle endpoint's progress looks for connection events (requests from new
@@ -782,6 +788,7 @@ impl RdmEndpoint {
                 key: crate::verbs::cq::new_owner_key(),
                 directed: (info.caps | info.rx_attr.caps).contains(Flags::DIRECTED_RECV),
                 multi_recv_default: info.rx_attr.op_flags.contains(Flags::MULTI_RECV),
+                local: OnceLock::new(),
             })
         })();
         let en = match reserved {
@@ -1076,6 +1083,13 @@ impl RdmEndpoint {
         } else {
             1
         };
+        if let Some(l) = en.local.get() {
+            if let Some(to) = l.route(en, dest) {
+                if local::post_local(en, l, to, &src, user, data, flags)? {
+                    return Ok(());
+                }
+            }
+        }
         let reg = if len > eager && segs == 1 {
             Some(src.expose(&self.sh.domain)?)
         } else {
@@ -1355,19 +1369,30 @@ impl RdmEndpoint {
                 Some(_) => more.push(id),
             },
         )?;
-        let done = first.map(|id| deliver(en, &mut g, id));
+        let mut starts = Vec::new();
+        let mut take = |g: &mut Inner, id: u32| {
+            if g.engine.entry(id).owner == LOCAL_HOLDER {
+                starts.push((id, local::entry_of(en, g, id)));
+                None
+            } else {
+                deliver(en, g, id)
+            }
+        };
+        let done = first.map(|id| take(&mut g, id));
         if more.is_empty() {
             drop(g);
             write_out(&en.rx_cq, done);
+            local::start_all(en, &starts);
             return Ok(());
         }
         // A multi-receive buffer that took several waiting messages.
-        let rest: Vec<_> = more.into_iter().map(|id| deliver(en, &mut g, id)).collect();
+        let rest: Vec<_> = more.into_iter().map(|id| take(&mut g, id)).collect();
         drop(g);
         write_out(&en.rx_cq, done);
         for d in rest {
             write_out(&en.rx_cq, Some(d));
         }
+        local::start_all(en, &starts);
         Ok(())
     }
 
@@ -1403,19 +1428,24 @@ impl RdmEndpoint {
             });
         };
         let e = g.engine.entry(id).clone();
-        let data = g.rx[e.owner as usize].data;
+        // A local path's message: 1.17's peer API gives the owner no CQ data to report.
+        let data = (e.owner != LOCAL_HOLDER)
+            .then(|| g.rx[e.owner as usize].data)
+            .flatten();
+        let mut dropped = Vec::new();
         if flags.intersects(Flags::CLAIM | Flags::DISCARD) {
             g.engine.take_unexpected(id)?;
             if flags.contains(Flags::CLAIM) {
                 if let Some(old) = g.claimed.insert(context, id) {
                     // A context claims one message at a time: the older one is dropped.
-                    discard(en, &mut g, old);
+                    discard(en, &mut g, old, &mut dropped);
                 }
             } else {
-                discard(en, &mut g, id);
+                discard(en, &mut g, id, &mut dropped);
             }
         }
         drop(g);
+        local::discard_all(en, &dropped);
         en.rx_cq.write(
             CqEntry {
                 op_context: context,
@@ -1447,8 +1477,10 @@ impl RdmEndpoint {
         };
         if flags.contains(Flags::DISCARD) {
             let e = g.engine.entry(id).clone();
-            discard(en, &mut g, id);
+            let mut dropped = Vec::new();
+            discard(en, &mut g, id, &mut dropped);
             drop(g);
+            local::discard_all(en, &dropped);
             let kind = if e.kind == RxKind::Tag {
                 Flags::TAGGED
             } else {
@@ -1470,6 +1502,12 @@ impl RdmEndpoint {
             e.context = context;
             e.flags = flags & Flags::COMPLETION;
             e.offset = 0;
+        }
+        if g.engine.entry(id).owner == LOCAL_HOLDER {
+            let e = local::entry_of(en, &g, id);
+            drop(g);
+            local::start_all(en, &[(id, e)]);
+            return Ok(());
         }
         let done = deliver(en, &mut g, id);
         drop(g);
@@ -1525,6 +1563,38 @@ impl RdmEndpoint {
     /// Drives connection events (reading a bound CQ does this too).
     pub fn progress(&self) {
         self.sh.progress();
+    }
+
+    /// What a local path calls back (its arrivals, completions).
+    pub fn local_owner(&self) -> LocalOwner {
+        LocalOwner {
+            sh: self.sh.me.clone(),
+        }
+    }
+
+    /// Sends to peers on this host (their names say so) over `path` from now on, and takes
+    /// its arrivals: set once, after `enable` and before the first send. Every read of the
+    /// endpoint's CQs drives it.
+    pub fn set_local_path(&self, path: Arc<dyn LocalPath>) -> Result<()> {
+        let en = self.en()?;
+        en.local
+            .set(LocalLink::new(path))
+            .map_err(|_| Error::new(errno::EALREADY, "a local path is already attached"))?;
+        // Driven by every read from now on (the local path's latency is a read's).
+        let me: Weak<dyn PeerProgress> = self.sh.me.clone();
+        for cq in [&en.rx_cq, &en.tx_cq] {
+            cq.remove_peer(&me);
+        }
+        en.rx_cq.add_peer(me.clone(), true)?;
+        if !Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
+            en.tx_cq.add_peer(me, true)?;
+        }
+        Ok(())
+    }
+
+    /// Whether peers on this host go over a local path.
+    pub fn has_local_path(&self) -> bool {
+        self.sh.on.get().is_some_and(|en| en.local.get().is_some())
     }
 }
 
@@ -1950,7 +2020,12 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
 
 /// Drops the message of claimed entry `id`: its bounce buffer goes back to the SRQ, and an
 /// announced message's sender is told it may complete.
-fn discard(en: &Enabled, g: &mut Inner, id: u32) {
+fn discard(en: &Enabled, g: &mut Inner, id: u32, local: &mut Vec<(u32, LocalEntry)>) {
+    if g.engine.entry(id).owner == LOCAL_HOLDER {
+        // Its path drops it once the lock is released.
+        local.push((id, local::entry_of(en, g, id)));
+        return;
+    }
     let slot = g.engine.entry(id).owner as u32;
     let m = g.rx[slot as usize];
     let _ = g.engine.free(id);
@@ -2295,13 +2370,21 @@ impl Shared {
 
     fn progress(&self) {
         let Some(en) = self.on.get() else { return };
+        let local = en.local.get();
+        if let Some(l) = local {
+            l.sync(en);
+            l.path.progress();
+        }
         if en.fins_waiting.load(Ordering::Relaxed) {
             let mut g = lock(&en.inner);
             flush_fins(en, &mut g);
         }
-        // One CQ: it calls this one read in PEER_POLL_EVERY while nothing is being set up.
-        // Two: each read of either calls it, and it looks one call in CM_POLL_EVERY.
-        if en.in_setup.load(Ordering::Relaxed) == 0 && !Arc::ptr_eq(&en.tx_cq, &en.rx_cq) {
+        // One CQ and no local path: it calls this one read in PEER_POLL_EVERY while
+        // nothing is being set up. Otherwise every read calls it, and it looks for
+        // connection events one call in CM_POLL_EVERY.
+        if en.in_setup.load(Ordering::Relaxed) == 0
+            && (local.is_some() || !Arc::ptr_eq(&en.tx_cq, &en.rx_cq))
+        {
             // A plain load and store: a count lost to a race only shifts the next look.
             let polls = en.polls.load(Ordering::Relaxed);
             en.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
@@ -2838,6 +2921,7 @@ impl Drop for Shared {
 impl Drop for RdmEndpoint {
     fn drop(&mut self) {
         if let Some(en) = self.sh.on.get() {
+            local::close(en);
             if en.cm_wakes {
                 en.rx_cq.remove_wait_fd(en.eq.channel().borrow_fd());
             }

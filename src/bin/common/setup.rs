@@ -436,6 +436,8 @@ fn connect_rdm(
     ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
     ep.bind_av(&av).map_err(e)?;
     ep.enable().map_err(e)?;
+    // As through the C ABI: a peer on this host is reached over shm (FI_RVERBS_RDM_SHM=0: verbs).
+    rfabric::capi::ext::local::import_shm(&ep).map_err(e)?;
     // The send buffer grants remote read: large messages are read from it by the receiver
     // (rendezvous) with no registration per message, as perftest's buffers are registered
     // once. Without it each large send registers its buffer for that send.
@@ -485,8 +487,18 @@ fn first_contact(c: &Conn, timeout: std::time::Duration) -> Result<(), String> {
         .map_err(e)?;
         Flags::RECV
     } else {
-        ep.send_region(&c.tx, 0, 1, *peer, *tag, CONTACT, Flags::COMPLETION)
-            .map_err(e)?;
+        // A local peer's first send may be -FI_EAGAIN (shm's connection handshake) until
+        // both sides have made progress.
+        let t = Instant::now();
+        let mut out = [rfabric::core::cq::CqEntry::default(); 1];
+        loop {
+            match ep.send_region(&c.tx, 0, 1, *peer, *tag, CONTACT, Flags::COMPLETION) {
+                Err(er) if er.is_again() && t.elapsed() < timeout => {
+                    let _ = c.cq.read(&mut out[..0]);
+                }
+                r => break r.map_err(e)?,
+            }
+        }
         Flags::SEND
     };
     let t = Instant::now();

@@ -33,7 +33,7 @@ use crate::verbs::cq::PeerProgress;
 use crate::verbs::CompletionQueue;
 
 /// `-errno` from a libfabric call as an error naming it.
-fn check(rc: isize, what: &str) -> Result<isize> {
+pub(crate) fn check(rc: isize, what: &str) -> Result<isize> {
     if rc < 0 {
         let e = (-rc) as i32;
         return Err(Error::new(
@@ -76,7 +76,7 @@ pub(crate) struct ShmEp {
 impl ShmEp {
     /// Opens shm's fabric, domain and AV for an RDM endpoint with untagged and tagged
     /// messages.
-    fn open_domain() -> Result<ShmEp> {
+    pub(crate) fn open_domain() -> Result<ShmEp> {
         let mut s = ShmEp {
             info: null_mut(),
             fabric: null_mut(),
@@ -134,16 +134,22 @@ impl ShmEp {
         // SAFETY: the objects just opened; libfabric's API used as documented.
         unsafe {
             s.cq = open_cq(s.domain, 0, null_mut())?;
-            s.finish(None)?;
+            s.finish(None, None, 0)?;
         }
         Ok(s)
     }
 
-    /// Opens the endpoint, binds the SRX (if any), CQ and AV, and enables it.
+    /// Opens the endpoint, names it `name` (if given), binds the SRX (if any), CQ (with
+    /// `cq_flags` besides `FI_TRANSMIT|FI_RECV`) and AV, and enables it.
     ///
     /// # Safety
     /// `self` holds an open domain, AV and CQ; `srx` is a live fid.
-    unsafe fn finish(&mut self, srx: Option<*mut fi::fid>) -> Result<()> {
+    pub(crate) unsafe fn finish(
+        &mut self,
+        srx: Option<*mut fi::fid>,
+        name: Option<&std::ffi::CStr>,
+        cq_flags: u64,
+    ) -> Result<()> {
         // SAFETY: the caller's contract.
         unsafe {
             let d = &*(*self.domain).ops;
@@ -152,6 +158,17 @@ impl ShmEp {
                     as isize,
                 "fi_endpoint(shm)",
             )?;
+            if let Some(n) = name {
+                // shm takes a name before it is enabled (its region is made then).
+                check(
+                    ((*(*self.ep).cm).setname.expect("setname"))(
+                        &mut (*self.ep).fid,
+                        n.as_ptr() as *mut c_void,
+                        n.to_bytes_with_nul().len(),
+                    ) as isize,
+                    "fi_setname(shm)",
+                )?;
+            }
             let ep = &mut (*self.ep).fid;
             let bind = (*ep.ops).bind.expect("bind");
             if let Some(srx) = srx {
@@ -159,7 +176,11 @@ impl ShmEp {
                 check(bind(ep, srx, 0) as isize, "fi_ep_bind(shm, srx)")?;
             }
             check(
-                bind(ep, &mut (*self.cq).fid, fi::FI_TRANSMIT | fi::FI_RECV) as isize,
+                bind(
+                    ep,
+                    &mut (*self.cq).fid,
+                    fi::FI_TRANSMIT | fi::FI_RECV | cq_flags,
+                ) as isize,
                 "fi_ep_bind(shm, cq)",
             )?;
             check(
@@ -192,7 +213,6 @@ impl ShmEp {
         Ok(buf)
     }
 
-    #[cfg(any(test, feature = "test-support"))]
     /// Inserts a peer's name; its `fi_addr_t` in this endpoint's AV.
     pub(crate) fn insert(&self, name: &[u8]) -> Result<u64> {
         let mut addr = fi::FI_ADDR_NOTAVAIL;
@@ -238,7 +258,7 @@ impl Drop for ShmEp {
 ///
 /// # Safety
 /// `domain` is open; `context` is what `flags` asks for.
-unsafe fn open_cq(
+pub(crate) unsafe fn open_cq(
     domain: *mut fi::fid_domain,
     flags: u64,
     context: *mut c_void,
@@ -327,7 +347,7 @@ impl ShmPeer {
                     "shm accepted the peer SRX but did not fill its peer ops",
                 ));
             }
-            ep.finish(Some(srx.raw().cast()))?;
+            ep.finish(Some(srx.raw().cast()), None, 0)?;
         }
         Ok(ShmPeer {
             ep,

@@ -12,6 +12,7 @@ use crate::capi::peer::av::PeerAvSource;
 
 pub(crate) mod foreign;
 pub mod import;
+pub mod local;
 pub(crate) mod transfer;
 
 use crate::core::error::{errno, Error};

@@ -1,0 +1,564 @@
+//! libfabric's shm as the local path of an rverbs RDM endpoint (`verbs::rdm_ep::LocalPath`):
+//! one shm endpoint per RDM endpoint, named after it (`RdmName::shm_name`) so a peer on the
+//! same host finds it from the RDM name in its AV; its arrivals take receives from the RDM
+//! endpoint's engine through a peer SRX whose owner ops call `LocalOwner`; its completions
+//! are read from its own CQ at each progress call and moved into the endpoint's CQs (a
+//! plain CQ works with every libfabric; 1.17.0's shm refuses a peer CQ anyway, see
+//! `import`). shm's AV reports its own addresses (1.17.0 drops `FI_AV_USER_ID`: it
+//! overwrites the caller's id before reading it): the endpoint translates them back.
+
+use std::cell::UnsafeCell;
+use std::ffi::{c_void, CString};
+use std::mem::size_of;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rfabric_sys::fabric as fi;
+
+use crate::capi::ext::import::{check, open_cq, ShmEp};
+use crate::capi::fid::guarded;
+use crate::core::cq::{CqEntry, CqErrEntry};
+use crate::core::error::{errno, Error, Result};
+use crate::core::rdm::RdmName;
+use crate::verbs::rdm_ep::{LocalEntry, LocalOwner, LocalPath, LocalSend};
+use crate::verbs::RdmEndpoint;
+
+/// shm completions moved per read of its CQ.
+const BATCH: usize = 16;
+/// C entries made at a time (their addresses never move).
+const CHUNK: usize = 256;
+
+/// One engine slot's C face.
+#[repr(C)]
+struct PeerEntry {
+    c: UnsafeCell<fi::fi_peer_rx_entry>,
+    iov: UnsafeCell<libc::iovec>,
+    desc: UnsafeCell<*mut c_void>,
+}
+
+impl PeerEntry {
+    fn new() -> Self {
+        PeerEntry {
+            // SAFETY: a plain C struct; all-zero (NULL pointers) is valid.
+            c: UnsafeCell::new(unsafe { std::mem::zeroed() }),
+            iov: UnsafeCell::new(libc::iovec {
+                iov_base: null_mut(),
+                iov_len: 0,
+            }),
+            desc: UnsafeCell::new(null_mut()),
+        }
+    }
+}
+
+/// The `fid_peer_srx` shm holds, first in a struct whose address it keeps, and the C
+/// entries of the engine's slots.
+#[repr(C)]
+struct LocalSrx {
+    srx: UnsafeCell<fi::fid_peer_srx>,
+    owner: LocalOwner,
+    chunks: Mutex<Vec<Box<[PeerEntry]>>>,
+}
+
+// SAFETY: a C entry is written by whoever holds its slot (the owner under the endpoint's
+// engine lock or before handing it out, shm between handing out and free/queue), as
+// fi_peer(3) orders it; the fid is written once, before shm gets it, and then by shm alone
+// (`peer_ops`).
+unsafe impl Send for LocalSrx {}
+// SAFETY: as above.
+unsafe impl Sync for LocalSrx {}
+
+static LOCAL_OWNER_OPS: fi::fi_ops_srx_owner = fi::fi_ops_srx_owner {
+    size: size_of::<fi::fi_ops_srx_owner>(),
+    get_msg: Some(get_msg),
+    get_tag: Some(get_tag),
+    queue_msg: Some(queue_entry),
+    queue_tag: Some(queue_entry),
+    free_entry: Some(free_entry),
+};
+
+static LOCAL_SRX_FI_OPS: fi::fi_ops = crate::capi::fid::fi_ops_of!(
+    local_srx_close,
+    crate::capi::fid::no_bind,
+    crate::capi::fid::no_control
+);
+
+unsafe extern "C" fn local_srx_close(_f: *mut fi::fid) -> i32 {
+    // Freed with the local path, after shm's endpoint is closed.
+    0
+}
+
+impl LocalSrx {
+    /// The C entry of slot `id`, made if the engine grew past what exists.
+    fn entry(&self, id: u32) -> *mut fi::fi_peer_rx_entry {
+        let mut ch = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let (k, i) = (id as usize / CHUNK, id as usize % CHUNK);
+        while ch.len() <= k {
+            ch.push((0..CHUNK).map(|_| PeerEntry::new()).collect());
+        }
+        ch[k][i].c.get()
+    }
+
+    /// The slot of an entry this SRX handed out, proven by its address.
+    fn id_of(&self, e: *const fi::fi_peer_rx_entry) -> Result<u32> {
+        let ch = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let at = e as usize;
+        let stride = size_of::<PeerEntry>();
+        for (k, c) in ch.iter().enumerate() {
+            let base = c.as_ptr() as usize;
+            if at >= base && at < base + CHUNK * stride && (at - base) % stride == 0 {
+                return Ok((k * CHUNK + (at - base) / stride) as u32);
+            }
+        }
+        Err(Error::new(
+            errno::EINVAL,
+            "not an rx entry of this endpoint's local path",
+        ))
+    }
+
+    /// Writes what the endpoint says of slot `id` into its C entry.
+    fn fill(&self, id: u32, e: &LocalEntry) -> *mut fi::fi_peer_rx_entry {
+        let c = self.entry(id);
+        let ch = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let pe = &ch[id as usize / CHUNK][id as usize % CHUNK];
+        // SAFETY: the slot is ours now (claimed or arriving for this call, not with shm).
+        unsafe {
+            let c = &mut *c;
+            c.srx = self.srx.get();
+            c.addr = e.addr;
+            c.size = e.size;
+            c.tag = e.tag;
+            c.flags = e.flags.bits();
+            c.context = e.context as *mut c_void;
+            c.owner_context = null_mut();
+            match e.buf {
+                Some((addr, len)) => {
+                    *pe.iov.get() = libc::iovec {
+                        iov_base: addr as *mut c_void,
+                        iov_len: len,
+                    };
+                    *pe.desc.get() = null_mut();
+                    c.iov = pe.iov.get();
+                    c.desc = pe.desc.get();
+                    c.count = 1;
+                }
+                None => {
+                    c.iov = null_mut();
+                    c.desc = null_mut();
+                    c.count = 0;
+                }
+            }
+        }
+        c
+    }
+}
+
+/// The local SRX behind a `fid_peer_srx` shm passes back.
+///
+/// # Safety
+/// `srx` is NULL or a readable `fid_peer_srx`.
+unsafe fn srx_of<'a>(srx: *const fi::fid_peer_srx) -> Result<&'a LocalSrx> {
+    // Ours only if it carries our owner ops (nothing else does); the struct it heads
+    // lives as long as shm's endpoint, which is closed before it.
+    // SAFETY: the caller's contract.
+    if srx.is_null() || !std::ptr::eq(unsafe { (*srx).owner_ops }, &LOCAL_OWNER_OPS) {
+        return Err(Error::new(errno::EINVAL, "not this provider's local SRX"));
+    }
+    // SAFETY: proven ours above; LocalSrx is repr(C) with the fid first.
+    Ok(unsafe { &*srx.cast::<LocalSrx>() })
+}
+
+unsafe extern "C" fn get_msg(
+    srx: *mut fi::fid_peer_srx,
+    addr: fi::fi_addr_t,
+    size: usize,
+    entry: *mut *mut fi::fi_peer_rx_entry,
+) -> i32 {
+    get(srx, false, addr, 0, size, entry)
+}
+
+unsafe extern "C" fn get_tag(
+    srx: *mut fi::fid_peer_srx,
+    addr: fi::fi_addr_t,
+    tag: u64,
+    entry: *mut *mut fi::fi_peer_rx_entry,
+) -> i32 {
+    // 1.17's get_tag carries no size: shm checks the fit as it copies.
+    get(srx, true, addr, tag, 0, entry)
+}
+
+fn get(
+    srx: *mut fi::fid_peer_srx,
+    tagged: bool,
+    addr: u64,
+    tag: u64,
+    size: usize,
+    entry: *mut *mut fi::fi_peer_rx_entry,
+) -> i32 {
+    let mut rc = 0;
+    let r = guarded("local srx get", || {
+        if entry.is_null() {
+            return Err(Error::new(errno::EINVAL, "entry is NULL"));
+        }
+        // SAFETY: what shm got from us at fi_srx_context.
+        let s = unsafe { srx_of(srx) }?;
+        let (matched, id, e) = s.owner.get(tagged, addr, tag, size)?;
+        let c = s.fill(id, &e);
+        // SAFETY: checked for NULL; shm's out-pointer.
+        unsafe { *entry = c };
+        rc = if matched { 0 } else { -errno::ENOENT };
+        Ok(())
+    });
+    if r != 0 {
+        r
+    } else {
+        rc
+    }
+}
+
+/// The local SRX and slot of an entry shm hands back.
+///
+/// # Safety
+/// `e` is NULL or an entry shm got from `get`.
+unsafe fn owner_of<'a>(e: *const fi::fi_peer_rx_entry) -> Result<(&'a LocalSrx, u32)> {
+    if e.is_null() {
+        return Err(Error::new(errno::EINVAL, "entry is NULL"));
+    }
+    // SAFETY: the caller's contract; its srx is proven ours, the entry by its address.
+    let s = unsafe { srx_of((*e).srx) }?;
+    let id = s.id_of(e)?;
+    Ok((s, id))
+}
+
+unsafe extern "C" fn queue_entry(entry: *mut fi::fi_peer_rx_entry) -> i32 {
+    guarded("local srx queue", || {
+        // SAFETY: an entry handed out by get.
+        let (s, id) = unsafe { owner_of(entry) }?;
+        // SAFETY: shm hands it back: ours again.
+        let size = unsafe { (*entry).size };
+        s.owner.queue(id, size)
+    })
+}
+
+unsafe extern "C" fn free_entry(entry: *mut fi::fi_peer_rx_entry) {
+    let _ = guarded("local srx free_entry", || {
+        // SAFETY: an entry handed out by get.
+        let (s, id) = unsafe { owner_of(entry) }?;
+        s.owner.free(id)
+    });
+}
+
+/// libfabric's shm carrying one RDM endpoint's local traffic.
+pub struct ShmLocal {
+    // Dropped first: shm's endpoint goes before the SRX it holds.
+    ep: ShmEp,
+    srx: Box<LocalSrx>,
+    _srx_ctx: Box<fi::fi_peer_srx_context>,
+    owner: LocalOwner,
+    inject: usize,
+    closed: AtomicBool,
+}
+
+// SAFETY: shm's objects are opened FI_THREAD_SAFE (its default), so they may be used from
+// any thread; the raw pointers are only handed back to shm.
+unsafe impl Send for ShmLocal {}
+// SAFETY: as above.
+unsafe impl Sync for ShmLocal {}
+
+impl std::fmt::Debug for ShmLocal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ShmLocal(inject {})", self.inject)
+    }
+}
+
+impl ShmLocal {
+    /// Opens shm for the endpoint named `name`, with `owner`'s engine as its receive side.
+    pub fn open(name: &RdmName, owner: LocalOwner) -> Result<ShmLocal> {
+        let mut ep = ShmEp::open_domain()?;
+        let srx = Box::new(LocalSrx {
+            srx: UnsafeCell::new(fi::fid_peer_srx {
+                ep_fid: fi::fid_ep {
+                    fid: crate::capi::fid::fid(fi::FI_CLASS_SRX_CTX, null_mut(), &LOCAL_SRX_FI_OPS),
+                    ops: null_mut(),
+                    cm: null_mut(),
+                    msg: null_mut(),
+                    rma: null_mut(),
+                    tagged: null_mut(),
+                    atomic: null_mut(),
+                    collective: null_mut(),
+                },
+                owner_ops: crate::capi::fid::ops(&LOCAL_OWNER_OPS),
+                peer_ops: null_mut(),
+            }),
+            owner: owner.clone(),
+            chunks: Mutex::new(Vec::new()),
+        });
+        let mut srx_ctx = Box::new(fi::fi_peer_srx_context {
+            size: size_of::<fi::fi_peer_srx_context>(),
+            srx: srx.srx.get(),
+        });
+        let shm_name = CString::new(name.shm_name())
+            .map_err(|_| Error::new(errno::EINVAL, "an shm name with a NUL"))?;
+        // SAFETY: shm's open domain; the SRX and its context are boxed and kept in the
+        // ShmLocal, which closes shm's endpoint before dropping them.
+        let inject = unsafe {
+            ep.cq = open_cq(ep.domain, 0, null_mut())?;
+            let mut ra: fi::fi_rx_attr = std::mem::zeroed();
+            ra.op_flags = fi::FI_PEER;
+            let mut rx_ep: *mut fi::fid_ep = null_mut();
+            let d = &*(*ep.domain).ops;
+            check(
+                (d.srx_ctx.expect("srx_ctx"))(
+                    ep.domain,
+                    &mut ra,
+                    &mut rx_ep,
+                    (&raw mut *srx_ctx).cast(),
+                ) as isize,
+                "fi_srx_context(shm, FI_PEER)",
+            )?;
+            if (*srx.srx.get()).peer_ops.is_null() {
+                return Err(Error::new(
+                    errno::EOTHER,
+                    "shm accepted the peer SRX but did not fill its peer ops",
+                ));
+            }
+            ep.finish(
+                Some(srx.srx.get().cast()),
+                Some(&shm_name),
+                fi::FI_SELECTIVE_COMPLETION,
+            )?;
+            (*(*ep.info).tx_attr).inject_size
+        };
+        crate::fi_info!(
+            "rdm",
+            "{}: peers on this host go over shm ({})",
+            name.to_str(),
+            name.shm_name()
+        );
+        Ok(ShmLocal {
+            ep,
+            srx,
+            _srx_ctx: srx_ctx,
+            owner,
+            inject,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::new(errno::EOPBADSTATE, "the local path is closed"));
+        }
+        Ok(())
+    }
+
+    /// Reads at most `n` of shm's completions (0: drives its progress only) into the
+    /// endpoint; how many moved.
+    fn move_some(&self, n: usize) -> Result<usize> {
+        let mut out = [fi::fi_cq_tagged_entry {
+            op_context: null_mut(),
+            flags: 0,
+            len: 0,
+            buf: null_mut(),
+            data: 0,
+            tag: 0,
+        }; BATCH];
+        let mut src = [fi::FI_ADDR_NOTAVAIL; BATCH];
+        let n = n.min(BATCH);
+        // SAFETY: shm's open CQ; out and src hold n entries.
+        let rc = unsafe {
+            ((*(*self.ep.cq).ops).readfrom.expect("readfrom"))(
+                self.ep.cq,
+                out.as_mut_ptr().cast(),
+                n,
+                src.as_mut_ptr(),
+            )
+        };
+        if rc == -(errno::EAGAIN as isize) || rc == 0 {
+            return Ok(0);
+        }
+        if rc == -(errno::EAVAIL as isize) {
+            if n == 0 {
+                return Ok(0);
+            }
+            self.move_error()?;
+            return Ok(1);
+        }
+        let k = check(rc, "fi_cq_readfrom(shm)")? as usize;
+        for (e, s) in out[..k].iter().zip(src) {
+            if e.flags & fi::FI_SEND != 0 {
+                self.owner.send_done(e.op_context as u64, None)?;
+            } else {
+                self.owner.recv_done(Ok((
+                    CqEntry {
+                        op_context: e.op_context as u64,
+                        flags: e.flags,
+                        len: e.len,
+                        buf: e.buf as u64,
+                        data: e.data,
+                        tag: e.tag,
+                    },
+                    self.owner.addr_of(s),
+                )))?;
+            }
+        }
+        Ok(k)
+    }
+
+    fn move_error(&self) -> Result<()> {
+        // SAFETY: a zeroed entry is valid C; err_data_size 0 asks for shm's own buffer.
+        let mut e: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
+        // SAFETY: shm's open CQ and a valid entry.
+        let rc = unsafe { ((*(*self.ep.cq).ops).readerr.expect("readerr"))(self.ep.cq, &mut e, 0) };
+        check(rc, "fi_cq_readerr(shm)")?;
+        // SAFETY: err_data has err_data_size bytes until the next read, per fi_cq(3).
+        let mut c: CqErrEntry = unsafe { crate::capi::peer::cq::err_entry(&e) }?;
+        // shm 1.17 leaves FI_COMPLETION in an error's flags and its errno negative.
+        c.flags &= !fi::FI_COMPLETION;
+        c.err = c.err.abs();
+        if c.flags & fi::FI_SEND != 0 {
+            self.owner.send_done(c.op_context, Some(c.err))
+        } else {
+            self.owner.recv_done(Err(c))
+        }
+    }
+}
+
+impl LocalPath for ShmLocal {
+    fn insert(&self, name: &RdmName) -> Result<u64> {
+        self.check_open()?;
+        let n = CString::new(name.shm_name())
+            .map_err(|_| Error::new(errno::EINVAL, "an shm name with a NUL"))?;
+        self.ep.insert(n.as_bytes_with_nul())
+    }
+
+    fn inject_size(&self) -> usize {
+        self.inject
+    }
+
+    fn send(&self, to: u64, m: &LocalSend<'_>) -> Result<()> {
+        self.check_open()?;
+        let mut iov = [libc::iovec {
+            iov_base: null_mut(),
+            iov_len: 0,
+        }; 4];
+        if m.iov.len() > iov.len() {
+            return Err(Error::new(errno::EINVAL, "more than 4 ranges for shm"));
+        }
+        for (v, &(a, n)) in iov.iter_mut().zip(m.iov) {
+            *v = libc::iovec {
+                iov_base: a as *mut c_void,
+                iov_len: n,
+            };
+        }
+        let mut desc = [null_mut::<c_void>(); 4];
+        let flags = if m.inject {
+            fi::FI_INJECT
+        } else {
+            fi::FI_COMPLETION
+        } | if m.data.is_some() {
+            fi::FI_REMOTE_CQ_DATA
+        } else {
+            0
+        } | if m.delivery_complete {
+            fi::FI_DELIVERY_COMPLETE
+        } else {
+            0
+        };
+        // SAFETY: shm's enabled endpoint; the ranges are memory the caller keeps valid until
+        // the send's completion (or the call's return with FI_INJECT).
+        let rc = unsafe {
+            if m.tagged {
+                let msg = fi::fi_msg_tagged {
+                    msg_iov: iov.as_ptr(),
+                    desc: desc.as_mut_ptr(),
+                    iov_count: m.iov.len(),
+                    addr: to,
+                    tag: m.tag,
+                    ignore: 0,
+                    context: m.context as *mut c_void,
+                    data: m.data.unwrap_or(0),
+                };
+                ((*(*self.ep.ep).tagged).sendmsg.expect("tsendmsg"))(self.ep.ep, &msg, flags)
+            } else {
+                let msg = fi::fi_msg {
+                    msg_iov: iov.as_ptr(),
+                    desc: desc.as_mut_ptr(),
+                    iov_count: m.iov.len(),
+                    addr: to,
+                    context: m.context as *mut c_void,
+                    data: m.data.unwrap_or(0),
+                };
+                ((*(*self.ep.ep).msg).sendmsg.expect("sendmsg"))(self.ep.ep, &msg, flags)
+            }
+        };
+        if rc == -(errno::EAGAIN as isize) {
+            // shm's queue to that peer is full until it (and we) make progress.
+            self.progress();
+        }
+        check(rc, "fi_sendmsg(shm)").map(|_| ())
+    }
+
+    fn hand_back(&self, id: u32, e: &LocalEntry, discard: bool) -> Result<()> {
+        self.check_open()?;
+        let c = self.srx.fill(id, e);
+        // SAFETY: the slot is claimed for shm's message; shm filled peer_ops at
+        // fi_srx_context (checked at open) and keeps the entry's peer_context.
+        let rc = unsafe {
+            let ops = &*(*self.srx.srx.get()).peer_ops;
+            let f = match (e.tagged, discard) {
+                (false, false) => ops.start_msg,
+                (true, false) => ops.start_tag,
+                (false, true) => ops.discard_msg,
+                (true, true) => ops.discard_tag,
+            }
+            .ok_or_else(|| Error::new(errno::EINVAL, "shm left a peer callback NULL"))?;
+            f(c)
+        };
+        if rc < 0 {
+            return Err(Error::new(-rc, "shm refused a matched message"));
+        }
+        Ok(())
+    }
+
+    fn progress(&self) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let r = crate::core::peer::drain(|| self.owner.room(), |n| self.move_some(n), BATCH);
+        if let Err(e) = r {
+            crate::fi_warn!("rdm", "shm progress: {e}");
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// Imports shm as the local path of `ep` (enabled), unless `FI_RVERBS_RDM_SHM=0`. When shm
+/// cannot be opened (libfabric filtered it out with `FI_PROVIDER`, say) every peer goes
+/// over verbs, as it logs. True when imported.
+pub fn import_shm(ep: &RdmEndpoint) -> Result<bool> {
+    if crate::core::env::get_usize_or("FI_RVERBS_RDM_SHM", 1)? == 0 {
+        crate::fi_info!(
+            "rdm",
+            "FI_RVERBS_RDM_SHM=0: peers on this host go over verbs"
+        );
+        return Ok(false);
+    }
+    let name = ep.getname()?;
+    match ShmLocal::open(&name, ep.local_owner()) {
+        Ok(l) => {
+            ep.set_local_path(Arc::new(l))?;
+            Ok(true)
+        }
+        Err(e) => {
+            crate::fi_info!(
+                "rdm",
+                "shm is not available ({e}): peers on this host go over verbs"
+            );
+            Ok(false)
+        }
+    }
+}
