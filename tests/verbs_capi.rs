@@ -141,6 +141,11 @@ fn capi_program(dir: &Path) -> PathBuf {
 
 /// Runs one section of the C program through libfabric; it prints "ok <section>".
 fn run_capi_section(section: &str) {
+    run_capi_section_with(section, &[]);
+}
+
+/// As [`run_capi_section`], with more environment (`(name, value)`).
+fn run_capi_section_with(section: &str, env: &[(&str, &str)]) {
     if common::device_info().is_none() {
         return;
     }
@@ -151,7 +156,8 @@ fn run_capi_section(section: &str) {
             .arg(section)
             .env("FI_PROVIDER_PATH", &dir)
             // The peer section imports libfabric's shm as well.
-            .env("FI_PROVIDER", "rverbs,shm"),
+            .env("FI_PROVIDER", "rverbs,shm")
+            .envs(env.iter().copied()),
         Duration::from_secs(120),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -196,7 +202,10 @@ fn c_program_closed_reused_foreign_and_forged_handles_are_refused() {
 
 #[test]
 fn c_program_moves_tagged_and_untagged_messages_over_rdm_endpoints() {
+    // Both endpoints are on this host: their messages go over the shm peer inside them.
     run_capi_section("rdm");
+    // The same over verbs (RC loopback), with the shm peer turned off.
+    run_capi_section_with("rdm", &[("FI_RVERBS_RDM_SHM", "0")]);
 }
 
 #[test]

@@ -1797,13 +1797,8 @@ fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
         });
         posted += 1;
     }
-    retry(&v, || {
-        v[0].ep
-            .send_region(&src, 0, large, 1, Some(0x99), 150, Flags::empty())
-    });
-    posted += 1;
     let mut done = 0;
-    for _ in 0..sizes.len() + 1 {
+    for _ in 0..sizes.len() {
         let (e, from) = next_ok(&v, 1);
         assert_eq!(from, 0, "FI_SOURCE names the sender's fi_addr");
         assert_ne!(e.flags & Flags::TAGGED.bits(), 0);
@@ -1868,7 +1863,7 @@ fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
         sends.push(next_ok(&v, 0).0.op_context);
     }
     sends.sort();
-    let want: Vec<u64> = (100..106).chain([150, 200, 201, 202, 210]).collect();
+    let want: Vec<u64> = (100..106).chain([200, 201, 202, 210]).collect();
     assert_eq!(sends, want);
     assert_eq!(done, posted, "received as many as sent");
     quiet(&v, 0);
@@ -1880,4 +1875,17 @@ fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
     );
     assert_eq!(v[1].ep.connections_opened(), 0);
     assert_eq!(v[0].ep.send_buffers().0, v[0].ep.send_buffers().1);
+    // Past the eager size verbs carries it, local peer or not (shm 1.17 hangs on a large
+    // message that a smaller receive truncates).
+    retry(&v, || {
+        v[0].ep
+            .send_region(&src, 0, large, 1, Some(0x99), 150, Flags::empty())
+    });
+    let (e, from) = next_ok(&v, 1);
+    assert_eq!((e.op_context, e.len, from), (50, large, 0));
+    let mut b = vec![0u8; large];
+    big.read_at(0, &mut b).unwrap();
+    assert!(b == pattern(large, 42), "100 KB: bytes differ");
+    assert_eq!(next_ok(&v, 0).0.op_context, 150);
+    assert_eq!(v[0].ep.connections_opened(), 1);
 }

@@ -58,6 +58,11 @@ pub const KNOBS: &[Knob] = &[
         help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 32-byte header; larger ones go in segments, then by rendezvous",
     },
     Knob {
+        name: "FI_RVERBS_RDM_SHM",
+        default: "1",
+        help: "1: an RDM endpoint reaches peers on its own host through libfabric's shm, imported inside it at fi_enable (messages up to the eager size; larger ones over verbs); 0: every peer over verbs",
+    },
+    Knob {
         name: "FI_RVERBS_RDM_SEGMENTED_MAX",
         default: "65536",
         help: "largest RDM message sent in segments (several bounce buffers, copied on both sides, no registration); larger ones go by rendezvous (RDMA read); at most 64 bounce buffers' worth, 0 for none",

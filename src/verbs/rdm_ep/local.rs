@@ -382,8 +382,10 @@ pub(super) fn post_local(
     }
     // Otherwise a send buffer holds the bytes (or the application's region, held) until
     // the path's completion.
+    // Past the eager size, verbs carries it: 1.17's shm hangs in its own CQ lock on a large
+    // message that a smaller receive truncates (seen with a 1 MiB send into 100 KB).
     let eager = en.slot - super::Header::LEN;
-    if matches!(src, Src::Slices(_)) && len > eager {
+    if len > eager {
         return Ok(false);
     }
     let mut g = lock(&en.inner);
@@ -396,7 +398,6 @@ pub(super) fn post_local(
     let off = slot as usize * en.slot;
     let (at, hold) = match src {
         Src::Foreign(f) => ((f.addr(), len), None),
-        Src::Region(mr, ..) if len > eager => (direct.unwrap_or((0, 0)), Some(mr.sys().clone())),
         _ => {
             if let Err(e) = src.copy_to(&en.tx_pool, off) {
                 g.tx_free.push(slot);
