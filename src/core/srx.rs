@@ -498,6 +498,22 @@ impl<B: Clone> RxEngine<B> {
         }
     }
 
+    /// Takes back every posted receive (the endpoint closes), in posting order per kind:
+    /// the caller reports each cancelled.
+    pub fn cancel_all(&mut self) -> Vec<Entry<B>> {
+        let mut out = Vec::new();
+        for kind in [Kind::Msg, Kind::Tag] {
+            let l = list_of(POSTED, kind);
+            while self.lists[l].head != NIL {
+                let id = self.lists[l].head;
+                self.unlink(l, id);
+                out.push(self.slots[id as usize].clone());
+                self.release(id);
+            }
+        }
+        out
+    }
+
     /// Takes back the posted receive with `context` (`fi_cancel`): the caller reports it
     /// cancelled. A multi-receive buffer stops taking messages; slices given out stay.
     pub fn cancel(&mut self, context: u64) -> Option<Entry<B>> {
@@ -589,6 +605,27 @@ mod tests {
 
     fn no_start(_: &mut RxEngine<u32>, id: u32) {
         panic!("nothing should be started, got {id}");
+    }
+
+    #[test]
+    fn cancel_all_takes_every_posted_receive_and_leaves_unexpected_messages() {
+        let mut e = RxEngine::new(8);
+        e.post(any(1), no_start).unwrap();
+        e.post(recv(Kind::Tag, tagged(7, 0), 64, 2), no_start)
+            .unwrap();
+        e.post(any(3), no_start).unwrap();
+        let Arrival::Unexpected(u) = e.arrive(Kind::Tag, 5, 9, 64, 1).unwrap() else {
+            panic!()
+        };
+        e.queue(u).unwrap();
+        let gone: Vec<u64> = e.cancel_all().iter().map(|x| x.context).collect();
+        assert_eq!(gone, vec![1, 3, 2]);
+        assert_eq!(e.in_use(), 1, "the unexpected message stays");
+        assert!(e.cancel_all().is_empty());
+        assert!(matches!(
+            e.arrive(Kind::Msg, 5, 0, 8, 1),
+            Ok(Arrival::Unexpected(_))
+        ));
     }
 
     #[test]

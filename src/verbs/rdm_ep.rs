@@ -1596,6 +1596,20 @@ impl RdmEndpoint {
     pub fn has_local_path(&self) -> bool {
         self.sh.on.get().is_some_and(|en| en.local.get().is_some())
     }
+
+    /// Messages its local path carried so far: (sent, arrived).
+    pub fn local_messages(&self) -> (u64, u64) {
+        self.sh
+            .on
+            .get()
+            .and_then(|en| en.local.get())
+            .map_or((0, 0), |l| {
+                (
+                    l.sent.load(Ordering::Relaxed),
+                    l.arrived.load(Ordering::Relaxed),
+                )
+            })
+    }
 }
 
 /// The peer named `name` (at `addr` in the AV, or `FI_ADDR_NOTAVAIL`), added on first use.
@@ -2922,6 +2936,22 @@ impl Drop for RdmEndpoint {
     fn drop(&mut self) {
         if let Some(en) = self.sh.on.get() {
             local::close(en);
+            // Nothing posted is lost: each receive still waiting completes as cancelled.
+            let posted = lock(&en.inner).engine.cancel_all();
+            for e in posted {
+                let kind = if e.kind == RxKind::Tag {
+                    Flags::TAGGED
+                } else {
+                    Flags::MSG
+                };
+                let _ = en.rx_cq.writeerr(CqErrEntry {
+                    op_context: e.context,
+                    flags: (kind | Flags::RECV).bits(),
+                    tag: e.tag,
+                    err: errno::ECANCELED,
+                    ..Default::default()
+                });
+            }
             if en.cm_wakes {
                 en.rx_cq.remove_wait_fd(en.eq.channel().borrow_fd());
             }

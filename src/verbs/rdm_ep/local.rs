@@ -14,37 +14,25 @@ use std::sync::{Arc, Mutex, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 
-use super::{
-    lock, release_tx, send_entry, tx_error, Enabled, Exposed, Inner, RndvSend, Shared, Src, TxMeta,
-    NONE,
-};
+use super::{lock, Enabled, Inner, Shared, Src, TxMeta};
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::rdm::RdmName;
 use crate::core::srx::Kind as RxKind;
-use crate::verbs::cq::Owned;
-use crate::verbs::wr_id::{self, Kind};
 
 /// An engine entry's owner token for messages the local path holds (not a bounce buffer).
 pub(super) const LOCAL_HOLDER: u64 = u64::MAX - 1;
 
-/// A send buffer's `TxMeta::conn` while the local path carries it.
-pub(super) const LOCAL_CONN: u32 = u32::MAX - 1;
-
-/// One send, as the local path gets it.
+/// One send, as the local path gets it: copied during the call (`FI_INJECT`), with no
+/// completion from the path.
 #[derive(Debug)]
 pub struct LocalSend<'a> {
     pub tagged: bool,
     pub tag: u64,
     pub data: Option<u64>,
-    /// Address and length of each range (the application's memory, or a send buffer).
+    /// Address and length of each range of the application's memory (at most 4).
     pub iov: &'a [(u64, usize)],
-    /// What its completion carries to [`LocalOwner::send_done`] (unused with `inject`).
-    pub context: u64,
-    /// Copied during the call: no completion.
-    pub inject: bool,
-    pub delivery_complete: bool,
 }
 
 /// An engine entry as the local path sees it (`fi_peer_rx_entry`).
@@ -67,7 +55,7 @@ pub trait LocalPath: Send + Sync {
     /// Makes the endpoint named `name` (on this host) reachable: its handle for `send`,
     /// and the address its arrivals carry (translated back by the endpoint).
     fn insert(&self, name: &RdmName) -> Result<u64>;
-    /// The largest send copied during the call (`inject`).
+    /// The largest send it copies during the call (what it carries).
     fn inject_size(&self) -> usize;
     fn send(&self, to: u64, m: &LocalSend<'_>) -> Result<()>;
     /// Starts (or discards) the unexpected message it holds in engine slot `id`: `e`
@@ -95,6 +83,9 @@ pub(super) struct LocalLink {
     routes: Mutex<Routes>,
     /// The AV's change count the routes follow (`u64::MAX`: never built).
     seen: AtomicU64,
+    /// Messages it carried: sent, and arrived (tests and logs).
+    pub(super) sent: AtomicU64,
+    pub(super) arrived: AtomicU64,
 }
 
 impl std::fmt::Debug for LocalLink {
@@ -109,6 +100,8 @@ impl LocalLink {
             path,
             routes: Mutex::new(Routes::default()),
             seen: AtomicU64::new(u64::MAX),
+            sent: AtomicU64::new(0),
+            arrived: AtomicU64::new(0),
         }
     }
 
@@ -196,6 +189,7 @@ impl LocalOwner {
         size: usize,
     ) -> Result<(bool, u32, LocalEntry)> {
         self.with(|en, l| {
+            l.arrived.fetch_add(1, Ordering::Relaxed);
             let addr = l.addr_of(from);
             let kind = if tagged { RxKind::Tag } else { RxKind::Msg };
             let mut g = lock(&en.inner);
@@ -262,35 +256,6 @@ impl LocalOwner {
         self.with(|en, _| Ok(en.rx_cq.room().min(en.tx_cq.room())))
             .unwrap_or(0)
     }
-
-    /// The completion of a send carried with `context` (`LocalSend::context`): its send
-    /// buffer is free, and the application's completion, if it wants one, is written.
-    pub fn send_done(&self, context: u64, err: Option<i32>) -> Result<()> {
-        self.with(|en, _| {
-            if wr_id::owner_key(context) != Some(en.key) {
-                return Err(Error::new(errno::EINVAL, "not a send of this endpoint"));
-            }
-            let slot = wr_id::index(context);
-            let mut g = lock(&en.inner);
-            if g.tx.get(slot as usize).is_none_or(|m| m.conn != LOCAL_CONN) {
-                return Err(Error::new(errno::EINVAL, "not a local send in flight"));
-            }
-            let m = g.tx[slot as usize];
-            g.tx[slot as usize].conn = NONE;
-            let held = release_tx(&mut g, slot);
-            drop(g);
-            drop(held);
-            let c = match err {
-                None if m.quiet => return Ok(()),
-                None => send_entry(&m),
-                Some(e) => Owned::Errors(vec![tx_error(&m, e)]),
-            };
-            match c {
-                Owned::Entry(e, from) => en.tx_cq.write(e, from),
-                Owned::Errors(v) => v.into_iter().try_for_each(|e| en.tx_cq.writeerr(e)),
-            }
-        })
-    }
 }
 
 /// Slot `id` as the path sees it: for a claimed one, the receive's buffer from where the
@@ -324,9 +289,11 @@ pub(super) fn entry_of(en: &Enabled, g: &Inner, id: u32) -> LocalEntry {
     }
 }
 
-/// Sends `src` to the local peer `to`. False when the path cannot carry it from a
-/// borrowed slice (larger than a send buffer): the caller sends it over verbs.
-#[allow(clippy::too_many_arguments)]
+/// Sends `src` to the local peer `to` if the path copies it during the call (its inject
+/// size; the completion, if wanted, is written here). False otherwise: verbs carries it.
+/// 1.17's shm copies larger messages by CMA from the sender's memory, and loops forever
+/// when a smaller receive truncates one (`smr_progress_iov` copies the full size); its
+/// `FI_DELIVERY_COMPLETE` goes the same way.
 pub(super) fn post_local(
     en: &Enabled,
     l: &LocalLink,
@@ -337,108 +304,50 @@ pub(super) fn post_local(
     flags: Flags,
 ) -> Result<bool> {
     let len = src.len();
-    let tagged = user.flags.contains(Flags::TAGGED);
-    let dc = flags.contains(Flags::DELIVERY_COMPLETE);
-    let direct = match src {
-        Src::Slices(v) if v.len() == 1 => Some((v[0].as_ptr() as u64, len)),
-        Src::Slices([]) => Some((0, 0)),
+    if len > l.path.inject_size() || flags.contains(Flags::DELIVERY_COMPLETE) {
+        return Ok(false);
+    }
+    let mut iov = [(0u64, 0usize); 4];
+    let n = match src {
+        Src::Slices(v) if v.len() <= iov.len() => {
+            for (d, b) in iov.iter_mut().zip(v.iter()) {
+                *d = (b.as_ptr() as u64, b.len());
+            }
+            v.len()
+        }
+        Src::Slices(_) => return Ok(false),
         Src::Region(mr, off, n) => {
             let sge = mr
                 .sys()
                 .sge(*off, *n)
                 .ok_or_else(|| mr.range_error(*off, *n))?;
-            Some((sge.addr, len))
+            iov[0] = (sge.addr, len);
+            1
         }
-        Src::Foreign(f) => Some((f.addr(), len)),
-        Src::Slices(_) => None,
-    };
-    // Copied during the call: nothing to hold, and the completion is ours to write now.
-    if len <= l.path.inject_size() && !dc {
-        if let Some(at) = direct {
-            l.path.send(
-                to,
-                &LocalSend {
-                    tagged,
-                    tag: user.tag,
-                    data,
-                    iov: &[at],
-                    context: 0,
-                    inject: true,
-                    delivery_complete: false,
-                },
-            )?;
-            if !user.quiet {
-                en.tx_cq.write(
-                    CqEntry {
-                        op_context: user.context,
-                        flags: user.flags.bits(),
-                        ..Default::default()
-                    },
-                    FI_ADDR_NOTAVAIL,
-                )?;
-            }
-            return Ok(true);
-        }
-    }
-    // Otherwise a send buffer holds the bytes (or the application's region, held) until
-    // the path's completion.
-    // Past the eager size, verbs carries it: 1.17's shm hangs in its own CQ lock on a large
-    // message that a smaller receive truncates (seen with a 1 MiB send into 100 KB).
-    let eager = en.slot - super::Header::LEN;
-    if len > eager {
-        return Ok(false);
-    }
-    let mut g = lock(&en.inner);
-    let Some(slot) = g.tx_free.pop() else {
-        return Err(Error::new(
-            errno::EAGAIN,
-            "every send buffer is in flight: read the CQ to complete some",
-        ));
-    };
-    let off = slot as usize * en.slot;
-    let (at, hold) = match src {
-        Src::Foreign(f) => ((f.addr(), len), None),
-        _ => {
-            if let Err(e) = src.copy_to(&en.tx_pool, off) {
-                g.tx_free.push(slot);
-                return Err(e);
-            }
-            let sge = en.tx_pool.sys().sge(off, len).unwrap_or_default();
-            ((sge.addr, len), None)
+        Src::Foreign(f) => {
+            iov[0] = (f.addr(), len);
+            1
         }
     };
-    let rndv = match hold {
-        Some(mr) => g.sends.insert(RndvSend {
-            meta: user,
-            _reg: Some(Exposed::App(mr)),
-        }),
-        None => NONE,
-    };
-    g.tx[slot as usize] = TxMeta {
-        conn: LOCAL_CONN,
-        rndv,
-        ..user
-    };
-    drop(g);
-    let r = l.path.send(
+    l.path.send(
         to,
         &LocalSend {
-            tagged,
+            tagged: user.flags.contains(Flags::TAGGED),
             tag: user.tag,
             data,
-            iov: &[at],
-            context: wr_id::keyed(slot, en.key, Kind::RdmSend),
-            inject: false,
-            delivery_complete: dc,
+            iov: &iov[..n],
         },
-    );
-    if let Err(e) = r {
-        let mut g = lock(&en.inner);
-        g.tx[slot as usize].conn = NONE;
-        let held = release_tx(&mut g, slot);
-        drop(g);
-        drop(held);
-        return Err(e);
+    )?;
+    l.sent.fetch_add(1, Ordering::Relaxed);
+    if !user.quiet {
+        en.tx_cq.write(
+            CqEntry {
+                op_context: user.context,
+                flags: user.flags.bits(),
+                ..Default::default()
+            },
+            FI_ADDR_NOTAVAIL,
+        )?;
     }
     Ok(true)
 }

@@ -1,0 +1,328 @@
+//! One RDM endpoint for local and remote peers (issue 18), on two SoftRoCE nodes
+//! (`ci/vm-run-2node`): node 0 runs two processes (this test and a child it starts), node 1
+//! one. Each sends every other one tagged messages of every protocol size and an untagged
+//! one, through one endpoint, one CQ and one AV; bytes and sources are checked, the local
+//! pair's messages go over the shm peer inside the endpoints and open no verbs connection,
+//! and the remote ones go over verbs and never through shm.
+//!
+//! Without `RFABRIC_NODE` (set by the two-node runner) these skip: they need a second node.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rfabric::core::cq::CqEntry;
+use rfabric::verbs::*;
+use rfabric::*;
+
+/// Sizes the local pair exchanges: what the shm peer carries (up to its inject size).
+const LOCAL_SIZES: [usize; 3] = [8, 1000, 4096];
+/// Sizes to and from the other node: every verbs protocol (eager, segmented, rendezvous).
+const REMOTE_SIZES: [usize; 5] = [8, 4096, 6000, 30_000, 300_000];
+/// Where node 1 takes node 0's names and answers with its own.
+const NAMES_PORT: u16 = 24_517;
+
+struct Ep {
+    ep: RdmEndpoint,
+    cq: Arc<CompletionQueue>,
+    av: Arc<AddressVector>,
+    domain: Arc<Domain>,
+}
+
+fn open_ep() -> Ep {
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::MSG | Flags::SOURCE | Flags::DIRECTED_RECV;
+    let info = getinfo(None, None, Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let cq = CompletionQueue::open(
+        &domain,
+        &CqAttr {
+            format: CqFormat::Tagged,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
+    let ep = RdmEndpoint::open(&domain, &info).unwrap();
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    assert!(rfabric::capi::ext::local::import_shm(&ep).unwrap());
+    Ep { ep, cq, av, domain }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn sizes_between(a: usize, b: usize) -> &'static [usize] {
+    // 0 and 1 are on node 0, 2 on node 1.
+    if a < 2 && b < 2 {
+        &LOCAL_SIZES
+    } else {
+        &REMOTE_SIZES
+    }
+}
+
+fn tag_of(from: usize, k: usize) -> u64 {
+    ((from as u64) << 32) | k as u64
+}
+
+fn seed_of(from: usize, to: usize, k: usize) -> u8 {
+    (from * 31 + to * 7 + k) as u8
+}
+
+/// Exchanges with the other two: every size tagged, one untagged; returns when all of its
+/// sends completed and all it expects arrived, bytes and sources checked.
+fn traffic(me: usize, e: &Ep) {
+    let peers: Vec<usize> = (0..3).filter(|&p| p != me).collect();
+    let rx = MemoryRegion::alloc(&e.domain, 2 << 20, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&e.domain, 1 << 20, Flags::SEND).unwrap();
+    // Receives first for one peer, the other's messages arrive unexpected.
+    let mut at = 0;
+    let mut want = Vec::new();
+    for &p in &peers {
+        for (k, &n) in sizes_between(p, me).iter().enumerate() {
+            e.ep.trecv(
+                RecvBuf::region(&rx, at, n).unwrap(),
+                p as u64,
+                tag_of(p, k),
+                0,
+                want.len() as u64,
+            )
+            .unwrap();
+            want.push((p, k, n, at));
+            at += n;
+        }
+        e.ep.recv(
+            RecvBuf::region(&rx, at, 64).unwrap(),
+            p as u64,
+            want.len() as u64,
+        )
+        .unwrap();
+        want.push((p, usize::MAX, 50, at));
+        at += 64;
+    }
+    // Every send from its own place in one region, all posted before any is reaped.
+    let mut sends = 0;
+    let mut off = 0;
+    for &p in &peers {
+        for (k, &n) in sizes_between(me, p).iter().enumerate() {
+            tx.write_at(off, &pattern(n, seed_of(me, p, k))).unwrap();
+            post(e, || {
+                e.ep.send_region(
+                    &tx,
+                    off,
+                    n,
+                    p as u64,
+                    Some(tag_of(me, k)),
+                    1000,
+                    Flags::empty(),
+                )
+            });
+            off += n;
+            sends += 1;
+        }
+        post(e, || {
+            e.ep.send(&pattern(50, seed_of(me, p, 99)), p as u64, 1001)
+        });
+        sends += 1;
+    }
+    let mut got = vec![false; want.len()];
+    let t = Instant::now();
+    while got.iter().any(|g| !g) || sends > 0 {
+        let mut c = [CqEntry::default(); 8];
+        let mut src = [0u64; 8];
+        match e.cq.readfrom(&mut c, &mut src) {
+            Ok(n) => {
+                for (c, &s) in c[..n].iter().zip(&src) {
+                    if c.flags & Flags::SEND.bits() != 0 {
+                        sends -= 1;
+                        continue;
+                    }
+                    let i = c.op_context as usize;
+                    let (p, k, n, at) = want[i];
+                    assert_eq!(s, p as u64, "FI_SOURCE of message {i} from {p}");
+                    assert_eq!(c.len, n);
+                    let mut b = vec![0u8; n];
+                    rx.read_at(at, &mut b).unwrap();
+                    let seed = seed_of(p, me, if k == usize::MAX { 99 } else { k });
+                    assert!(b == pattern(n, seed), "{n} bytes from {p} differ");
+                    got[i] = true;
+                }
+            }
+            Err(err) if err.is_again() => {}
+            Err(err) => panic!("{err}: {:?}", e.cq.readerr()),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "process {me}: {} of {} messages arrived, {sends} sends not completed",
+            got.iter().filter(|g| **g).count(),
+            got.len()
+        );
+    }
+}
+
+/// Posts while the call says -FI_EAGAIN (shm's first send waits for its handshake),
+/// reading the CQ meanwhile.
+fn post(e: &Ep, mut f: impl FnMut() -> Result<()>) {
+    let t = Instant::now();
+    loop {
+        match f() {
+            Err(err) if err.is_again() && t.elapsed() < Duration::from_secs(60) => {
+                let mut none: [CqEntry; 0] = [];
+                let _ = e.cq.read(&mut none);
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
+/// The second process on node 0 (started by the test on node 0, never on its own).
+#[test]
+#[ignore]
+fn local_peer_process() {
+    if std::env::var("RFABRIC_LOCAL_PEER").is_err() {
+        return;
+    }
+    let e = open_ep();
+    println!("LOCAL NAME {}", hex(&e.ep.getname().unwrap().to_bytes()));
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    for n in line.split_whitespace() {
+        e.av.insert(&unhex(n)).unwrap();
+    }
+    traffic(1, &e);
+    let (sent, arrived) = e.ep.local_messages();
+    println!("LOCAL DONE {} {sent} {arrived}", e.ep.connections_opened());
+    // Stays until told: its peers may still read what it sent.
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+#[test]
+fn local_and_remote_peers_share_one_endpoint() {
+    let Ok(node) = std::env::var("RFABRIC_NODE") else {
+        return;
+    };
+    let peer = std::env::var("RFABRIC_PEER_ADDR").expect("RFABRIC_PEER_ADDR");
+    let own = std::env::var("RFABRIC_SELF_ADDR").expect("RFABRIC_SELF_ADDR");
+    let e = open_ep();
+    let name = hex(&e.ep.getname().unwrap().to_bytes());
+    if node == "1" {
+        // Node 1: process 2. Takes node 0's two names, answers with its own.
+        let l = TcpListener::bind((own.as_str(), NAMES_PORT)).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let mut line = String::new();
+        BufReader::new(s.try_clone().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        writeln!(s, "{name}").unwrap();
+        let names: Vec<_> = line.split_whitespace().map(String::from).collect();
+        assert_eq!(names.len(), 2);
+        for n in names.iter().chain([&name]) {
+            e.av.insert(&unhex(n)).unwrap();
+        }
+        traffic(2, &e);
+        assert_eq!(
+            e.ep.local_messages(),
+            (0, 0),
+            "nothing of node 1 goes over shm"
+        );
+        assert_eq!(
+            e.ep.connections_opened(),
+            2,
+            "one RC connection per remote peer"
+        );
+        // Done when node 0 says so (its processes may still read what this one sent).
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        return;
+    }
+    // Node 0: processes 0 (this one) and 1 (a child).
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "local_peer_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RFABRIC_LOCAL_PEER", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let local = lines
+        .by_ref()
+        .map_while(|l| l.ok())
+        .find_map(|l| {
+            l.find("LOCAL NAME ")
+                .map(|i| l[i + 11..].trim().to_string())
+        })
+        .expect("the local peer's name");
+    let t = Instant::now();
+    let mut s = loop {
+        match TcpStream::connect((peer.as_str(), NAMES_PORT)) {
+            Ok(s) => break s,
+            Err(_) if t.elapsed() < Duration::from_secs(120) => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Err(err) => panic!("node 1 never listened: {err}"),
+        }
+    };
+    writeln!(s, "{name} {local}").unwrap();
+    let mut remote = String::new();
+    BufReader::new(s.try_clone().unwrap())
+        .read_line(&mut remote)
+        .unwrap();
+    let remote = remote.trim().to_string();
+    writeln!(child.stdin.as_mut().unwrap(), "{name} {local} {remote}").unwrap();
+    for n in [&name, &local, &remote] {
+        e.av.insert(&unhex(n)).unwrap();
+    }
+    traffic(0, &e);
+    let done = lines
+        .by_ref()
+        .map_while(|l| l.ok())
+        .find_map(|l| {
+            l.find("LOCAL DONE ")
+                .map(|i| l[i + 11..].trim().to_string())
+        })
+        .expect("the local peer finished");
+    let v: Vec<u64> = done
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    // The local pair: everything between them over shm, one verbs connection (to node 1).
+    let between = LOCAL_SIZES.len() as u64 + 1;
+    assert_eq!(
+        v,
+        vec![1, between, between],
+        "the local peer: connections, sent, arrived"
+    );
+    assert_eq!(
+        e.ep.connections_opened(),
+        1,
+        "this process: one connection, to node 1"
+    );
+    assert_eq!(e.ep.local_messages(), (between, between));
+    writeln!(child.stdin.as_mut().unwrap()).unwrap();
+    drop(s);
+    assert!(child.wait().unwrap().success());
+}
