@@ -209,7 +209,11 @@ fn local_peer_process() {
     }
     traffic(1, &e);
     let (sent, arrived) = e.ep.local_messages();
-    println!("LOCAL DONE {} {sent} {arrived}", e.ep.connections_opened());
+    println!(
+        "LOCAL DONE {} {} {sent} {arrived}",
+        u8::from(e.ep.connected(0)),
+        u8::from(e.ep.connected(2))
+    );
     // Stays until told: its peers may still read what it sent.
     let _ = std::io::stdin().read_line(&mut line);
 }
@@ -243,10 +247,9 @@ fn local_and_remote_peers_share_one_endpoint() {
             (0, 0),
             "nothing of node 1 goes over shm"
         );
-        assert_eq!(
-            e.ep.connections_opened(),
-            2,
-            "one RC connection per remote peer"
+        assert!(
+            e.ep.connected(0) && e.ep.connected(1),
+            "an RC connection per remote peer"
         );
         // Done when node 0 says so (its processes may still read what this one sent).
         let mut rest = Vec::new();
@@ -309,18 +312,16 @@ fn local_and_remote_peers_share_one_endpoint() {
         .split_whitespace()
         .map(|x| x.parse().unwrap())
         .collect();
-    // The local pair: everything between them over shm, one verbs connection (to node 1).
+    // The local pair: everything between them over shm (no verbs connection between
+    // them), and only that; node 1 over verbs.
     let between = LOCAL_SIZES.len() as u64 + 1;
     assert_eq!(
         v,
-        vec![1, between, between],
-        "the local peer: connections, sent, arrived"
+        vec![0, 1, between, between],
+        "the local peer: connected to 0, connected to 2, sent and arrived over shm"
     );
-    assert_eq!(
-        e.ep.connections_opened(),
-        1,
-        "this process: one connection, to node 1"
-    );
+    assert!(!e.ep.connected(1), "no verbs connection to the local peer");
+    assert!(e.ep.connected(2), "a verbs connection to node 1");
     assert_eq!(e.ep.local_messages(), (between, between));
     writeln!(child.stdin.as_mut().unwrap()).unwrap();
     drop(s);

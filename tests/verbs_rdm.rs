@@ -1845,7 +1845,10 @@ fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
         .unwrap();
     let e = next_err(&v, 1);
     assert_eq!((e.op_context, e.err), (30, errno::ETRUNC));
-    assert!(read(&v[1], 11, 100) == pattern(300, 9)[..100], "what fits arrives");
+    assert!(
+        read(&v[1], 11, 100) == pattern(300, 9)[..100],
+        "what fits arrives"
+    );
     done += 1;
     // Every send completes once, and nothing went over verbs.
     let mut sends = vec![];

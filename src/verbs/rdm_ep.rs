@@ -900,6 +900,20 @@ impl RdmEndpoint {
         self.sh.on.get().map_or(0, |en| en.rx_pool.len())
     }
 
+    /// Whether a verbs connection to the peer at `addr` is up (tests and diagnostics).
+    pub fn connected(&self, addr: u64) -> bool {
+        let Some(en) = self.sh.on.get() else {
+            return false;
+        };
+        let Ok(name) = en.av.rdm_name(addr) else {
+            return false;
+        };
+        let g = lock(&en.inner);
+        g.by_name
+            .get(&name.to_bytes())
+            .is_some_and(|&p| matches!(g.peers[p as usize].link.send_path(), SendPath::Post(_)))
+    }
+
     /// Connections made so far (from either side).
     pub fn connections_opened(&self) -> u32 {
         self.sh
