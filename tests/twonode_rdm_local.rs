@@ -19,10 +19,9 @@ use rfabric::core::cq::CqEntry;
 use rfabric::verbs::*;
 use rfabric::*;
 
-/// Sizes the local pair exchanges: what the shm peer carries (up to its inject size).
-const LOCAL_SIZES: [usize; 3] = [8, 1000, 4096];
-/// Sizes to and from the other node: every verbs protocol (eager, segmented, rendezvous).
-const REMOTE_SIZES: [usize; 5] = [8, 4096, 6000, 30_000, 300_000];
+/// Every protocol's sizes: verbs' eager, segmented and rendezvous; shm's inline, inject
+/// and CMA copies.
+const SIZES: [usize; 5] = [8, 4096, 6000, 30_000, 300_000];
 /// Where node 1 takes node 0's names and answers with its own.
 const NAMES_PORT: u16 = 24_517;
 
@@ -70,13 +69,8 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn sizes_between(a: usize, b: usize) -> &'static [usize] {
-    // 0 and 1 are on node 0, 2 on node 1.
-    if a < 2 && b < 2 {
-        &LOCAL_SIZES
-    } else {
-        &REMOTE_SIZES
-    }
+fn sizes_between(_a: usize, _b: usize) -> &'static [usize] {
+    &SIZES
 }
 
 fn tag_of(from: usize, k: usize) -> u64 {
@@ -314,7 +308,7 @@ fn local_and_remote_peers_share_one_endpoint() {
         .collect();
     // The local pair: everything between them over shm (no verbs connection between
     // them), and only that; node 1 over verbs.
-    let between = LOCAL_SIZES.len() as u64 + 1;
+    let between = SIZES.len() as u64 + 1;
     assert_eq!(
         v,
         vec![0, 1, between, between],

@@ -1867,8 +1867,8 @@ fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
         "no RC connection for a local peer"
     );
     assert_eq!(v[1].ep.connections_opened(), 0);
-    // Past shm's inject size verbs carries it, local peer or not (1.17's shm loops
-    // forever when a smaller receive truncates a message it copies by CMA).
+    // Past shm's inject size: from a send buffer (5000) or the application's region
+    // (100 KB, held until shm's completion), copied by shm's CMA.
     let big = MemoryRegion::alloc(&v[1].domain, 1 << 17, Flags::RECV).unwrap();
     let src = MemoryRegion::alloc(&v[0].domain, 1 << 17, Flags::SEND).unwrap();
     for (i, &large) in [5000usize, 100_000].iter().enumerate() {
@@ -1887,5 +1887,57 @@ fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
         assert!(b == pattern(large, 42 + i as u8), "{large} bytes differ");
         assert_eq!(next_ok(&v, 0).0.op_context, 150);
     }
-    assert_eq!(v[0].ep.connections_opened(), 1);
+    // Truncated past shm's inject size, tagged (whose size shm does not tell) and untagged:
+    // what fits arrives, FI_ETRUNC with olen, the sender completes.
+    src.write_at(0, &pattern(100_000, 5)).unwrap();
+    v[1].ep
+        .trecv(RecvBuf::region(&big, 0, 5000).unwrap(), 0, 0x98, 0, 60)
+        .unwrap();
+    retry(&v, || {
+        v[0].ep
+            .send_region(&src, 0, 100_000, 1, Some(0x98), 160, Flags::empty())
+    });
+    let e = next_err(&v, 1);
+    assert_eq!(
+        (e.op_context, e.err, e.len, e.olen),
+        (60, errno::ETRUNC, 5000, 95_000)
+    );
+    let mut b = vec![0u8; 5000];
+    big.read_at(0, &mut b).unwrap();
+    assert!(b[..] == pattern(100_000, 5)[..5000], "what fits arrives");
+    assert_eq!(next_ok(&v, 0).0.op_context, 160);
+    v[1].ep
+        .recv(RecvBuf::region(&big, 0, 1000).unwrap(), 0, 61)
+        .unwrap();
+    retry(&v, || {
+        v[0].ep
+            .send_region(&src, 0, 20_000, 1, None, 161, Flags::empty())
+    });
+    let e = next_err(&v, 1);
+    assert_eq!(
+        (e.op_context, e.err, e.len, e.olen),
+        (61, errno::ETRUNC, 1000, 19_000)
+    );
+    assert_eq!(next_ok(&v, 0).0.op_context, 161);
+    // FI_DELIVERY_COMPLETE: the send completes once the message is in the receive.
+    v[1].ep.recv(recv_buf(&v[1], 0, 4096), 0, 62).unwrap();
+    retry(&v, || {
+        v[0].ep.sendmsg(
+            &[&pattern(100, 1)],
+            1,
+            None,
+            None,
+            162,
+            Flags::DELIVERY_COMPLETE,
+        )
+    });
+    let mut seen = [next_ok(&v, 1).0.op_context, next_ok(&v, 0).0.op_context];
+    seen.sort();
+    assert_eq!(seen, [62, 162]);
+    assert!(read(&v[1], 0, 100) == pattern(100, 1));
+    quiet(&v, 0);
+    quiet(&v, 1);
+    assert_eq!(v[0].ep.connections_opened(), 0, "every size went over shm");
+    assert_eq!(v[1].ep.connections_opened(), 0);
+    assert_eq!(v[0].ep.send_buffers().0, v[0].ep.send_buffers().1);
 }

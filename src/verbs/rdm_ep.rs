@@ -1592,7 +1592,7 @@ impl RdmEndpoint {
     pub fn set_local_path(&self, path: Arc<dyn LocalPath>) -> Result<()> {
         let en = self.en()?;
         en.local
-            .set(LocalLink::new(path))
+            .set(LocalLink::new(path, self.max_msg_size()))
             .map_err(|_| Error::new(errno::EALREADY, "a local path is already attached"))?;
         // Driven by every read from now on (the local path's latency is a read's).
         let me: Weak<dyn PeerProgress> = self.sh.me.clone();

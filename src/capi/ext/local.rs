@@ -29,12 +29,12 @@ const BATCH: usize = 16;
 /// C entries made at a time (their addresses never move).
 const CHUNK: usize = 256;
 
-/// One engine slot's C face.
+/// One engine slot's C face: the receive's range, and scratch past it.
 #[repr(C)]
 struct PeerEntry {
     c: UnsafeCell<fi::fi_peer_rx_entry>,
-    iov: UnsafeCell<libc::iovec>,
-    desc: UnsafeCell<*mut c_void>,
+    iov: UnsafeCell<[libc::iovec; 2]>,
+    desc: UnsafeCell<[*mut c_void; 2]>,
 }
 
 impl PeerEntry {
@@ -42,11 +42,13 @@ impl PeerEntry {
         PeerEntry {
             // SAFETY: a plain C struct; all-zero (NULL pointers) is valid.
             c: UnsafeCell::new(unsafe { std::mem::zeroed() }),
-            iov: UnsafeCell::new(libc::iovec {
-                iov_base: null_mut(),
-                iov_len: 0,
-            }),
-            desc: UnsafeCell::new(null_mut()),
+            iov: UnsafeCell::new(
+                [libc::iovec {
+                    iov_base: null_mut(),
+                    iov_len: 0,
+                }; 2],
+            ),
+            desc: UnsafeCell::new([null_mut(); 2]),
         }
     }
 }
@@ -58,6 +60,42 @@ struct LocalSrx {
     srx: UnsafeCell<fi::fid_peer_srx>,
     owner: LocalOwner,
     chunks: Mutex<Vec<Box<[PeerEntry]>>>,
+    /// Where shm puts what does not fit a receive (never read): as large as the largest
+    /// message, shared by every entry (its bytes are thrown away), untouched until used.
+    scratch: Scratch,
+}
+
+/// Zeroed memory that only C writes into (no Rust reference to it is ever made).
+struct Scratch {
+    at: *mut u8,
+    len: usize,
+}
+
+impl Scratch {
+    fn new(len: usize) -> Result<Scratch> {
+        let len = len.max(1);
+        let layout = std::alloc::Layout::from_size_align(len, 64)
+            .map_err(|_| Error::new(errno::EINVAL, "scratch size"))?;
+        // SAFETY: a non-zero size; zeroed pages of a large allocation stay untouched.
+        let at = unsafe { std::alloc::alloc_zeroed(layout) };
+        if at.is_null() {
+            return Err(Error::new(errno::ENOMEM, "local path scratch"));
+        }
+        Ok(Scratch { at, len })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout; shm's endpoint (the only writer) is
+        // closed before the LocalSrx holding this goes.
+        unsafe {
+            std::alloc::dealloc(
+                self.at,
+                std::alloc::Layout::from_size_align_unchecked(self.len, 64),
+            )
+        }
+    }
 }
 
 // SAFETY: a C entry is written by whoever holds its slot (the owner under the endpoint's
@@ -133,14 +171,20 @@ impl LocalSrx {
             c.owner_context = null_mut();
             match e.buf {
                 Some((addr, len)) => {
-                    *pe.iov.get() = libc::iovec {
+                    let iov = &mut *pe.iov.get();
+                    iov[0] = libc::iovec {
                         iov_base: addr as *mut c_void,
                         iov_len: len,
                     };
-                    *pe.desc.get() = null_mut();
-                    c.iov = pe.iov.get();
-                    c.desc = pe.desc.get();
-                    c.count = 1;
+                    let extra = e.scratch.min(self.scratch.len);
+                    iov[1] = libc::iovec {
+                        iov_base: self.scratch.at.cast(),
+                        iov_len: extra,
+                    };
+                    *pe.desc.get() = [null_mut(); 2];
+                    c.iov = iov.as_mut_ptr();
+                    c.desc = (*pe.desc.get()).as_mut_ptr();
+                    c.count = if extra > 0 { 2 } else { 1 };
                 }
                 None => {
                     c.iov = null_mut();
@@ -273,7 +317,7 @@ impl std::fmt::Debug for ShmLocal {
 
 impl ShmLocal {
     /// Opens shm for the endpoint named `name`, with `owner`'s engine as its receive side.
-    pub fn open(name: &RdmName, owner: LocalOwner) -> Result<ShmLocal> {
+    pub fn open(name: &RdmName, owner: LocalOwner, max: usize) -> Result<ShmLocal> {
         let mut ep = ShmEp::open_domain()?;
         let srx = Box::new(LocalSrx {
             srx: UnsafeCell::new(fi::fid_peer_srx {
@@ -292,6 +336,7 @@ impl ShmLocal {
             }),
             owner: owner.clone(),
             chunks: Mutex::new(Vec::new()),
+            scratch: Scratch::new(max)?,
         });
         let mut srx_ctx = Box::new(fi::fi_peer_srx_context {
             size: size_of::<fi::fi_peer_srx_context>(),
@@ -387,20 +432,19 @@ impl ShmLocal {
         let k = check(rc, "fi_cq_readfrom(shm)")? as usize;
         for (e, s) in out[..k].iter().zip(src) {
             if e.flags & fi::FI_SEND != 0 {
-                // Its sends are injects that complete nothing: not one of ours.
-                crate::fi_warn!("rdm", "shm reported a send completion nobody asked for");
+                self.owner.send_done(e.op_context as u64, None)?;
             } else {
-                self.owner.recv_done(Ok((
-                    CqEntry {
-                        op_context: e.op_context as u64,
-                        flags: e.flags,
-                        len: e.len,
-                        buf: e.buf as u64,
-                        data: e.data,
-                        tag: e.tag,
-                    },
-                    self.owner.addr_of(s),
-                )))?;
+                // Its context is the engine slot (`LocalEntry::context`).
+                let c = CqEntry {
+                    op_context: 0,
+                    flags: e.flags,
+                    len: e.len,
+                    buf: e.buf as u64,
+                    data: e.data,
+                    tag: e.tag,
+                };
+                self.owner
+                    .recv_done(e.op_context as usize as u32, c, s, None)?;
             }
         }
         Ok(k)
@@ -418,11 +462,18 @@ impl ShmLocal {
         c.flags &= !fi::FI_COMPLETION;
         c.err = c.err.abs();
         if c.flags & fi::FI_SEND != 0 {
-            // An inject fails at the call, never later.
-            crate::fi_warn!("rdm", "shm reported a send error nobody can get: {}", c.err);
-            return Ok(());
+            return self.owner.send_done(c.op_context, Some(c.err));
         }
-        self.owner.recv_done(Err(c))
+        let e = CqEntry {
+            op_context: 0,
+            flags: c.flags,
+            len: c.len,
+            buf: c.buf,
+            data: c.data,
+            tag: c.tag,
+        };
+        self.owner
+            .recv_done(c.op_context as u32, e, fi::FI_ADDR_NOTAVAIL, Some(c.err))
     }
 }
 
@@ -454,16 +505,23 @@ impl LocalPath for ShmLocal {
             };
         }
         let mut desc = [null_mut::<c_void>(); 4];
-        // Copied during the call, no completion: FI_INJECT without FI_COMPLETION under
-        // the selective completion its CQ is bound with.
-        let flags = fi::FI_INJECT
-            | if m.data.is_some() {
-                fi::FI_REMOTE_CQ_DATA
-            } else {
-                0
-            };
-        // SAFETY: shm's enabled endpoint; the ranges are memory valid for the call, which
-        // copies them (FI_INJECT).
+        // Under the selective completion its CQ is bound with: an inject completes
+        // nothing, any other send completes (its buffer is held until then).
+        let flags = match m.context {
+            None => fi::FI_INJECT,
+            Some(_) => fi::FI_COMPLETION,
+        } | if m.data.is_some() {
+            fi::FI_REMOTE_CQ_DATA
+        } else {
+            0
+        } | if m.delivery_complete {
+            fi::FI_DELIVERY_COMPLETE
+        } else {
+            0
+        };
+        let context = m.context.unwrap_or(0) as *mut c_void;
+        // SAFETY: shm's enabled endpoint; the ranges are memory valid for the call (an
+        // inject) or until the send's completion (the caller holds them).
         let rc = unsafe {
             if m.tagged {
                 let msg = fi::fi_msg_tagged {
@@ -473,7 +531,7 @@ impl LocalPath for ShmLocal {
                     addr: to,
                     tag: m.tag,
                     ignore: 0,
-                    context: null_mut(),
+                    context,
                     data: m.data.unwrap_or(0),
                 };
                 ((*(*self.ep.ep).tagged).sendmsg.expect("tsendmsg"))(self.ep.ep, &msg, flags)
@@ -483,7 +541,7 @@ impl LocalPath for ShmLocal {
                     desc: desc.as_mut_ptr(),
                     iov_count: m.iov.len(),
                     addr: to,
-                    context: null_mut(),
+                    context,
                     data: m.data.unwrap_or(0),
                 };
                 ((*(*self.ep.ep).msg).sendmsg.expect("sendmsg"))(self.ep.ep, &msg, flags)
@@ -545,7 +603,7 @@ pub fn import_shm(ep: &RdmEndpoint) -> Result<bool> {
         return Ok(false);
     }
     let name = ep.getname()?;
-    match ShmLocal::open(&name, ep.local_owner()) {
+    match ShmLocal::open(&name, ep.local_owner(), ep.max_msg_size()) {
         Ok(l) => {
             ep.set_local_path(Arc::new(l))?;
             Ok(true)

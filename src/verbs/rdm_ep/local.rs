@@ -14,7 +14,13 @@ use std::sync::{Arc, Mutex, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 
-use super::{lock, Enabled, Inner, Shared, Src, TxMeta};
+use super::{
+    lock, release_tx, tx_error, Enabled, Exposed, Inner, RndvSend, Shared, Src, TxMeta, NONE,
+};
+use crate::verbs::wr_id::{self, Kind};
+
+/// A send buffer's `TxMeta::conn` while the local path carries it.
+pub(super) const LOCAL_CONN: u32 = u32::MAX - 1;
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
@@ -24,15 +30,19 @@ use crate::core::srx::Kind as RxKind;
 /// An engine entry's owner token for messages the local path holds (not a bounce buffer).
 pub(super) const LOCAL_HOLDER: u64 = u64::MAX - 1;
 
-/// One send, as the local path gets it: copied during the call (`FI_INJECT`), with no
-/// completion from the path.
+/// One send, as the local path gets it.
 #[derive(Debug)]
 pub struct LocalSend<'a> {
     pub tagged: bool,
     pub tag: u64,
     pub data: Option<u64>,
-    /// Address and length of each range of the application's memory (at most 4).
+    /// Address and length of each range (at most 4): the application's memory or a send
+    /// buffer, valid until the send completes.
     pub iov: &'a [(u64, usize)],
+    /// `None`: copied during the call (`FI_INJECT`), no completion. Otherwise what its
+    /// completion carries to [`LocalOwner::send_done`].
+    pub context: Option<u64>,
+    pub delivery_complete: bool,
 }
 
 /// An engine entry as the local path sees it (`fi_peer_rx_entry`).
@@ -48,6 +58,19 @@ pub struct LocalEntry {
     pub context: u64,
     /// Where the message goes (address, bytes), for a matched entry.
     pub buf: Option<(u64, usize)>,
+    /// Bytes of scratch to append past `buf` for what does not fit (discarded; the owner
+    /// reports the truncation): the path must never be handed less room than the message.
+    pub scratch: usize,
+}
+
+/// What the owner keeps of a matched local receive until its completion comes back.
+#[derive(Clone, Copy, Debug, Default)]
+struct LocalRx {
+    context: u64,
+    /// Bytes of the receive's buffer (past them, the message was truncated).
+    cap: usize,
+    quiet: bool,
+    live: bool,
 }
 
 /// A provider carrying an RDM endpoint's traffic with peers on the same host.
@@ -86,6 +109,10 @@ pub(super) struct LocalLink {
     /// Messages it carried: sent, and arrived (tests and logs).
     pub(super) sent: AtomicU64,
     pub(super) arrived: AtomicU64,
+    /// Matched receives the path is filling, by engine slot.
+    rx: Mutex<Vec<LocalRx>>,
+    /// The largest message it carries (the endpoint's `max_msg_size`).
+    pub(super) max: usize,
 }
 
 impl std::fmt::Debug for LocalLink {
@@ -95,9 +122,11 @@ impl std::fmt::Debug for LocalLink {
 }
 
 impl LocalLink {
-    pub(super) fn new(path: Arc<dyn LocalPath>) -> Self {
+    pub(super) fn new(path: Arc<dyn LocalPath>, max: usize) -> Self {
         LocalLink {
             path,
+            rx: Mutex::new(Vec::new()),
+            max,
             routes: Mutex::new(Routes::default()),
             seen: AtomicU64::new(u64::MAX),
             sent: AtomicU64::new(0),
@@ -223,9 +252,13 @@ impl LocalOwner {
         })
     }
 
-    /// The path is done with entry `id` (`free_entry`).
+    /// The path is done with entry `id` (`free_entry`). A matched receive's slot stays
+    /// until its completion is moved (`recv_done`: it names the slot); any other goes now.
     pub fn free(&self, id: u32) -> Result<()> {
-        self.with(|en, _| {
+        self.with(|en, l| {
+            if lock(&l.rx).get(id as usize).is_some_and(|m| m.live) {
+                return Ok(());
+            }
             let mut g = lock(&en.inner);
             if g.engine.entry(id).owner != LOCAL_HOLDER {
                 return Err(Error::new(errno::EINVAL, "not an entry of the local path"));
@@ -240,14 +273,88 @@ impl LocalOwner {
             .unwrap_or(FI_ADDR_NOTAVAIL)
     }
 
-    /// A receive completion (or error) the path made: to the endpoint's receive CQ.
-    pub fn recv_done(
-        &self,
-        c: std::result::Result<(CqEntry, u64), crate::core::cq::CqErrEntry>,
-    ) -> Result<()> {
-        self.with(|en, _| match c {
-            Ok((e, from)) => en.rx_cq.write(e, from),
-            Err(e) => en.rx_cq.writeerr(e),
+    /// The completion the path made of the receive in slot `id` (its context), from its
+    /// address `from` (or its error, `err`): the receive's own completion goes to the
+    /// endpoint's CQ (truncated past the receive's buffer: `FI_ETRUNC` with `olen`), and
+    /// the slot is freed.
+    pub fn recv_done(&self, id: u32, c: CqEntry, from: u64, err: Option<i32>) -> Result<()> {
+        self.with(|en, l| {
+            let m = {
+                let mut rx = lock(&l.rx);
+                let Some(m) = rx.get_mut(id as usize).filter(|m| m.live) else {
+                    return Err(Error::new(
+                        errno::EINVAL,
+                        format!("a local completion names slot {id}, not a receive in flight"),
+                    ));
+                };
+                m.live = false;
+                *m
+            };
+            {
+                let mut g = lock(&en.inner);
+                if g.engine.entry(id).owner == LOCAL_HOLDER {
+                    let _ = g.engine.free(id);
+                }
+            }
+            let flags = c.flags & !Flags::COMPLETION.bits();
+            let failed = err.or((c.len > m.cap).then_some(errno::ETRUNC));
+            if let Some(e) = failed {
+                let n = c.len.min(m.cap);
+                return en.rx_cq.writeerr(crate::core::cq::CqErrEntry {
+                    op_context: m.context,
+                    flags,
+                    len: n,
+                    buf: c.buf,
+                    data: c.data,
+                    tag: c.tag,
+                    olen: c.len - n,
+                    err: e,
+                    ..Default::default()
+                });
+            }
+            if m.quiet {
+                return Ok(());
+            }
+            en.rx_cq.write(
+                CqEntry {
+                    op_context: m.context,
+                    flags,
+                    ..c
+                },
+                l.addr_of(from),
+            )
+        })
+    }
+
+    /// The completion of a send carried with `context` (`LocalSend::context`): its send
+    /// buffer is free, and the application's completion, if it wants one, is written.
+    pub fn send_done(&self, context: u64, err: Option<i32>) -> Result<()> {
+        self.with(|en, _| {
+            if wr_id::owner_key(context) != Some(en.key) {
+                return Err(Error::new(errno::EINVAL, "not a send of this endpoint"));
+            }
+            let slot = wr_id::index(context);
+            let mut g = lock(&en.inner);
+            if g.tx.get(slot as usize).is_none_or(|m| m.conn != LOCAL_CONN) {
+                return Err(Error::new(errno::EINVAL, "not a local send in flight"));
+            }
+            let m = g.tx[slot as usize];
+            g.tx[slot as usize].conn = NONE;
+            let held = release_tx(&mut g, slot);
+            drop(g);
+            drop(held);
+            match err {
+                None if m.quiet => Ok(()),
+                None => en.tx_cq.write(
+                    CqEntry {
+                        op_context: m.context,
+                        flags: m.flags.bits(),
+                        ..Default::default()
+                    },
+                    FI_ADDR_NOTAVAIL,
+                ),
+                Some(e) => en.tx_cq.writeerr(tx_error(&m, e)),
+            }
         })
     }
 
@@ -258,42 +365,57 @@ impl LocalOwner {
     }
 }
 
-/// Slot `id` as the path sees it: for a claimed one, the receive's buffer from where the
-/// message goes (a multi-receive slice's offset applied; no more than an untagged
-/// message's size).
+/// Slot `id` as the path sees it. For a claimed one (a receive took the message): the
+/// receive's buffer from where the message goes (a multi-receive slice's offset applied),
+/// and scratch for what may not fit (an untagged message's excess; for a tagged one, whose
+/// size 1.17's `get_tag` does not give, up to the largest message); the owner remembers
+/// the receive until its completion comes back. The path is always asked for a completion.
 pub(super) fn entry_of(en: &Enabled, g: &Inner, id: u32) -> LocalEntry {
     let e = g.engine.entry(id);
     let quiet = en.rx_selective && !e.flags.contains(Flags::COMPLETION);
-    let buf = e.buf.as_ref().map(|b| {
-        let cap = b.len().saturating_sub(e.offset);
-        let cap = if e.kind == RxKind::Msg && e.size != 0 {
-            cap.min(e.size)
-        } else {
-            cap
-        };
-        (b.addr() + e.offset as u64, cap)
-    });
+    let tagged = e.kind == RxKind::Tag;
+    let max = en.local.get().map_or(0, |l| l.max);
+    let (buf, scratch) = match e.buf.as_ref() {
+        Some(b) => {
+            let cap = b.len().saturating_sub(e.offset);
+            let (n, scratch) = if tagged {
+                (cap, max.saturating_sub(cap))
+            } else {
+                (cap.min(e.size), e.size.saturating_sub(cap))
+            };
+            if let Some(l) = en.local.get() {
+                let mut rx = lock(&l.rx);
+                if rx.len() <= id as usize {
+                    rx.resize(id as usize + 1, LocalRx::default());
+                }
+                rx[id as usize] = LocalRx {
+                    context: e.context,
+                    cap: n,
+                    quiet,
+                    live: true,
+                };
+            }
+            (Some((b.addr() + e.offset as u64, n)), scratch)
+        }
+        None => (None, 0),
+    };
     LocalEntry {
-        tagged: e.kind == RxKind::Tag,
+        tagged,
         addr: e.addr,
         tag: e.tag,
         size: e.size,
-        flags: (e.flags & Flags::MULTI_RECV)
-            | if quiet {
-                Flags::empty()
-            } else {
-                Flags::COMPLETION
-            },
-        context: e.context,
+        flags: (e.flags & Flags::MULTI_RECV) | Flags::COMPLETION,
+        context: u64::from(id),
         buf,
+        scratch,
     }
 }
 
-/// Sends `src` to the local peer `to` if the path copies it during the call (its inject
-/// size; the completion, if wanted, is written here). False otherwise: verbs carries it.
-/// 1.17's shm copies larger messages by CMA from the sender's memory, and loops forever
-/// when a smaller receive truncates one (`smr_progress_iov` copies the full size); its
-/// `FI_DELIVERY_COMPLETE` goes the same way.
+/// Sends `src` to the local peer `to`. Up to the path's inject size it is copied during
+/// the call (the completion, if wanted, is written here); larger, it goes from a send
+/// buffer (copied) or from the application's memory (a region, held until the path's
+/// completion; a C buffer). False when the path cannot carry it: a borrowed slice past a
+/// send buffer, or past the largest message; verbs carries those.
 pub(super) fn post_local(
     en: &Enabled,
     l: &LocalLink,
@@ -304,7 +426,9 @@ pub(super) fn post_local(
     flags: Flags,
 ) -> Result<bool> {
     let len = src.len();
-    if len > l.path.inject_size() || flags.contains(Flags::DELIVERY_COMPLETE) {
+    let tagged = user.flags.contains(Flags::TAGGED);
+    let dc = flags.contains(Flags::DELIVERY_COMPLETE);
+    if len > l.max {
         return Ok(false);
     }
     let mut iov = [(0u64, 0usize); 4];
@@ -315,7 +439,7 @@ pub(super) fn post_local(
             }
             v.len()
         }
-        Src::Slices(_) => return Ok(false),
+        Src::Slices(_) => 0,
         Src::Region(mr, off, n) => {
             let sge = mr
                 .sys()
@@ -329,26 +453,90 @@ pub(super) fn post_local(
             1
         }
     };
-    l.path.send(
+    if len <= l.path.inject_size() && !dc && n > 0 {
+        l.path.send(
+            to,
+            &LocalSend {
+                tagged,
+                tag: user.tag,
+                data,
+                iov: &iov[..n],
+                context: None,
+                delivery_complete: false,
+            },
+        )?;
+        l.sent.fetch_add(1, Ordering::Relaxed);
+        if !user.quiet {
+            en.tx_cq.write(
+                CqEntry {
+                    op_context: user.context,
+                    flags: user.flags.bits(),
+                    ..Default::default()
+                },
+                FI_ADDR_NOTAVAIL,
+            )?;
+        }
+        return Ok(true);
+    }
+    let eager = en.slot - super::Header::LEN;
+    let copy = matches!(src, Src::Slices(_)) || (matches!(src, Src::Region(..)) && len <= eager);
+    if copy && len > eager {
+        return Ok(false);
+    }
+    let mut g = lock(&en.inner);
+    let Some(slot) = g.tx_free.pop() else {
+        return Err(Error::new(
+            errno::EAGAIN,
+            "every send buffer is in flight: read the CQ to complete some",
+        ));
+    };
+    let (at, hold) = if copy {
+        let off = slot as usize * en.slot;
+        if let Err(e) = src.copy_to(&en.tx_pool, off) {
+            g.tx_free.push(slot);
+            return Err(e);
+        }
+        let addr = en.tx_pool.sys().sge(off, len.max(1)).map_or(0, |s| s.addr);
+        ((addr, len), None)
+    } else {
+        match src {
+            Src::Region(mr, ..) => (iov[0], Some(mr.sys().clone())),
+            _ => (iov[0], None),
+        }
+    };
+    let rndv = match hold {
+        Some(mr) => g.sends.insert(RndvSend {
+            meta: user,
+            _reg: Some(Exposed::App(mr)),
+        }),
+        None => NONE,
+    };
+    g.tx[slot as usize] = TxMeta {
+        conn: LOCAL_CONN,
+        rndv,
+        ..user
+    };
+    drop(g);
+    let r = l.path.send(
         to,
         &LocalSend {
-            tagged: user.flags.contains(Flags::TAGGED),
+            tagged,
             tag: user.tag,
             data,
-            iov: &iov[..n],
+            iov: &[at],
+            context: Some(wr_id::keyed(slot, en.key, Kind::RdmSend)),
+            delivery_complete: dc,
         },
-    )?;
-    l.sent.fetch_add(1, Ordering::Relaxed);
-    if !user.quiet {
-        en.tx_cq.write(
-            CqEntry {
-                op_context: user.context,
-                flags: user.flags.bits(),
-                ..Default::default()
-            },
-            FI_ADDR_NOTAVAIL,
-        )?;
+    );
+    if let Err(e) = r {
+        let mut g = lock(&en.inner);
+        g.tx[slot as usize].conn = NONE;
+        let held = release_tx(&mut g, slot);
+        drop(g);
+        drop(held);
+        return Err(e);
     }
+    l.sent.fetch_add(1, Ordering::Relaxed);
     Ok(true)
 }
 
