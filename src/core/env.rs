@@ -60,7 +60,7 @@ pub const KNOBS: &[Knob] = &[
     Knob {
         name: "FI_RVERBS_RDM_SHM",
         default: "1",
-        help: "1: an RDM endpoint reaches peers on its own host through libfabric's shm, imported inside it at fi_enable (messages up to shm's 4 KiB inject size; larger ones over verbs); 0: every peer over verbs",
+        help: "1: an RDM endpoint reaches peers on its own host through libfabric's shm, imported inside it at fi_enable (every message size); 0: every peer over verbs",
     },
     Knob {
         name: "FI_RVERBS_RDM_SEGMENTED_MAX",
