@@ -321,3 +321,282 @@ fn local_and_remote_peers_share_one_endpoint() {
     drop(s);
     assert!(child.wait().unwrap().success());
 }
+
+/// Where node 0 and node 1 meet for the killed-peer test.
+const KILL_PORT: u16 = 24_518;
+/// Fixed places in the AV of every process of the killed-peer test.
+const S: u64 = 0;
+const L: u64 = 1;
+const LV: u64 = 2;
+const R: u64 = 3;
+const RV: u64 = 4;
+/// The victims' stream.
+const STREAM: u64 = 7;
+/// What the others send the survivor once the victims are dead.
+const AFTER: u64 = 8;
+
+/// Starts a child of this test binary in `role` (`stay` or `victim`) and reads its name.
+fn spawn_peer(
+    role: &str,
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    String,
+) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "killed_test_peer",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RFABRIC_KILLED_ROLE", role)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let name = lines
+        .by_ref()
+        .map_while(|l| l.ok())
+        .find_map(|l| l.find("PEER NAME ").map(|i| l[i + 10..].trim().to_string()))
+        .expect("the child's name");
+    (child, lines, name)
+}
+
+fn insert_all(e: &Ep, names: &str) {
+    for (i, n) in names.split_whitespace().enumerate() {
+        assert_eq!(e.av.insert(&unhex(n)).unwrap(), i as u64);
+    }
+}
+
+/// Sends the survivor `AFTER` messages of every size, then waits for their completions
+/// and for the survivor's message to it, bytes checked.
+fn answer_survivor(e: &Ep, me: u64) {
+    let rx = MemoryRegion::alloc(&e.domain, 1 << 20, Flags::RECV).unwrap();
+    e.ep.trecv(RecvBuf::region(&rx, 0, 1 << 20).unwrap(), S, AFTER, 0, 1)
+        .unwrap();
+    let tx = MemoryRegion::alloc(&e.domain, 1 << 20, Flags::SEND).unwrap();
+    let mut off = 0;
+    for (k, &n) in SIZES.iter().enumerate() {
+        tx.write_at(off, &pattern(n, seed_of(me as usize, 0, k)))
+            .unwrap();
+        post(e, || {
+            e.ep.send_region(&tx, off, n, S, Some(AFTER), 100 + k as u64, Flags::empty())
+        });
+        off += n;
+    }
+    let (mut sends, mut got) = (0, false);
+    let t = Instant::now();
+    while sends < SIZES.len() || !got {
+        let mut c = [CqEntry::default(); 8];
+        match e.cq.read(&mut c) {
+            Ok(n) => {
+                for c in &c[..n] {
+                    if c.flags & Flags::SEND.bits() != 0 {
+                        sends += 1;
+                    } else {
+                        assert_eq!(c.len, 64);
+                        let mut b = vec![0u8; 64];
+                        rx.read_at(0, &mut b).unwrap();
+                        assert!(b == pattern(64, me as u8), "the survivor's message");
+                        got = true;
+                    }
+                }
+            }
+            Err(err) if err.is_again() => {}
+            Err(err) => panic!("{err}: {:?}", e.cq.readerr()),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{sends} sends, got {got}"
+        );
+    }
+}
+
+/// The children of the killed-peer test: a local peer that stays (`stay`) or a victim that
+/// streams to the survivor until it is killed (`victim`).
+#[test]
+#[ignore]
+fn killed_test_peer() {
+    let Ok(role) = std::env::var("RFABRIC_KILLED_ROLE") else {
+        return;
+    };
+    let e = open_ep();
+    println!("PEER NAME {}", hex(&e.ep.getname().unwrap().to_bytes()));
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    insert_all(&e, &line);
+    if role == "victim" {
+        let msg = pattern(100, 3);
+        let mut k = 0u64;
+        loop {
+            // 200 at most: the survivor takes five, the rest wait there unexpected.
+            if k < 200 {
+                match e.ep.tsend(&msg, STREAM, S, k) {
+                    Ok(()) => k += 1,
+                    Err(err) if err.is_again() => {}
+                    Err(err) => panic!("{err}"),
+                }
+            }
+            let mut c = [CqEntry::default(); 8];
+            let _ = e.cq.read(&mut c);
+        }
+    }
+    // Stays: answers once the survivor says so (a line on stdin), then waits to be told.
+    line.clear();
+    std::io::stdin().read_line(&mut line).unwrap();
+    answer_survivor(&e, L);
+    println!("PEER DONE");
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+#[test]
+fn a_killed_local_or_remote_peer_leaves_the_survivor_working_with_the_others() {
+    let Ok(node) = std::env::var("RFABRIC_NODE") else {
+        return;
+    };
+    let peer = std::env::var("RFABRIC_PEER_ADDR").expect("RFABRIC_PEER_ADDR");
+    let own = std::env::var("RFABRIC_SELF_ADDR").expect("RFABRIC_SELF_ADDR");
+    let e = open_ep();
+    let name = hex(&e.ep.getname().unwrap().to_bytes());
+    if node == "1" {
+        // R, with its victim RV.
+        let (mut rv, _rv_lines, rv_name) = spawn_peer("victim");
+        let l = TcpListener::bind((own.as_str(), KILL_PORT)).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        writeln!(s, "{name} {rv_name}").unwrap();
+        let all = format!("{} {name} {rv_name}", line.trim());
+        writeln!(rv.stdin.as_mut().unwrap(), "{all}").unwrap();
+        insert_all(&e, &all);
+        // Killed when the survivor says so; then this one answers it.
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "kill");
+        rv.kill().unwrap();
+        rv.wait().unwrap();
+        writeln!(s, "killed").unwrap();
+        answer_survivor(&e, R);
+        let mut rest = Vec::new();
+        let _ = r.read_to_end(&mut rest);
+        return;
+    }
+    // The survivor S, with a local peer L that stays and a local victim LV.
+    let (mut lp, mut l_lines, l_name) = spawn_peer("stay");
+    let (mut lv, _lv_lines, lv_name) = spawn_peer("victim");
+    let t = Instant::now();
+    let s = loop {
+        match TcpStream::connect((peer.as_str(), KILL_PORT)) {
+            Ok(s) => break s,
+            Err(_) if t.elapsed() < Duration::from_secs(120) => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Err(err) => panic!("node 1 never listened: {err}"),
+        }
+    };
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    writeln!(w, "{name} {l_name} {lv_name}").unwrap();
+    let mut remote = String::new();
+    r.read_line(&mut remote).unwrap();
+    let all = format!("{name} {l_name} {lv_name} {}", remote.trim());
+    insert_all(&e, &all);
+    writeln!(lp.stdin.as_mut().unwrap(), "{all}").unwrap();
+    writeln!(lv.stdin.as_mut().unwrap(), "{all}").unwrap();
+    // Mid-stream: five messages from each victim, then both are killed.
+    let rx = MemoryRegion::alloc(&e.domain, 4 << 20, Flags::RECV).unwrap();
+    for v in [LV, RV] {
+        for k in 0..5u64 {
+            e.ep.trecv(RecvBuf::region(&rx, 0, 4096).unwrap(), v, STREAM, 0, 10 + k)
+                .unwrap();
+            let t = Instant::now();
+            loop {
+                let mut c = [CqEntry::default(); 1];
+                let mut src = [0u64; 1];
+                match e.cq.readfrom(&mut c, &mut src) {
+                    Ok(1) => {
+                        assert_eq!((c[0].op_context, src[0]), (10 + k, v));
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(err) if err.is_again() => {}
+                    Err(err) => panic!("{err}: {:?}", e.cq.readerr()),
+                }
+                assert!(t.elapsed() < Duration::from_secs(60), "the victim's stream");
+            }
+        }
+    }
+    lv.kill().unwrap();
+    lv.wait().unwrap();
+    writeln!(w, "kill").unwrap();
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "killed");
+    // The others: every size from each, and one message to each.
+    writeln!(lp.stdin.as_mut().unwrap(), "go").unwrap();
+    let mut at = 0;
+    let mut want = Vec::new();
+    for p in [L, R] {
+        for (k, &n) in SIZES.iter().enumerate() {
+            e.ep.trecv(
+                RecvBuf::region(&rx, at, n).unwrap(),
+                p,
+                AFTER,
+                0,
+                100 + want.len() as u64,
+            )
+            .unwrap();
+            want.push((p, k, n, at));
+            at += n;
+        }
+    }
+    for p in [L, R] {
+        post(&e, || e.ep.tsend(&pattern(64, p as u8), AFTER, p, 50 + p));
+    }
+    let mut got = vec![false; want.len()];
+    let mut sends = 0;
+    let t = Instant::now();
+    while got.iter().any(|g| !g) || sends < 2 {
+        let mut c = [CqEntry::default(); 8];
+        let mut src = [0u64; 8];
+        match e.cq.readfrom(&mut c, &mut src) {
+            Ok(n) => {
+                for (c, &from) in c[..n].iter().zip(&src) {
+                    if c.flags & Flags::SEND.bits() != 0 {
+                        sends += 1;
+                        continue;
+                    }
+                    if c.tag == STREAM {
+                        continue; // a victim's message still in flight when it died
+                    }
+                    let i = c.op_context as usize - 100;
+                    let (p, k, n, at) = want[i];
+                    assert_eq!((from, c.len), (p, n));
+                    let mut b = vec![0u8; n];
+                    rx.read_at(at, &mut b).unwrap();
+                    assert!(b == pattern(n, seed_of(p as usize, 0, k)), "{n} B from {p}");
+                    got[i] = true;
+                }
+            }
+            Err(err) if err.is_again() => {}
+            Err(err) => panic!("the survivor saw {err}: {:?}", e.cq.readerr()),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "after the kills: {} of {} messages, {sends} of 2 sends",
+            got.iter().filter(|g| **g).count(),
+            got.len()
+        );
+    }
+    assert!(l_lines
+        .by_ref()
+        .map_while(|l| l.ok())
+        .any(|l| l.contains("PEER DONE")));
+    writeln!(lp.stdin.as_mut().unwrap()).unwrap();
+    assert!(lp.wait().unwrap().success());
+    drop(w);
+}

@@ -545,6 +545,8 @@ struct Enabled {
     /// events; otherwise one in `CM_POLL_EVERY` does (a read is a system call).
     in_setup: AtomicU32,
     polls: AtomicU32,
+    /// The cycle count from which the next look for connection events is due (local path).
+    cm_next: std::sync::atomic::AtomicU64,
     /// Its connection events' descriptor is in its CQ's wait set (`add_wait_fd`).
     cm_wakes: bool,
     /// What its work request ids carry for its CQs to find it (`wr_id::keyed`).
@@ -560,6 +562,16 @@ struct Enabled {
 /// How often an idle endpoint's progress looks for connection events (requests from new
 /// peers, disconnects): one call in this many.
 const CM_POLL_EVERY: u32 = 64;
+
+/// With a local path (every read drives the endpoint, and a read can take a few
+/// microseconds): one look at connection events in this many microseconds.
+const CM_POLL_US: f64 = 200.0;
+
+/// `CM_POLL_US` in cycles of `rfabric_sys::clock::cycles` (measured once per process).
+fn cm_interval() -> u64 {
+    static C: OnceLock<u64> = OnceLock::new();
+    *C.get_or_init(|| (rfabric_sys::clock::cycles_per_us() * CM_POLL_US) as u64)
+}
 
 #[derive(Debug, Default)]
 struct Ctl {
@@ -784,6 +796,7 @@ impl RdmEndpoint {
                 fins_waiting: std::sync::atomic::AtomicBool::new(false),
                 in_setup: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
+                cm_next: std::sync::atomic::AtomicU64::new(0),
                 cm_wakes: false,
                 key: crate::verbs::cq::new_owner_key(),
                 directed: (info.caps | info.rx_attr.caps).contains(Flags::DIRECTED_RECV),
@@ -1594,6 +1607,8 @@ impl RdmEndpoint {
         en.local
             .set(LocalLink::new(path, self.max_msg_size()))
             .map_err(|_| Error::new(errno::EALREADY, "a local path is already attached"))?;
+        // Measured now, not in the first read it paces (the first measure sleeps 20 ms).
+        let _ = cm_interval();
         // Driven by every read from now on (the local path's latency is a read's).
         let me: Weak<dyn PeerProgress> = self.sh.me.clone();
         for cq in [&en.rx_cq, &en.tx_cq] {
@@ -2410,9 +2425,15 @@ impl Shared {
         // One CQ and no local path: it calls this one read in PEER_POLL_EVERY while
         // nothing is being set up. Otherwise every read calls it, and it looks for
         // connection events one call in CM_POLL_EVERY.
-        if en.in_setup.load(Ordering::Relaxed) == 0
-            && (local.is_some() || !Arc::ptr_eq(&en.tx_cq, &en.rx_cq))
-        {
+        if en.in_setup.load(Ordering::Relaxed) == 0 && local.is_some() {
+            // Reads that go to shm take a few microseconds each: a system call in 64 of
+            // them would be a large share. By time instead: one look in CM_POLL_US.
+            let now = rfabric_sys::clock::cycles();
+            if now < en.cm_next.load(Ordering::Relaxed) {
+                return;
+            }
+            en.cm_next.store(now + cm_interval(), Ordering::Relaxed);
+        } else if en.in_setup.load(Ordering::Relaxed) == 0 && !Arc::ptr_eq(&en.tx_cq, &en.rx_cq) {
             // A plain load and store: a count lost to a race only shifts the next look.
             let polls = en.polls.load(Ordering::Relaxed);
             en.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
