@@ -58,6 +58,21 @@ fn open_ep() -> Ep {
     Ep { ep, cq, av, domain }
 }
 
+/// Node 0's side of the names' exchange: node 1 listens on `port` once it is up (each node
+/// runs on its own clock).
+fn connect_to_node1(peer: &str, port: u16) -> TcpStream {
+    let t = Instant::now();
+    loop {
+        match TcpStream::connect((peer, port)) {
+            Ok(s) => return s,
+            Err(_) if t.elapsed() < Duration::from_secs(120) => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Err(err) => panic!("node 1 never listened on {port}: {err}"),
+        }
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -273,16 +288,7 @@ fn local_and_remote_peers_share_one_endpoint() {
                 .map(|i| l[i + 11..].trim().to_string())
         })
         .expect("the local peer's name");
-    let t = Instant::now();
-    let mut s = loop {
-        match TcpStream::connect((peer.as_str(), NAMES_PORT)) {
-            Ok(s) => break s,
-            Err(_) if t.elapsed() < Duration::from_secs(120) => {
-                std::thread::sleep(Duration::from_millis(200))
-            }
-            Err(err) => panic!("node 1 never listened: {err}"),
-        }
-    };
+    let mut s = connect_to_node1(&peer, NAMES_PORT);
     writeln!(s, "{name} {local}").unwrap();
     let mut remote = String::new();
     BufReader::new(s.try_clone().unwrap())
@@ -488,16 +494,7 @@ fn a_killed_local_or_remote_peer_leaves_the_survivor_working_with_the_others() {
     // The survivor S, with a local peer L that stays and a local victim LV.
     let (mut lp, mut l_lines, l_name) = spawn_peer("stay");
     let (mut lv, _lv_lines, lv_name) = spawn_peer("victim");
-    let t = Instant::now();
-    let s = loop {
-        match TcpStream::connect((peer.as_str(), KILL_PORT)) {
-            Ok(s) => break s,
-            Err(_) if t.elapsed() < Duration::from_secs(120) => {
-                std::thread::sleep(Duration::from_millis(200))
-            }
-            Err(err) => panic!("node 1 never listened: {err}"),
-        }
-    };
+    let s = connect_to_node1(&peer, KILL_PORT);
     let mut w = s.try_clone().unwrap();
     let mut r = BufReader::new(s);
     writeln!(w, "{name} {l_name} {lv_name}").unwrap();

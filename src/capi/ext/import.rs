@@ -380,65 +380,69 @@ impl ShmPeer {
     /// Reads at most `n` of shm's completions (0: drives its progress only) into the
     /// owner's CQ; how many moved.
     fn move_some(&self, n: usize) -> Result<usize> {
-        let mut out = [fi::fi_cq_tagged_entry {
-            op_context: null_mut(),
-            flags: 0,
-            len: 0,
-            buf: null_mut(),
-            data: 0,
-            tag: 0,
-        }; SHM_BATCH];
-        let mut src = [fi::FI_ADDR_NOTAVAIL; SHM_BATCH];
-        let n = n.min(SHM_BATCH);
-        // SAFETY: shm's open CQ; out and src hold n entries.
-        let rc = unsafe {
-            ((*(*self.ep.cq).ops).readfrom.expect("readfrom"))(
-                self.ep.cq,
-                out.as_mut_ptr().cast(),
-                n,
-                src.as_mut_ptr(),
-            )
-        };
-        if rc == -(errno::EAGAIN as isize) || rc == 0 {
+        read_shm_cq(self.ep.cq, n, |c| match c {
+            Ok((e, s)) => self.sink.write(e, s),
+            Err(e) => self.sink.writeerr(e),
+        })
+    }
+}
+
+/// Reads at most `n` of an shm CQ's completions (0: drives shm's progress only), each
+/// (or the error entry waiting, alone) handed to `each`; how many were read. shm 1.17
+/// leaves `FI_COMPLETION` in an error's flags and its errno negative: both are put right.
+pub(crate) fn read_shm_cq(
+    cq: *mut fi::fid_cq,
+    n: usize,
+    mut each: impl FnMut(std::result::Result<(CqEntry, u64), crate::core::cq::CqErrEntry>) -> Result<()>,
+) -> Result<usize> {
+    let mut out = [fi::fi_cq_tagged_entry {
+        op_context: null_mut(),
+        flags: 0,
+        len: 0,
+        buf: null_mut(),
+        data: 0,
+        tag: 0,
+    }; SHM_BATCH];
+    let mut src = [fi::FI_ADDR_NOTAVAIL; SHM_BATCH];
+    let n = n.min(SHM_BATCH);
+    // SAFETY: an open shm CQ (the caller's); out and src hold n entries.
+    let rc = unsafe {
+        ((*(*cq).ops).readfrom.expect("readfrom"))(cq, out.as_mut_ptr().cast(), n, src.as_mut_ptr())
+    };
+    if rc == -(errno::EAGAIN as isize) || rc == 0 {
+        return Ok(0);
+    }
+    if rc == -(errno::EAVAIL as isize) {
+        if n == 0 {
             return Ok(0);
         }
-        if rc == -(errno::EAVAIL as isize) {
-            if n == 0 {
-                return Ok(0);
-            }
-            self.move_error()?;
-            return Ok(1);
-        }
-        let k = check(rc, "fi_cq_readfrom(shm)")? as usize;
-        for (e, s) in out[..k].iter().zip(src) {
-            self.sink.write(
-                CqEntry {
-                    op_context: e.op_context as u64,
-                    flags: e.flags,
-                    len: e.len,
-                    buf: e.buf as u64,
-                    data: e.data,
-                    tag: e.tag,
-                },
-                s,
-            )?;
-        }
-        Ok(k)
-    }
-
-    fn move_error(&self) -> Result<()> {
         // SAFETY: a zeroed entry is valid C; err_data_size 0 asks for shm's own buffer.
         let mut e: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
-        // SAFETY: shm's open CQ and a valid entry.
-        let rc = unsafe { ((*(*self.ep.cq).ops).readerr.expect("readerr"))(self.ep.cq, &mut e, 0) };
+        // SAFETY: the open CQ and a valid entry.
+        let rc = unsafe { ((*(*cq).ops).readerr.expect("readerr"))(cq, &mut e, 0) };
         check(rc, "fi_cq_readerr(shm)")?;
         // SAFETY: err_data has err_data_size bytes until the next read, per fi_cq(3).
         let mut c = unsafe { crate::capi::peer::cq::err_entry(&e) }?;
-        // shm 1.17 leaves FI_COMPLETION in an error's flags and its errno negative.
         c.flags &= !fi::FI_COMPLETION;
         c.err = c.err.abs();
-        self.sink.writeerr(c)
+        each(Err(c))?;
+        return Ok(1);
     }
+    let k = check(rc, "fi_cq_readfrom(shm)")? as usize;
+    for (e, s) in out[..k].iter().zip(src) {
+        each(Ok((
+            CqEntry {
+                op_context: e.op_context as u64,
+                flags: e.flags,
+                len: e.len,
+                buf: e.buf as u64,
+                data: e.data,
+                tag: e.tag,
+            },
+            s,
+        )))?;
+    }
+    Ok(k)
 }
 
 impl Drop for ShmPeer {

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::ext::import::{check, open_cq, ShmEp};
+use crate::capi::ext::import::{check, open_cq, read_shm_cq, ShmEp};
 use crate::capi::fid::guarded;
-use crate::core::cq::{CqEntry, CqErrEntry};
+use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::rdm::RdmName;
 use crate::verbs::rdm_ep::{LocalEntry, LocalOwner, LocalPath, LocalSend};
@@ -398,82 +398,26 @@ impl ShmLocal {
     }
 
     /// Reads at most `n` of shm's completions (0: drives its progress only) into the
-    /// endpoint; how many moved.
+    /// endpoint; how many moved. A receive's context is its engine slot
+    /// (`LocalEntry::context`), a send's what `LocalSend::context` gave.
     fn move_some(&self, n: usize) -> Result<usize> {
-        let mut out = [fi::fi_cq_tagged_entry {
-            op_context: null_mut(),
-            flags: 0,
-            len: 0,
-            buf: null_mut(),
-            data: 0,
-            tag: 0,
-        }; BATCH];
-        let mut src = [fi::FI_ADDR_NOTAVAIL; BATCH];
-        let n = n.min(BATCH);
-        // SAFETY: shm's open CQ; out and src hold n entries.
-        let rc = unsafe {
-            ((*(*self.ep.cq).ops).readfrom.expect("readfrom"))(
-                self.ep.cq,
-                out.as_mut_ptr().cast(),
-                n,
-                src.as_mut_ptr(),
-            )
-        };
-        if rc == -(errno::EAGAIN as isize) || rc == 0 {
-            return Ok(0);
-        }
-        if rc == -(errno::EAVAIL as isize) {
-            if n == 0 {
-                return Ok(0);
-            }
-            self.move_error()?;
-            return Ok(1);
-        }
-        let k = check(rc, "fi_cq_readfrom(shm)")? as usize;
-        for (e, s) in out[..k].iter().zip(src) {
-            if e.flags & fi::FI_SEND != 0 {
-                self.owner.send_done(e.op_context as u64, None)?;
-            } else {
-                // Its context is the engine slot (`LocalEntry::context`).
-                let c = CqEntry {
-                    op_context: 0,
-                    flags: e.flags,
-                    len: e.len,
-                    buf: e.buf as u64,
-                    data: e.data,
-                    tag: e.tag,
+        read_shm_cq(self.ep.cq, n, |c| match c {
+            Ok((e, _)) if e.flags & fi::FI_SEND != 0 => self.owner.send_done(e.op_context, None),
+            Ok((e, s)) => self.owner.recv_done(e.op_context as u32, e, s, None),
+            Err(c) if c.flags & fi::FI_SEND != 0 => self.owner.send_done(c.op_context, Some(c.err)),
+            Err(c) => {
+                let e = CqEntry {
+                    op_context: c.op_context,
+                    flags: c.flags,
+                    len: c.len,
+                    buf: c.buf,
+                    data: c.data,
+                    tag: c.tag,
                 };
                 self.owner
-                    .recv_done(e.op_context as usize as u32, c, s, None)?;
+                    .recv_done(c.op_context as u32, e, fi::FI_ADDR_NOTAVAIL, Some(c.err))
             }
-        }
-        Ok(k)
-    }
-
-    fn move_error(&self) -> Result<()> {
-        // SAFETY: a zeroed entry is valid C; err_data_size 0 asks for shm's own buffer.
-        let mut e: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };
-        // SAFETY: shm's open CQ and a valid entry.
-        let rc = unsafe { ((*(*self.ep.cq).ops).readerr.expect("readerr"))(self.ep.cq, &mut e, 0) };
-        check(rc, "fi_cq_readerr(shm)")?;
-        // SAFETY: err_data has err_data_size bytes until the next read, per fi_cq(3).
-        let mut c: CqErrEntry = unsafe { crate::capi::peer::cq::err_entry(&e) }?;
-        // shm 1.17 leaves FI_COMPLETION in an error's flags and its errno negative.
-        c.flags &= !fi::FI_COMPLETION;
-        c.err = c.err.abs();
-        if c.flags & fi::FI_SEND != 0 {
-            return self.owner.send_done(c.op_context, Some(c.err));
-        }
-        let e = CqEntry {
-            op_context: 0,
-            flags: c.flags,
-            len: c.len,
-            buf: c.buf,
-            data: c.data,
-            tag: c.tag,
-        };
-        self.owner
-            .recv_done(c.op_context as u32, e, fi::FI_ADDR_NOTAVAIL, Some(c.err))
+        })
     }
 }
 
