@@ -242,6 +242,9 @@ impl std::hash::Hasher for QpnHasher {
     fn write_u32(&mut self, n: u32) {
         self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 impl std::fmt::Debug for QpnHash {

@@ -17,6 +17,7 @@ use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use super::{
     lock, release_tx, tx_error, Enabled, Exposed, Inner, RndvSend, Shared, Src, TxMeta, NONE,
 };
+use crate::verbs::cq::QpnHash;
 use crate::verbs::wr_id::{self, Kind};
 
 /// A send buffer's `TxMeta::conn` while the local path carries it.
@@ -94,8 +95,9 @@ pub trait LocalPath: Send + Sync {
 /// this host; rebuilt when the AV changes.
 #[derive(Debug, Default)]
 struct Routes {
-    to: HashMap<u64, u64>,
-    from: HashMap<u64, u64>,
+    /// Looked up per send and per arrival: a multiply, not SipHash.
+    to: HashMap<u64, u64, QpnHash>,
+    from: HashMap<u64, u64, QpnHash>,
     /// Handles by name: a name inserted once keeps its handle.
     by_name: HashMap<[u8; RdmName::LEN], u64>,
 }
