@@ -1941,3 +1941,36 @@ fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
     assert_eq!(v[1].ep.connections_opened(), 0);
     assert_eq!(v[0].ep.send_buffers().0, v[0].ep.send_buffers().1);
 }
+
+#[test]
+fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes_waiting_on(&info, 2, false, WaitObj::Fd);
+    for x in &v {
+        assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
+    }
+    v[1].ep
+        .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 42)
+        .unwrap();
+    std::thread::scope(|sc| {
+        let sent = sc.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            retry(&v[..1], || v[0].ep.tsend(b"local", 3, 1, 7));
+            Instant::now()
+        });
+        // Blocked (wait object FD) before the message exists: shm has no descriptor to
+        // wake it, so it looks every millisecond while a local path is attached.
+        let n = v[1].cq.sread(&mut [TaggedEntry::default(); 1], 0, 20_000);
+        let back = Instant::now();
+        let sent = sent.join().unwrap();
+        assert_eq!(n.unwrap(), 1);
+        let took = back.saturating_duration_since(sent);
+        assert!(
+            took < Duration::from_millis(100),
+            "woke {took:?} after the send"
+        );
+        eprintln!("the blocked read returned the local message {took:?} after the send");
+    });
+    assert_eq!(read(&v[1], 0, 5), b"local");
+    assert_eq!(v[1].ep.connections_opened(), 0);
+}
