@@ -266,28 +266,11 @@ fn local_and_remote_peers_share_one_endpoint() {
         return;
     }
     // Node 0: processes 0 (this one) and 1 (a child).
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "local_peer_process",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("RFABRIC_LOCAL_PEER", "1")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let local = lines
-        .by_ref()
-        .map_while(|l| l.ok())
-        .find_map(|l| {
-            l.find("LOCAL NAME ")
-                .map(|i| l[i + 11..].trim().to_string())
-        })
-        .expect("the local peer's name");
+    let (mut child, mut lines, local) = spawn_child(
+        "local_peer_process",
+        ("RFABRIC_LOCAL_PEER", "1"),
+        "LOCAL NAME ",
+    );
     let mut s = connect_to_node1(&peer, NAMES_PORT);
     writeln!(s, "{name} {local}").unwrap();
     let mut remote = String::new();
@@ -341,23 +324,25 @@ const STREAM: u64 = 7;
 /// What the others send the survivor once the victims are dead.
 const AFTER: u64 = 8;
 
-/// Starts a child of this test binary in `role` (`stay` or `victim`) and reads its name.
-fn spawn_peer(
-    role: &str,
-) -> (
+/// A child process of this test binary.
+type Child = (
     std::process::Child,
     std::io::Lines<BufReader<std::process::ChildStdout>>,
     String,
-) {
+);
+
+/// Starts the ignored test `test` of this binary as a child (with `env` set) and reads the
+/// name it prints after `marker`.
+fn spawn_child(test: &str, env: (&str, &str), marker: &str) -> Child {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "killed_test_peer",
+            test,
             "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("RFABRIC_KILLED_ROLE", role)
+        .env(env.0, env.1)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -366,9 +351,21 @@ fn spawn_peer(
     let name = lines
         .by_ref()
         .map_while(|l| l.ok())
-        .find_map(|l| l.find("PEER NAME ").map(|i| l[i + 10..].trim().to_string()))
+        .find_map(|l| {
+            l.find(marker)
+                .map(|i| l[i + marker.len()..].trim().to_string())
+        })
         .expect("the child's name");
     (child, lines, name)
+}
+
+/// A child of the killed-peer test in `role` (`stay` or `victim`).
+fn spawn_peer(role: &str) -> Child {
+    spawn_child(
+        "killed_test_peer",
+        ("RFABRIC_KILLED_ROLE", role),
+        "PEER NAME ",
+    )
 }
 
 fn insert_all(e: &Ep, names: &str) {

@@ -279,6 +279,42 @@ pub(crate) unsafe fn open_cq(
     }
 }
 
+/// Gives shm the owner's SRX (`fi_srx_context` with `FI_PEER` in `op_flags`, as 1.17
+/// reads it), which shm fills the peer ops of.
+///
+/// # Safety
+/// `domain` is shm's open domain; `ctx` names `srx`, and both outlive shm's use of them
+/// (its endpoint closes first).
+pub(crate) unsafe fn open_peer_srx(
+    domain: *mut fi::fid_domain,
+    ctx: &mut fi::fi_peer_srx_context,
+    srx: *mut fi::fid_peer_srx,
+) -> Result<()> {
+    // SAFETY: the caller's contract; a zeroed attr is valid C, the out-pointer a local.
+    unsafe {
+        let mut ra: fi::fi_rx_attr = std::mem::zeroed();
+        ra.op_flags = fi::FI_PEER;
+        let mut rx_ep: *mut fi::fid_ep = null_mut();
+        let d = &*(*domain).ops;
+        check(
+            (d.srx_ctx.expect("srx_ctx"))(
+                domain,
+                &mut ra,
+                &mut rx_ep,
+                (ctx as *mut fi::fi_peer_srx_context).cast(),
+            ) as isize,
+            "fi_srx_context(shm, FI_PEER)",
+        )?;
+        if (*srx).peer_ops.is_null() {
+            return Err(Error::new(
+                errno::EOTHER,
+                "shm accepted the peer SRX but did not fill its peer ops",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// libfabric's shm as the owner's peer: receives from the owner's engine, completions to
 /// the owner's CQ.
 pub(crate) struct ShmPeer {
@@ -328,25 +364,7 @@ impl ShmPeer {
         };
         // SAFETY: as above; shm fills srx.peer_ops and keeps the pointer.
         unsafe {
-            let mut ra: fi::fi_rx_attr = std::mem::zeroed();
-            ra.op_flags = fi::FI_PEER;
-            let mut rx_ep: *mut fi::fid_ep = null_mut();
-            let d = &*(*ep.domain).ops;
-            check(
-                (d.srx_ctx.expect("srx_ctx"))(
-                    ep.domain,
-                    &mut ra,
-                    &mut rx_ep,
-                    (&raw mut *srx_ctx).cast(),
-                ) as isize,
-                "fi_srx_context(shm, FI_PEER)",
-            )?;
-            if (*srx.raw()).peer_ops.is_null() {
-                return Err(Error::new(
-                    errno::EOTHER,
-                    "shm accepted the peer SRX but did not fill its peer ops",
-                ));
-            }
+            open_peer_srx(ep.domain, &mut srx_ctx, srx.raw())?;
             ep.finish(Some(srx.raw().cast()), None, 0)?;
         }
         Ok(ShmPeer {

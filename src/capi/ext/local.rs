@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::ext::import::{check, open_cq, read_shm_cq, ShmEp};
+use crate::capi::ext::import::{check, open_cq, open_peer_srx, read_shm_cq, ShmEp};
 use crate::capi::fid::guarded;
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
@@ -348,25 +348,7 @@ impl ShmLocal {
         // ShmLocal, which closes shm's endpoint before dropping them.
         let inject = unsafe {
             ep.cq = open_cq(ep.domain, 0, null_mut())?;
-            let mut ra: fi::fi_rx_attr = std::mem::zeroed();
-            ra.op_flags = fi::FI_PEER;
-            let mut rx_ep: *mut fi::fid_ep = null_mut();
-            let d = &*(*ep.domain).ops;
-            check(
-                (d.srx_ctx.expect("srx_ctx"))(
-                    ep.domain,
-                    &mut ra,
-                    &mut rx_ep,
-                    (&raw mut *srx_ctx).cast(),
-                ) as isize,
-                "fi_srx_context(shm, FI_PEER)",
-            )?;
-            if (*srx.srx.get()).peer_ops.is_null() {
-                return Err(Error::new(
-                    errno::EOTHER,
-                    "shm accepted the peer SRX but did not fill its peer ops",
-                ));
-            }
+            open_peer_srx(ep.domain, &mut srx_ctx, srx.srx.get())?;
             ep.finish(
                 Some(srx.srx.get().cast()),
                 Some(&shm_name),
