@@ -73,6 +73,29 @@ fn connect_to_node1(peer: &str, port: u16) -> TcpStream {
     }
 }
 
+/// This node's part of a two-node test: its index, the other node's and its own address,
+/// its endpoint and name.
+struct Start {
+    node: String,
+    peer: String,
+    own: String,
+    e: Ep,
+    name: String,
+}
+
+/// `None` (the test skips) outside the two-node runner.
+fn start() -> Option<Start> {
+    let node = std::env::var("RFABRIC_NODE").ok()?;
+    let e = open_ep();
+    Some(Start {
+        node,
+        peer: std::env::var("RFABRIC_PEER_ADDR").expect("RFABRIC_PEER_ADDR"),
+        own: std::env::var("RFABRIC_SELF_ADDR").expect("RFABRIC_SELF_ADDR"),
+        name: hex(&e.ep.getname().unwrap().to_bytes()),
+        e,
+    })
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -229,13 +252,16 @@ fn local_peer_process() {
 
 #[test]
 fn local_and_remote_peers_share_one_endpoint() {
-    let Ok(node) = std::env::var("RFABRIC_NODE") else {
+    let Some(Start {
+        node,
+        peer,
+        own,
+        e,
+        name,
+    }) = start()
+    else {
         return;
     };
-    let peer = std::env::var("RFABRIC_PEER_ADDR").expect("RFABRIC_PEER_ADDR");
-    let own = std::env::var("RFABRIC_SELF_ADDR").expect("RFABRIC_SELF_ADDR");
-    let e = open_ep();
-    let name = hex(&e.ep.getname().unwrap().to_bytes());
     if node == "1" {
         // Node 1: process 2. Takes node 0's two names, answers with its own.
         let l = TcpListener::bind((own.as_str(), NAMES_PORT)).unwrap();
@@ -457,13 +483,16 @@ fn killed_test_peer() {
 
 #[test]
 fn a_killed_local_or_remote_peer_leaves_the_survivor_working_with_the_others() {
-    let Ok(node) = std::env::var("RFABRIC_NODE") else {
+    let Some(Start {
+        node,
+        peer,
+        own,
+        e,
+        name,
+    }) = start()
+    else {
         return;
     };
-    let peer = std::env::var("RFABRIC_PEER_ADDR").expect("RFABRIC_PEER_ADDR");
-    let own = std::env::var("RFABRIC_SELF_ADDR").expect("RFABRIC_SELF_ADDR");
-    let e = open_ep();
-    let name = hex(&e.ep.getname().unwrap().to_bytes());
     if node == "1" {
         // R, with its victim RV.
         let (mut rv, _rv_lines, rv_name) = spawn_peer("victim");
