@@ -2,9 +2,10 @@
 //! made on first use from either side, provider bounce buffers on one SRQ per endpoint
 //! (receive memory O(1) in peers), and software matching in `core::srx`.
 //!
-//! Messages travel eagerly: a header (`core::rdm::Header`) and the payload, copied into a
-//! registered send buffer, so application buffers need no registration. Larger messages
-//! (rendezvous) are not built yet: `max_msg_size` says how large a message may be.
+//! Small messages travel eagerly: a header (`core::rdm::Header`) and the payload, copied
+//! into a registered send buffer, so application buffers need no registration; middle sizes
+//! go in several such buffers (segments), larger ones are read by the receiver (rendezvous).
+//! Peers on this host go over a local path (the shm peer, `local`) when one is attached.
 //!
 //! Locks: `Inner` is taken inside a CQ poll (owned completions), so nothing that holds it
 //! may take a CQ lock: completions made outside a poll are written once it is released,

@@ -128,13 +128,13 @@ unsafe extern "C" fn local_srx_close(_f: *mut fi::fid) -> i32 {
 
 impl LocalSrx {
     /// The C entry of slot `id`, made if the engine grew past what exists.
-    fn entry(&self, id: u32) -> *mut fi::fi_peer_rx_entry {
+    fn entry(&self, id: u32) -> *const PeerEntry {
         let mut ch = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
         let (k, i) = (id as usize / CHUNK, id as usize % CHUNK);
         while ch.len() <= k {
             ch.push((0..CHUNK).map(|_| PeerEntry::new()).collect());
         }
-        ch[k][i].c.get()
+        &ch[k][i]
     }
 
     /// The slot of an entry this SRX handed out, proven by its address.
@@ -156,9 +156,10 @@ impl LocalSrx {
 
     /// Writes what the endpoint says of slot `id` into its C entry.
     fn fill(&self, id: u32, e: &LocalEntry) -> *mut fi::fi_peer_rx_entry {
-        let c = self.entry(id);
-        let ch = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
-        let pe = &ch[id as usize / CHUNK][id as usize % CHUNK];
+        // SAFETY: chunks are boxed and never dropped or moved before `self`: the entry
+        // stays where it is once the lock is released.
+        let pe = unsafe { &*self.entry(id) };
+        let c = pe.c.get();
         // SAFETY: the slot is ours now (claimed or arriving for this call, not with shm).
         unsafe {
             let c = &mut *c;
