@@ -1974,3 +1974,94 @@ fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
     assert_eq!(read(&v[1], 0, 5), b"local");
     assert_eq!(v[1].ep.connections_opened(), 0);
 }
+
+/// A local path that only counts how often the endpoint drives it.
+struct CountingPath {
+    progressed: std::sync::atomic::AtomicUsize,
+}
+
+impl rfabric::verbs::rdm_ep::LocalPath for CountingPath {
+    fn insert(&self, _name: &rfabric::core::rdm::RdmName) -> Result<u64> {
+        Ok(7)
+    }
+    fn inject_size(&self) -> usize {
+        0
+    }
+    fn send(&self, _to: u64, _m: &rfabric::verbs::rdm_ep::LocalSend<'_>) -> Result<()> {
+        Err(Error::new(errno::EIO, "the counting path carries nothing"))
+    }
+    fn hand_back(
+        &self,
+        _id: u32,
+        _e: &rfabric::verbs::rdm_ep::LocalEntry,
+        _discard: bool,
+    ) -> Result<()> {
+        Err(Error::new(errno::EIO, "the counting path holds nothing"))
+    }
+    fn progress(&self) {
+        self.progressed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn close(&self) {}
+}
+
+#[test]
+fn remote_traffic_pays_for_an_idle_local_path_only_now_and_then() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(info) = rdm_info() else { return };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let cq = CompletionQueue::open(
+        &domain,
+        &CqAttr {
+            format: CqFormat::Tagged,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let av = AddressVector::open(
+        &domain,
+        &AvAttr {
+            av_type: AvType::Table,
+            count: 4,
+        },
+    )
+    .unwrap();
+    let ep = RdmEndpoint::open(&domain, &info).unwrap();
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let path = Arc::new(CountingPath {
+        progressed: 0.into(),
+    });
+    ep.set_local_path(path.clone()).unwrap();
+    // No name of this host in the AV and nothing carried: reads look at the path now and
+    // then (often enough for an unknown local sender's first message), not every time.
+    let reads = 20_000;
+    let t = Instant::now();
+    for _ in 0..reads {
+        let mut e = [TaggedEntry::default(); 1];
+        assert!(cq.read(&mut e).unwrap_err().is_again());
+    }
+    let idle = path.progressed.load(Relaxed);
+    let took = t.elapsed();
+    assert!(idle >= 1, "an idle local path was never driven in {reads} reads");
+    // One look per 50 us, with room: each look is a read of its own.
+    let most = 2 + (took.as_micros() / 25) as usize;
+    assert!(
+        idle <= most.min(reads / 4),
+        "an idle local path was driven {idle} times in {reads} reads ({took:?})"
+    );
+    // A name of this host enters the AV: from now on every read drives the path.
+    av.insert(&ep.getname().unwrap().to_bytes()).unwrap();
+    let before = path.progressed.load(Relaxed);
+    for _ in 0..1000 {
+        let mut e = [TaggedEntry::default(); 1];
+        assert!(cq.read(&mut e).unwrap_err().is_again());
+    }
+    assert_eq!(
+        path.progressed.load(Relaxed) - before,
+        1000,
+        "with a local route every read drives the path"
+    );
+}

@@ -513,6 +513,8 @@ struct Inner {
     /// Send buffers held by unsignalled sends, all connections: kept below a quarter of
     /// them, so that connections that go quiet cannot hold the buffers others need.
     unsignaled: u32,
+    /// Matched receives the local path is filling, by engine slot.
+    local_rx: Vec<local::LocalRx>,
 }
 
 #[derive(Debug)]
@@ -546,8 +548,6 @@ struct Enabled {
     /// events; otherwise one in `CM_POLL_EVERY` does (a read is a system call).
     in_setup: AtomicU32,
     polls: AtomicU32,
-    /// The cycle count from which the next look for connection events is due (local path).
-    cm_next: std::sync::atomic::AtomicU64,
     /// Its connection events' descriptor is in its CQ's wait set (`add_wait_fd`).
     cm_wakes: bool,
     /// What its work request ids carry for its CQs to find it (`wr_id::keyed`).
@@ -565,14 +565,8 @@ struct Enabled {
 const CM_POLL_EVERY: u32 = 64;
 
 /// With a local path (every read drives the endpoint, and a read can take a few
-/// microseconds): one look at connection events in this many microseconds.
-const CM_POLL_US: f64 = 200.0;
-
-/// `CM_POLL_US` in cycles of `rfabric_sys::clock::cycles` (measured once per process).
-fn cm_interval() -> u64 {
-    static C: OnceLock<u64> = OnceLock::new();
-    *C.get_or_init(|| (rfabric_sys::clock::cycles_per_us() * CM_POLL_US) as u64)
-}
+/// microseconds): one look at connection events in this many calls.
+const CM_POLL_EVERY_LOCAL: u32 = 256;
 
 #[derive(Debug, Default)]
 struct Ctl {
@@ -773,6 +767,7 @@ impl RdmEndpoint {
                     asm: HashMap::default(),
                     addr_gen: 0,
                     unsignaled: 0,
+                    local_rx: Vec::new(),
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     rx: vec![RxMeta::default(); rx_n],
@@ -797,7 +792,6 @@ impl RdmEndpoint {
                 fins_waiting: std::sync::atomic::AtomicBool::new(false),
                 in_setup: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
-                cm_next: std::sync::atomic::AtomicU64::new(0),
                 cm_wakes: false,
                 key: crate::verbs::cq::new_owner_key(),
                 directed: (info.caps | info.rx_attr.caps).contains(Flags::DIRECTED_RECV),
@@ -1131,14 +1125,18 @@ impl RdmEndpoint {
                 "every send buffer is in flight: read the CQ to complete some",
             ));
         }
-        let mut slots = [0u32; MAX_SEGS];
-        for x in &mut slots[..segs] {
-            let Some(s) = g.tx_free.pop() else {
-                unreachable!("counted above")
-            };
-            *x = s;
-        }
-        let slots = &slots[..segs];
+        // One buffer (the common case) without setting up the array segments need.
+        let (one, mut many);
+        let slots: &[u32] = if segs == 1 {
+            one = [g.tx_free.pop().unwrap_or_default()];
+            &one
+        } else {
+            many = [0u32; MAX_SEGS];
+            for x in &mut many[..segs] {
+                *x = g.tx_free.pop().unwrap_or_default();
+            }
+            &many[..segs]
+        };
         // The last buffer carries the send's completion.
         let slot = slots[segs - 1];
         let off = slot as usize * en.slot;
@@ -1532,7 +1530,7 @@ impl RdmEndpoint {
             e.offset = 0;
         }
         if g.engine.entry(id).owner == LOCAL_HOLDER {
-            let e = local::entry_of(en, &g, id);
+            let e = local::entry_of(en, &mut g, id);
             drop(g);
             local::start_all(en, &[(id, e)]);
             return Ok(());
@@ -1609,7 +1607,7 @@ impl RdmEndpoint {
             .set(LocalLink::new(path, self.max_msg_size()))
             .map_err(|_| Error::new(errno::EALREADY, "a local path is already attached"))?;
         // Measured now, not in the first read it paces (the first measure sleeps 20 ms).
-        let _ = cm_interval();
+        let _ = local::idle_interval();
         // Driven by every read from now on (the local path's latency is a read's).
         let me: Weak<dyn PeerProgress> = self.sh.me.clone();
         for cq in [&en.rx_cq, &en.tx_cq] {
@@ -1744,8 +1742,9 @@ fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
 /// for one more: a productive CQ poll less per message.
 #[inline]
 fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
-    let m = g.tx[slot as usize];
+    let m = &g.tx[slot as usize];
     let quiet = m.quiet && m.rndv == NONE && !m.part;
+    let wire = m.wire as usize;
     let room = (g.unsignaled as usize) < g.tx.len() / 4;
     let Some(conn) = open_conn_mut(g, c) else {
         return Err(Error::new(errno::EIO, "the peer's connection is gone"));
@@ -1755,7 +1754,7 @@ fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     let wr = wr_id::keyed(slot, en.key, Kind::RdmSend);
     let off = slot as usize * en.slot;
     let flags = if unsignaled { 0 } else { send_flags::SIGNALED };
-    qp.post_send_mr(wr, en.tx_pool.sys(), off, m.wire as usize, flags, None)
+    qp.post_send_mr(wr, en.tx_pool.sys(), off, wire, flags, None)
         .map_err(|e| Error::os(e, "ibv_post_send"))?;
     conn.in_flight += 1;
     let seq = conn.seq;
@@ -2416,8 +2415,9 @@ impl Shared {
         let Some(en) = self.on.get() else { return };
         let local = en.local.get();
         if let Some(l) = local {
-            l.sync(en);
-            l.path.progress();
+            if l.due(en) {
+                l.path.progress();
+            }
         }
         if en.fins_waiting.load(Ordering::Relaxed) {
             let mut g = lock(&en.inner);
@@ -2425,20 +2425,20 @@ impl Shared {
         }
         // One CQ and no local path: it calls this one read in PEER_POLL_EVERY while
         // nothing is being set up. Otherwise every read calls it, and it looks for
-        // connection events one call in CM_POLL_EVERY.
-        if en.in_setup.load(Ordering::Relaxed) == 0 && local.is_some() {
-            // Reads that go to shm take a few microseconds each: a system call in 64 of
-            // them would be a large share. By time instead: one look in CM_POLL_US.
-            let now = rfabric_sys::clock::cycles();
-            if now < en.cm_next.load(Ordering::Relaxed) {
-                return;
-            }
-            en.cm_next.store(now + cm_interval(), Ordering::Relaxed);
-        } else if en.in_setup.load(Ordering::Relaxed) == 0 && !Arc::ptr_eq(&en.tx_cq, &en.rx_cq) {
-            // A plain load and store: a count lost to a race only shifts the next look.
+        // connection events one call in CM_POLL_EVERY (CM_POLL_EVERY_LOCAL with a local
+        // path, whose reads take longer: a system call per 64 of them would be a large
+        // share). A plain load and store: a count lost to a race only shifts the next look.
+        if en.in_setup.load(Ordering::Relaxed) == 0
+            && (local.is_some() || !Arc::ptr_eq(&en.tx_cq, &en.rx_cq))
+        {
+            let every = if local.is_some() {
+                CM_POLL_EVERY_LOCAL
+            } else {
+                CM_POLL_EVERY
+            };
             let polls = en.polls.load(Ordering::Relaxed);
             en.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
-            if polls % CM_POLL_EVERY != 0 {
+            if polls % every != 0 {
                 return;
             }
         }

@@ -413,19 +413,18 @@ pub(crate) fn read_shm_cq(
     n: usize,
     mut each: impl FnMut(std::result::Result<(CqEntry, u64), crate::core::cq::CqErrEntry>) -> Result<()>,
 ) -> Result<usize> {
-    let mut out = [fi::fi_cq_tagged_entry {
-        op_context: null_mut(),
-        flags: 0,
-        len: 0,
-        buf: null_mut(),
-        data: 0,
-        tag: 0,
-    }; SHM_BATCH];
-    let mut src = [fi::FI_ADDR_NOTAVAIL; SHM_BATCH];
+    // Left unwritten: shm writes the first k it returns, and only those are read.
+    let mut out = [const { std::mem::MaybeUninit::<fi::fi_cq_tagged_entry>::uninit() }; SHM_BATCH];
+    let mut src = [const { std::mem::MaybeUninit::<fi::fi_addr_t>::uninit() }; SHM_BATCH];
     let n = n.min(SHM_BATCH);
     // SAFETY: an open shm CQ (the caller's); out and src hold n entries.
     let rc = unsafe {
-        ((*(*cq).ops).readfrom.expect("readfrom"))(cq, out.as_mut_ptr().cast(), n, src.as_mut_ptr())
+        ((*(*cq).ops).readfrom.expect("readfrom"))(
+            cq,
+            out.as_mut_ptr().cast(),
+            n,
+            src.as_mut_ptr().cast(),
+        )
     };
     if rc == -(errno::EAGAIN as isize) || rc == 0 {
         return Ok(0);
@@ -446,8 +445,10 @@ pub(crate) fn read_shm_cq(
         each(Err(c))?;
         return Ok(1);
     }
-    let k = check(rc, "fi_cq_readfrom(shm)")? as usize;
-    for (e, s) in out[..k].iter().zip(src) {
+    let k = (check(rc, "fi_cq_readfrom(shm)")? as usize).min(n);
+    for (e, s) in out[..k].iter().zip(&src[..k]) {
+        // SAFETY: fi_cq_readfrom wrote its first k entries and sources.
+        let (e, s) = unsafe { (e.assume_init_ref(), s.assume_init()) };
         each(Ok((
             CqEntry {
                 op_context: e.op_context as u64,

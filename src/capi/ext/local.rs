@@ -12,7 +12,7 @@ use std::ffi::{c_void, CString};
 use std::mem::size_of;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
 use rfabric_sys::fabric as fi;
 
@@ -28,6 +28,8 @@ use crate::verbs::RdmEndpoint;
 const BATCH: usize = 16;
 /// C entries made at a time (their addresses never move).
 const CHUNK: usize = 256;
+/// Chunks at most: as many engine slots as any endpoint holds (about a million).
+const MAX_CHUNKS: usize = 4096;
 
 /// One engine slot's C face: the receive's range, and scratch past it.
 #[repr(C)]
@@ -59,7 +61,8 @@ impl PeerEntry {
 struct LocalSrx {
     srx: UnsafeCell<fi::fid_peer_srx>,
     owner: LocalOwner,
-    chunks: Mutex<Vec<Box<[PeerEntry]>>>,
+    /// Made on first use, never moved or freed before the SRX: found without a lock.
+    chunks: Box<[OnceLock<Box<[PeerEntry]>>]>,
     /// Where shm puts what does not fit a receive (never read): as large as the largest
     /// message, shared by every entry (its bytes are thrown away), untouched until used.
     scratch: Scratch,
@@ -128,37 +131,33 @@ unsafe extern "C" fn local_srx_close(_f: *mut fi::fid) -> i32 {
 
 impl LocalSrx {
     /// The C entry of slot `id`, made if the engine grew past what exists.
-    fn entry(&self, id: u32) -> *const PeerEntry {
-        let mut ch = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+    fn entry(&self, id: u32) -> Result<&PeerEntry> {
         let (k, i) = (id as usize / CHUNK, id as usize % CHUNK);
-        while ch.len() <= k {
-            ch.push((0..CHUNK).map(|_| PeerEntry::new()).collect());
-        }
-        &ch[k][i]
+        let chunk = self.chunks.get(k).ok_or_else(|| {
+            Error::new(
+                errno::ENOMEM,
+                format!("engine slot {id}: the local path holds at most {} entries", MAX_CHUNKS * CHUNK),
+            )
+        })?;
+        Ok(&chunk.get_or_init(|| (0..CHUNK).map(|_| PeerEntry::new()).collect())[i])
     }
 
-    /// The slot of an entry this SRX handed out, proven by its address.
-    fn id_of(&self, e: *const fi::fi_peer_rx_entry) -> Result<u32> {
-        let ch = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
-        let at = e as usize;
-        let stride = size_of::<PeerEntry>();
-        for (k, c) in ch.iter().enumerate() {
-            let base = c.as_ptr() as usize;
-            if at >= base && at < base + CHUNK * stride && (at - base) % stride == 0 {
-                return Ok((k * CHUNK + (at - base) / stride) as u32);
-            }
+    /// The slot of an entry this SRX handed out: the slot its `owner_context` names,
+    /// proven by the entry's address being that slot's.
+    fn id_of(&self, e: *const fi::fi_peer_rx_entry, claimed: usize) -> Result<u32> {
+        let (k, i) = (claimed / CHUNK, claimed % CHUNK);
+        match self.chunks.get(k).and_then(OnceLock::get) {
+            Some(c) if std::ptr::eq(c[i].c.get(), e) => Ok(claimed as u32),
+            _ => Err(Error::new(
+                errno::EINVAL,
+                "not an rx entry of this endpoint's local path",
+            )),
         }
-        Err(Error::new(
-            errno::EINVAL,
-            "not an rx entry of this endpoint's local path",
-        ))
     }
 
     /// Writes what the endpoint says of slot `id` into its C entry.
-    fn fill(&self, id: u32, e: &LocalEntry) -> *mut fi::fi_peer_rx_entry {
-        // SAFETY: chunks are boxed and never dropped or moved before `self`: the entry
-        // stays where it is once the lock is released.
-        let pe = unsafe { &*self.entry(id) };
+    fn fill(&self, id: u32, e: &LocalEntry) -> Result<*mut fi::fi_peer_rx_entry> {
+        let pe = self.entry(id)?;
         let c = pe.c.get();
         // SAFETY: the slot is ours now (claimed or arriving for this call, not with shm).
         unsafe {
@@ -169,7 +168,8 @@ impl LocalSrx {
             c.tag = e.tag;
             c.flags = e.flags.bits();
             c.context = e.context as *mut c_void;
-            c.owner_context = null_mut();
+            // Ours to use (fi_ext.h 1.17; the man page calls it user_context): the slot.
+            c.owner_context = id as usize as *mut c_void;
             match e.buf {
                 Some((addr, len)) => {
                     let iov = &mut *pe.iov.get();
@@ -194,7 +194,7 @@ impl LocalSrx {
                 }
             }
         }
-        c
+        Ok(c)
     }
 }
 
@@ -248,7 +248,7 @@ fn get(
         // SAFETY: what shm got from us at fi_srx_context.
         let s = unsafe { srx_of(srx) }?;
         let (matched, id, e) = s.owner.get(tagged, addr, tag, size)?;
-        let c = s.fill(id, &e);
+        let c = s.fill(id, &e)?;
         // SAFETY: checked for NULL; shm's out-pointer.
         unsafe { *entry = c };
         rc = if matched { 0 } else { -errno::ENOENT };
@@ -271,7 +271,9 @@ unsafe fn owner_of<'a>(e: *const fi::fi_peer_rx_entry) -> Result<(&'a LocalSrx, 
     }
     // SAFETY: the caller's contract; its srx is proven ours, the entry by its address.
     let s = unsafe { srx_of((*e).srx) }?;
-    let id = s.id_of(e)?;
+    // SAFETY: as above; read as a number, only trusted once id_of proves it.
+    let claimed = unsafe { (*e).owner_context } as usize;
+    let id = s.id_of(e, claimed)?;
     Ok((s, id))
 }
 
@@ -336,7 +338,7 @@ impl ShmLocal {
                 peer_ops: null_mut(),
             }),
             owner: owner.clone(),
-            chunks: Mutex::new(Vec::new()),
+            chunks: (0..MAX_CHUNKS).map(|_| OnceLock::new()).collect(),
             scratch: Scratch::new(max)?,
         });
         let mut srx_ctx = Box::new(fi::fi_peer_srx_context {
@@ -386,7 +388,7 @@ impl ShmLocal {
     fn move_some(&self, n: usize) -> Result<usize> {
         read_shm_cq(self.ep.cq, n, |c| match c {
             Ok((e, _)) if e.flags & fi::FI_SEND != 0 => self.owner.send_done(e.op_context, None),
-            Ok((e, s)) => self.owner.recv_done(e.op_context as u32, e, s, None),
+            Ok((e, _)) => self.owner.recv_done(e.op_context as u32, e, None),
             Err(c) if c.flags & fi::FI_SEND != 0 => self.owner.send_done(c.op_context, Some(c.err)),
             Err(c) => {
                 let e = CqEntry {
@@ -397,8 +399,7 @@ impl ShmLocal {
                     data: c.data,
                     tag: c.tag,
                 };
-                self.owner
-                    .recv_done(c.op_context as u32, e, fi::FI_ADDR_NOTAVAIL, Some(c.err))
+                self.owner.recv_done(c.op_context as u32, e, Some(c.err))
             }
         })
     }
@@ -483,7 +484,7 @@ impl LocalPath for ShmLocal {
 
     fn hand_back(&self, id: u32, e: &LocalEntry, discard: bool) -> Result<()> {
         self.check_open()?;
-        let c = self.srx.fill(id, e);
+        let c = self.srx.fill(id, e)?;
         // SAFETY: the slot is claimed for shm's message; shm filled peer_ops at
         // fi_srx_context (checked at open) and keeps the entry's peer_context.
         let rc = unsafe {

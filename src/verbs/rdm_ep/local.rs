@@ -9,7 +9,7 @@
 //! (from its progress) the same way.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
@@ -66,8 +66,10 @@ pub struct LocalEntry {
 
 /// What the owner keeps of a matched local receive until its completion comes back.
 #[derive(Clone, Copy, Debug, Default)]
-struct LocalRx {
+pub(super) struct LocalRx {
     context: u64,
+    /// The sender's address in the endpoint's AV.
+    from: u64,
     /// Bytes of the receive's buffer (past them, the message was truncated).
     cap: usize,
     quiet: bool,
@@ -102,17 +104,29 @@ struct Routes {
     by_name: HashMap<[u8; RdmName::LEN], u64>,
 }
 
+/// How often an endpoint with a local path that has carried nothing looks at it.
+const LOCAL_IDLE_US: f64 = 50.0;
+
+/// `LOCAL_IDLE_US` in cycles of `rfabric_sys::clock::cycles` (measured once per process).
+pub(super) fn idle_interval() -> u64 {
+    static C: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *C.get_or_init(|| (rfabric_sys::clock::cycles_per_us() * LOCAL_IDLE_US) as u64)
+}
+
 /// An endpoint's local path and its routes.
 pub(super) struct LocalLink {
     pub(super) path: Arc<dyn LocalPath>,
     routes: Mutex<Routes>,
     /// The AV's change count the routes follow (`u64::MAX`: never built).
     seen: AtomicU64,
+    /// Some name in the AV is on this host (read per send without the routes' lock).
+    any: AtomicBool,
+    /// While it has carried nothing and has no route, the cycle count from which the next
+    /// idle look at it is due (`LOCAL_IDLE_US`): remote traffic does not pay for it.
+    idle_next: AtomicU64,
     /// Messages it carried: sent, and arrived (tests and logs).
     pub(super) sent: AtomicU64,
     pub(super) arrived: AtomicU64,
-    /// Matched receives the path is filling, by engine slot.
-    rx: Mutex<Vec<LocalRx>>,
     /// The largest message it carries (the endpoint's `max_msg_size`).
     pub(super) max: usize,
 }
@@ -127,10 +141,11 @@ impl LocalLink {
     pub(super) fn new(path: Arc<dyn LocalPath>, max: usize) -> Self {
         LocalLink {
             path,
-            rx: Mutex::new(Vec::new()),
             max,
             routes: Mutex::new(Routes::default()),
             seen: AtomicU64::new(u64::MAX),
+            any: AtomicBool::new(false),
+            idle_next: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             arrived: AtomicU64::new(0),
         }
@@ -169,6 +184,7 @@ impl LocalLink {
             r.to.insert(addr, h);
             r.from.entry(h).or_insert(addr);
         }
+        self.any.store(!r.to.is_empty(), Ordering::Relaxed);
         self.seen.store(now, Ordering::Release);
     }
 
@@ -176,7 +192,31 @@ impl LocalLink {
     #[inline]
     pub(super) fn route(&self, en: &Enabled, dest: u64) -> Option<u64> {
         self.sync(en);
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
         lock(&self.routes).to.get(&dest).copied()
+    }
+
+    /// Whether this progress call drives the path: always once it has a route or has
+    /// carried a message; until then (a job whose peers are all remote) one call in
+    /// `LOCAL_IDLE_US`, enough for an unknown local sender's first message to be seen.
+    #[inline]
+    pub(super) fn due(&self, en: &Enabled) -> bool {
+        self.sync(en);
+        if self.any.load(Ordering::Relaxed)
+            || self.arrived.load(Ordering::Relaxed) != 0
+            || self.sent.load(Ordering::Relaxed) != 0
+        {
+            return true;
+        }
+        let now = rfabric_sys::clock::cycles();
+        if now < self.idle_next.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.idle_next
+            .store(now + idle_interval(), Ordering::Relaxed);
+        true
     }
 
     /// The endpoint's address of what the path calls `h` (`FI_ADDR_NOTAVAIL` if none).
@@ -233,8 +273,10 @@ impl LocalOwner {
                 r => r?,
             };
             Ok(match a {
-                crate::core::srx::Arrival::Matched(id) => (true, id, entry_of(en, &g, id)),
-                crate::core::srx::Arrival::Unexpected(id) => (false, id, entry_of(en, &g, id)),
+                crate::core::srx::Arrival::Matched(id) => (true, id, entry_of(en, &mut g, id)),
+                crate::core::srx::Arrival::Unexpected(id) => {
+                    (false, id, entry_of(en, &mut g, id))
+                }
             })
         })
     }
@@ -257,11 +299,11 @@ impl LocalOwner {
     /// The path is done with entry `id` (`free_entry`). A matched receive's slot stays
     /// until its completion is moved (`recv_done`: it names the slot); any other goes now.
     pub fn free(&self, id: u32) -> Result<()> {
-        self.with(|en, l| {
-            if lock(&l.rx).get(id as usize).is_some_and(|m| m.live) {
+        self.with(|en, _| {
+            let mut g = lock(&en.inner);
+            if g.local_rx.get(id as usize).is_some_and(|m| m.live) {
                 return Ok(());
             }
-            let mut g = lock(&en.inner);
             if g.engine.entry(id).owner != LOCAL_HOLDER {
                 return Err(Error::new(errno::EINVAL, "not an entry of the local path"));
             }
@@ -269,35 +311,27 @@ impl LocalOwner {
         })
     }
 
-    /// The endpoint's address of the path's `h` (a receive completion's source).
-    pub fn addr_of(&self, h: u64) -> u64 {
-        self.with(|_, l| Ok(l.addr_of(h)))
-            .unwrap_or(FI_ADDR_NOTAVAIL)
-    }
-
-    /// The completion the path made of the receive in slot `id` (its context), from its
-    /// address `from` (or its error, `err`): the receive's own completion goes to the
-    /// endpoint's CQ (truncated past the receive's buffer: `FI_ETRUNC` with `olen`), and
-    /// the slot is freed.
-    pub fn recv_done(&self, id: u32, c: CqEntry, from: u64, err: Option<i32>) -> Result<()> {
-        self.with(|en, l| {
+    /// The completion the path made of the receive in slot `id` (its context), or its
+    /// error (`err`): the receive's own completion goes to the endpoint's CQ (truncated
+    /// past the receive's buffer: `FI_ETRUNC` with `olen`), from the source the arrival
+    /// named, and the slot is freed.
+    pub fn recv_done(&self, id: u32, c: CqEntry, err: Option<i32>) -> Result<()> {
+        self.with(|en, _| {
             let m = {
-                let mut rx = lock(&l.rx);
-                let Some(m) = rx.get_mut(id as usize).filter(|m| m.live) else {
+                let mut g = lock(&en.inner);
+                let Some(m) = g.local_rx.get_mut(id as usize).filter(|m| m.live) else {
                     return Err(Error::new(
                         errno::EINVAL,
                         format!("a local completion names slot {id}, not a receive in flight"),
                     ));
                 };
                 m.live = false;
-                *m
-            };
-            {
-                let mut g = lock(&en.inner);
+                let m = *m;
                 if g.engine.entry(id).owner == LOCAL_HOLDER {
                     let _ = g.engine.free(id);
                 }
-            }
+                m
+            };
             let flags = c.flags & !Flags::COMPLETION.bits();
             let failed = err.or((c.len > m.cap).then_some(errno::ETRUNC));
             if let Some(e) = failed {
@@ -323,7 +357,7 @@ impl LocalOwner {
                     flags,
                     ..c
                 },
-                l.addr_of(from),
+                m.from,
             )
         })
     }
@@ -372,8 +406,11 @@ impl LocalOwner {
 /// and scratch for what may not fit (an untagged message's excess; for a tagged one, whose
 /// size 1.17's `get_tag` does not give, up to the largest message); the owner remembers
 /// the receive until its completion comes back. The path is always asked for a completion.
-pub(super) fn entry_of(en: &Enabled, g: &Inner, id: u32) -> LocalEntry {
-    let e = g.engine.entry(id);
+pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
+    let Inner {
+        engine, local_rx, ..
+    } = g;
+    let e = engine.entry(id);
     let quiet = en.rx_selective && !e.flags.contains(Flags::COMPLETION);
     let tagged = e.kind == RxKind::Tag;
     let max = en.local.get().map_or(0, |l| l.max);
@@ -385,18 +422,16 @@ pub(super) fn entry_of(en: &Enabled, g: &Inner, id: u32) -> LocalEntry {
             } else {
                 (cap.min(e.size), e.size.saturating_sub(cap))
             };
-            if let Some(l) = en.local.get() {
-                let mut rx = lock(&l.rx);
-                if rx.len() <= id as usize {
-                    rx.resize(id as usize + 1, LocalRx::default());
-                }
-                rx[id as usize] = LocalRx {
-                    context: e.context,
-                    cap: n,
-                    quiet,
-                    live: true,
-                };
+            if local_rx.len() <= id as usize {
+                local_rx.resize(id as usize + 1, LocalRx::default());
             }
+            local_rx[id as usize] = LocalRx {
+                context: e.context,
+                from: e.addr,
+                cap: n,
+                quiet,
+                live: true,
+            };
             (Some((b.addr() + e.offset as u64, n)), scratch)
         }
         None => (None, 0),
@@ -590,7 +625,7 @@ pub(super) fn close(en: &Enabled) {
             let mut g = lock(&en.inner);
             g.engine.first_unexpected(Some(LOCAL_HOLDER)).map(|id| {
                 let _ = g.engine.take_unexpected(id);
-                (id, entry_of(en, &g, id))
+                (id, entry_of(en, &mut g, id))
             })
         };
         let Some((id, e)) = taken else { break };
