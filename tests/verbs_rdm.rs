@@ -2045,7 +2045,10 @@ fn remote_traffic_pays_for_an_idle_local_path_only_now_and_then() {
     }
     let idle = path.progressed.load(Relaxed);
     let took = t.elapsed();
-    assert!(idle >= 1, "an idle local path was never driven in {reads} reads");
+    assert!(
+        idle >= 1,
+        "an idle local path was never driven in {reads} reads"
+    );
     // One look per 50 us, with room: each look is a read of its own.
     let most = 2 + (took.as_micros() / 25) as usize;
     assert!(

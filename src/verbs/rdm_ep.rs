@@ -515,6 +515,8 @@ struct Inner {
     unsignaled: u32,
     /// Matched receives the local path is filling, by engine slot.
     local_rx: Vec<local::LocalRx>,
+    /// The endpoint's address of each local path handle (its arrivals' sources).
+    local_from: HashMap<u64, u64, QpnHash>,
 }
 
 #[derive(Debug)]
@@ -768,6 +770,7 @@ impl RdmEndpoint {
                     addr_gen: 0,
                     unsignaled: 0,
                     local_rx: Vec::new(),
+                    local_from: HashMap::default(),
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     rx: vec![RxMeta::default(); rx_n],

@@ -37,6 +37,9 @@ struct PeerEntry {
     c: UnsafeCell<fi::fi_peer_rx_entry>,
     iov: UnsafeCell<[libc::iovec; 2]>,
     desc: UnsafeCell<[*mut c_void; 2]>,
+    /// Handed out with a receive's buffer: the owner frees the slot when shm's completion
+    /// of it is read (`LocalOwner::recv_done`), so shm's `free_entry` has nothing to do.
+    matched: UnsafeCell<bool>,
 }
 
 impl PeerEntry {
@@ -51,6 +54,7 @@ impl PeerEntry {
                 }; 2],
             ),
             desc: UnsafeCell::new([null_mut(); 2]),
+            matched: UnsafeCell::new(false),
         }
     }
 }
@@ -136,7 +140,10 @@ impl LocalSrx {
         let chunk = self.chunks.get(k).ok_or_else(|| {
             Error::new(
                 errno::ENOMEM,
-                format!("engine slot {id}: the local path holds at most {} entries", MAX_CHUNKS * CHUNK),
+                format!(
+                    "engine slot {id}: the local path holds at most {} entries",
+                    MAX_CHUNKS * CHUNK
+                ),
             )
         })?;
         Ok(&chunk.get_or_init(|| (0..CHUNK).map(|_| PeerEntry::new()).collect())[i])
@@ -170,6 +177,7 @@ impl LocalSrx {
             c.context = e.context as *mut c_void;
             // Ours to use (fi_ext.h 1.17; the man page calls it user_context): the slot.
             c.owner_context = id as usize as *mut c_void;
+            *pe.matched.get() = e.buf.is_some();
             match e.buf {
                 Some((addr, len)) => {
                     let iov = &mut *pe.iov.get();
@@ -291,6 +299,10 @@ unsafe extern "C" fn free_entry(entry: *mut fi::fi_peer_rx_entry) {
     let _ = guarded("local srx free_entry", || {
         // SAFETY: an entry handed out by get.
         let (s, id) = unsafe { owner_of(entry) }?;
+        // SAFETY: shm hands the slot back: ours again (see LocalSrx's Sync).
+        if unsafe { *s.entry(id)?.matched.get() } {
+            return Ok(());
+        }
         s.owner.free(id)
     });
 }

@@ -99,7 +99,6 @@ pub trait LocalPath: Send + Sync {
 struct Routes {
     /// Looked up per send and per arrival: a multiply, not SipHash.
     to: HashMap<u64, u64, QpnHash>,
-    from: HashMap<u64, u64, QpnHash>,
     /// Handles by name: a name inserted once keeps its handle.
     by_name: HashMap<[u8; RdmName::LEN], u64>,
 }
@@ -161,7 +160,7 @@ impl LocalLink {
         let mut r = lock(&self.routes);
         let local = en.av.rdm_on_host(en.name.host);
         r.to.clear();
-        r.from.clear();
+        let mut from = HashMap::<u64, u64, QpnHash>::default();
         for (addr, name) in local {
             let bytes = name.to_bytes();
             let h = match r.by_name.get(&bytes) {
@@ -182,9 +181,11 @@ impl LocalLink {
                 },
             };
             r.to.insert(addr, h);
-            r.from.entry(h).or_insert(addr);
+            from.entry(h).or_insert(addr);
         }
         self.any.store(!r.to.is_empty(), Ordering::Relaxed);
+        // Arrivals translate under the endpoint's lock, which they take anyway.
+        lock(&en.inner).local_from = from;
         self.seen.store(now, Ordering::Release);
     }
 
@@ -217,15 +218,6 @@ impl LocalLink {
         self.idle_next
             .store(now + idle_interval(), Ordering::Relaxed);
         true
-    }
-
-    /// The endpoint's address of what the path calls `h` (`FI_ADDR_NOTAVAIL` if none).
-    fn addr_of(&self, h: u64) -> u64 {
-        lock(&self.routes)
-            .from
-            .get(&h)
-            .copied()
-            .unwrap_or(FI_ADDR_NOTAVAIL)
     }
 }
 
@@ -261,9 +253,9 @@ impl LocalOwner {
     ) -> Result<(bool, u32, LocalEntry)> {
         self.with(|en, l| {
             l.arrived.fetch_add(1, Ordering::Relaxed);
-            let addr = l.addr_of(from);
             let kind = if tagged { RxKind::Tag } else { RxKind::Msg };
             let mut g = lock(&en.inner);
+            let addr = g.local_from.get(&from).copied().unwrap_or(FI_ADDR_NOTAVAIL);
             let a = match g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER) {
                 Err(e) if e.errno() == errno::EAGAIN => {
                     let n = g.engine.capacity();
@@ -274,9 +266,7 @@ impl LocalOwner {
             };
             Ok(match a {
                 crate::core::srx::Arrival::Matched(id) => (true, id, entry_of(en, &mut g, id)),
-                crate::core::srx::Arrival::Unexpected(id) => {
-                    (false, id, entry_of(en, &mut g, id))
-                }
+                crate::core::srx::Arrival::Unexpected(id) => (false, id, entry_of(en, &mut g, id)),
             })
         })
     }
@@ -396,8 +386,14 @@ impl LocalOwner {
 
     /// Completions the CQs can take now (the path moves no more).
     pub fn room(&self) -> usize {
-        self.with(|en, _| Ok(en.rx_cq.room().min(en.tx_cq.room())))
-            .unwrap_or(0)
+        self.with(|en, _| {
+            Ok(if Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
+                en.rx_cq.room()
+            } else {
+                en.rx_cq.room().min(en.tx_cq.room())
+            })
+        })
+        .unwrap_or(0)
     }
 }
 
