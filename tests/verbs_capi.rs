@@ -191,6 +191,11 @@ fn c_program_runs_an_offload_peer_over_peer_transfer() {
 }
 
 #[test]
+fn c_program_runs_an_offload_peer_over_peer_transfer_on_rdm() {
+    run_capi_section("rdm-transfer");
+}
+
+#[test]
 fn c_program_sends_datagrams_through_libfabric() {
     run_capi_section("dgram");
 }

@@ -303,7 +303,54 @@ unsafe extern "C" fn rdm_join(
 #[inline]
 unsafe fn rdm<'a>(ep: *mut fi::fid_ep) -> Result<&'a RdmEndpoint> {
     // SAFETY: the caller's contract; the ops are checked.
-    Ok(&unsafe { CRdmEp::from_c(ep, "ep") }?.inner)
+    match unsafe { CRdmEp::from_c(ep, "ep") } {
+        Ok(o) => Ok(&o.inner),
+        // A peer's transfer endpoint shares these data calls (its handle marks them).
+        // SAFETY: as above.
+        Err(e) => unsafe { CRdmTransferEp::from_c(ep, "ep") }
+            .map(|t| &t.inner.ep)
+            .map_err(|_| e),
+    }
+}
+
+/// What closing a peer's transfer endpoint does first: the link's side (it lives with the
+/// code that calls the peer, `capi::ext::transfer`) closes the peer's endpoint and ends
+/// the link.
+pub(crate) trait TransferClose: Send + Sync {
+    fn close(&self, ep: &RdmEndpoint);
+}
+
+/// The endpoint a peer provider posts its transfers on over an RDM endpoint
+/// (`fi_peer_transfer_context.ep`): the RDM data calls on a handle whose traffic is the
+/// peer's (`RdmEndpoint::peer_transfer`).
+pub(crate) struct RdmTransferEp {
+    pub(crate) ep: RdmEndpoint,
+    pub(crate) link: Box<dyn TransferClose>,
+}
+
+pub(crate) type CRdmTransferEp = Obj<fi::fid_ep, RdmTransferEp>;
+impl Class for CRdmTransferEp {
+    type Header = fi::fid_ep;
+    const FCLASS: u32 = fi::FI_CLASS_EP;
+    fn fi_ops() -> &'static fi::fi_ops {
+        &RDM_TRANSFER_FI_OPS
+    }
+}
+
+pub(crate) static RDM_TRANSFER_FI_OPS: fi::fi_ops = fi_ops_of!(
+    rdm_transfer_close,
+    crate::capi::fid::no_bind,
+    crate::capi::fid::no_control
+);
+
+unsafe extern "C" fn rdm_transfer_close(f: *mut fi::fid) -> i32 {
+    // SAFETY: the fid open_transfer returned; its ops are checked first.
+    guarded("fi_close(peer transfer)", || unsafe {
+        CRdmTransferEp::close(f.cast(), |t| {
+            t.link.close(&t.ep);
+            Ok(())
+        })
+    })
 }
 
 /// A receive buffer of the application's (`len` bytes at `buf`).

@@ -437,9 +437,10 @@ unsafe extern "C" fn soft_cancel(f: fi::fid_t, context: *mut c_void) -> isize {
             .owner
             .cancel(context as u64)
             .ok_or_else(|| Error::new(errno::ENOENT, "no receive with this context is posted"))?;
-        let kind = match e.kind {
-            Kind::Msg => fi::FI_MSG,
-            Kind::Tag => fi::FI_TAGGED,
+        let kind = if e.kind.tagged() {
+            fi::FI_TAGGED
+        } else {
+            fi::FI_MSG
         };
         cq.writeerr(CqErrEntry {
             op_context: e.context,

@@ -132,9 +132,10 @@ impl<B: Clone, H: Handoff<B>> SharedRx<B, H> {
         if let Err(f) = g.free(id) {
             crate::fi_warn!("peer", "{f}");
         }
-        let what = match kind {
-            Kind::Tag => rfabric_sys::fabric::FI_TAGGED,
-            Kind::Msg => rfabric_sys::fabric::FI_MSG,
+        let what = if kind.tagged() {
+            rfabric_sys::fabric::FI_TAGGED
+        } else {
+            rfabric_sys::fabric::FI_MSG
         };
         CqErrEntry {
             op_context: entry.context,

@@ -213,11 +213,14 @@ pub struct Header {
     pub ack: Option<u32>,
     /// The whole message's size on a first segment (`Op::SegMsg`/`SegTag`), else 0.
     pub total: u32,
+    /// A peer provider's transfer (`FI_PEER_TRANSFER`): matched against its receives only.
+    pub peer: bool,
 }
 
 const HDR_MAGIC: u8 = 0xe7;
 const HAS_DATA: u8 = 1;
 const HAS_ACK: u8 = 2;
+const IS_PEER: u8 = 4;
 
 impl Header {
     pub const LEN: usize = 32;
@@ -227,7 +230,8 @@ impl Header {
         b[0] = HDR_MAGIC;
         b[1] = self.op as u8;
         b[2] = if self.data.is_some() { HAS_DATA } else { 0 }
-            | if self.ack.is_some() { HAS_ACK } else { 0 };
+            | if self.ack.is_some() { HAS_ACK } else { 0 }
+            | if self.peer { IS_PEER } else { 0 };
         b[4..8].copy_from_slice(&self.len.to_le_bytes());
         b[8..16].copy_from_slice(&self.tag.to_le_bytes());
         b[16..24].copy_from_slice(&self.data.unwrap_or(0).to_le_bytes());
@@ -284,6 +288,7 @@ impl Header {
             len,
             ack: (b[2] & HAS_ACK != 0)
                 .then(|| u32::from_le_bytes(b[24..28].try_into().unwrap_or_default())),
+            peer: b[2] & IS_PEER != 0,
         })
     }
 }
@@ -458,6 +463,7 @@ mod tests {
             len: 100,
             ack: Some(41),
             total: 0,
+            peer: false,
         };
         let b = h.encode();
         assert_eq!(Header::decode(&b, Header::LEN + 100).unwrap(), h);
@@ -470,6 +476,7 @@ mod tests {
             len: 0,
             ack: None,
             total: 0,
+            peer: false,
         };
         assert_eq!(Header::decode(&u.encode(), Header::LEN).unwrap(), u);
         let mut bad = u.encode();
@@ -499,6 +506,7 @@ mod tests {
             len: Rts::LEN as u32,
             ack: None,
             total: 0,
+            peer: false,
         };
         assert_eq!(
             Header::decode(&h.encode(), Header::LEN + Rts::LEN).unwrap(),
@@ -516,6 +524,7 @@ mod tests {
             len: 8160,
             ack: Some(2),
             total: 20_000,
+            peer: false,
         };
         assert_eq!(Header::decode(&h.encode(), Header::LEN + 8160).unwrap(), h);
         assert!(Op::SegTag.tagged() && !Op::SegMsg.tagged() && !Op::Cont.tagged());
@@ -534,6 +543,7 @@ mod tests {
             len: 3680,
             ack: None,
             total: 0,
+            peer: false,
         };
         assert_eq!(Header::decode(&c.encode(), Header::LEN + 3680).unwrap(), c);
     }

@@ -15,11 +15,39 @@ pub const ADDR_UNSPEC: u64 = u64::MAX;
 const NIL: u32 = u32::MAX;
 
 /// Untagged (`fi_msg`) or tagged (`fi_tagged`) traffic: separate queues, never matched
-/// across.
+/// across. A peer provider's transfers (fi_peer(3) `FI_PEER_TRANSFER`) have queues of
+/// their own too: they never take the application's receives, nor it theirs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Msg = 0,
     Tag = 1,
+    PeerMsg = 2,
+    PeerTag = 3,
+}
+
+impl Kind {
+    /// Matched by tag (`Tag`, `PeerTag`).
+    #[inline]
+    pub fn tagged(self) -> bool {
+        matches!(self, Kind::Tag | Kind::PeerTag)
+    }
+
+    /// A peer provider's transfer.
+    #[inline]
+    pub fn peer(self) -> bool {
+        matches!(self, Kind::PeerMsg | Kind::PeerTag)
+    }
+
+    /// The kind of a transfer tagged or not, the application's or a peer's.
+    #[inline]
+    pub fn of(tagged: bool, peer: bool) -> Kind {
+        match (tagged, peer) {
+            (false, false) => Kind::Msg,
+            (true, false) => Kind::Tag,
+            (false, true) => Kind::PeerMsg,
+            (true, true) => Kind::PeerTag,
+        }
+    }
 }
 
 /// Where an entry is in its life.
@@ -111,7 +139,7 @@ impl Filter {
     #[inline]
     fn accepts(&self, kind: Kind, addr: u64, tag: u64) -> bool {
         (self.addr == ADDR_UNSPEC || self.addr == addr)
-            && (kind == Kind::Msg || (self.tag ^ tag) & !self.ignore == 0)
+            && (!kind.tagged() || (self.tag ^ tag) & !self.ignore == 0)
     }
 }
 
@@ -144,7 +172,7 @@ struct List {
 }
 
 const POSTED: usize = 0;
-const UNEXPECTED: usize = 2;
+const UNEXPECTED: usize = 4;
 
 fn list_of(which: usize, kind: Kind) -> usize {
     which + kind as usize
@@ -156,8 +184,9 @@ pub struct RxEngine<B> {
     slots: Vec<Entry<B>>,
     free: u32,
     in_use: usize,
-    /// Posted untagged, posted tagged, unexpected untagged, unexpected tagged.
-    lists: [List; 4],
+    /// Posted (untagged, tagged, a peer's untagged, a peer's tagged), then unexpected
+    /// (the same four).
+    lists: [List; 8],
     min_multi_recv: usize,
 }
 
@@ -181,7 +210,7 @@ impl<B: Clone> RxEngine<B> {
                 head: NIL,
                 tail: NIL,
                 len: 0,
-            }; 4],
+            }; 8],
             min_multi_recv: DEFAULT_MIN_MULTI_RECV,
         }
     }
@@ -432,7 +461,7 @@ impl<B: Clone> RxEngine<B> {
         r: Recv<B>,
         mut start: impl FnMut(&mut Self, u32),
     ) -> Result<Option<u32>> {
-        if r.flags.contains(Flags::MULTI_RECV) && r.kind == Kind::Tag {
+        if r.flags.contains(Flags::MULTI_RECV) && r.kind.tagged() {
             return Err(Error::new(
                 errno::EINVAL,
                 "FI_MULTI_RECV applies to untagged receives",
@@ -498,11 +527,16 @@ impl<B: Clone> RxEngine<B> {
         }
     }
 
-    /// Takes back every posted receive (the endpoint closes), in posting order per kind:
-    /// the caller reports each cancelled.
+    /// Takes back every posted receive of the application (the endpoint closes), in
+    /// posting order per kind: the caller reports each cancelled.
     pub fn cancel_all(&mut self) -> Vec<Entry<B>> {
+        self.cancel_all_of(&[Kind::Msg, Kind::Tag])
+    }
+
+    /// Takes back every posted receive of `kinds`, in posting order per kind.
+    pub fn cancel_all_of(&mut self, kinds: &[Kind]) -> Vec<Entry<B>> {
         let mut out = Vec::new();
-        for kind in [Kind::Msg, Kind::Tag] {
+        for &kind in kinds {
             let l = list_of(POSTED, kind);
             while self.lists[l].head != NIL {
                 let id = self.lists[l].head;
@@ -555,7 +589,7 @@ impl<B: Clone> RxEngine<B> {
     /// The first unexpected message of either kind held by transport `owner` (`None`:
     /// any), for draining when it goes.
     pub fn first_unexpected(&self, owner: Option<u64>) -> Option<u32> {
-        for k in [Kind::Msg, Kind::Tag] {
+        for k in [Kind::Msg, Kind::Tag, Kind::PeerMsg, Kind::PeerTag] {
             let mut at = self.lists[list_of(UNEXPECTED, k)].head;
             while at != NIL {
                 let e = &self.slots[at as usize];
@@ -566,6 +600,14 @@ impl<B: Clone> RxEngine<B> {
             }
         }
         None
+    }
+
+    /// The first unexpected message of one of `kinds`.
+    pub fn first_unexpected_of(&self, kinds: &[Kind]) -> Option<u32> {
+        kinds
+            .iter()
+            .map(|&k| self.lists[list_of(UNEXPECTED, k)].head)
+            .find(|&h| h != NIL)
     }
 }
 

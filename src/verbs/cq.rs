@@ -263,7 +263,9 @@ pub(crate) trait PeerProgress: Send + Sync {
 /// Where the completions of a peer provider's transfers go (fi_peer(3) `FI_PEER_TRANSFER`).
 /// Called with no CQ lock held, from inside a read of the CQ.
 pub(crate) trait PeerTransferSink: Send + Sync {
-    fn completion(&self, c: std::result::Result<CqEntry, CqErrEntry>);
+    /// A transfer completed (`src`: its source on a connectionless endpoint, else
+    /// `FI_ADDR_NOTAVAIL`).
+    fn completion(&self, c: std::result::Result<CqEntry, CqErrEntry>, src: u64);
 }
 
 /// An endpoint that turns some of its receive completions into CQ entries itself: where
@@ -860,9 +862,9 @@ impl CompletionQueue {
             return;
         };
         if w.status() == st::IBV_WC_SUCCESS {
-            sink.completion(Ok(to_entry(w)));
+            sink.completion(Ok(to_entry(w)), FI_ADDR_NOTAVAIL);
         } else {
-            sink.completion(Err(to_err_entry(w)));
+            sink.completion(Err(to_err_entry(w)), FI_ADDR_NOTAVAIL);
         }
     }
 

@@ -12,7 +12,7 @@
 //! and connections are opened and bound outside it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
@@ -26,7 +26,7 @@ use crate::core::flags::{EpType, Flags};
 use crate::core::info::{Info, RxAttr};
 use crate::core::rdm::{host_id, Fin, Header, Op, PeerLink, RdmName, Request, Rts, SendPath};
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
-use crate::verbs::cq::{Owned, PeerProgress, QpnHash, RecvOwner};
+use crate::verbs::cq::{Owned, PeerProgress, PeerTransferSink, QpnHash, RecvOwner};
 use crate::verbs::ep_common::{check_send_flags, lock, CqBinding};
 use crate::verbs::eq::ConnRequest;
 use crate::verbs::wr_id::{self, Kind};
@@ -270,6 +270,8 @@ struct TxMeta {
     part: bool,
     /// Its place in its connection's send queue (`Conn::seq` when posted).
     seq: u64,
+    /// A peer provider's transfer: its completion goes to the transfer link.
+    peer: bool,
 }
 
 /// Quiet sends (no completion wanted) left unsignalled per connection, at most: the next is
@@ -320,6 +322,7 @@ fn stage_segments(
                 len: n as u32,
                 ack,
                 total: len as u32,
+                peer: user.peer,
             }
         } else {
             Header {
@@ -329,6 +332,7 @@ fn stage_segments(
                 len: n as u32,
                 ack: None,
                 total: 0,
+                peer: user.peer,
             }
         };
         g.tx[s as usize] = match (i == last, ack) {
@@ -402,6 +406,8 @@ struct RndvRead {
     conn: u32,
     /// The sender's handle, echoed in the notice.
     id: u32,
+    /// A peer's transfer: its completion goes to the transfer link.
+    peer: bool,
     _reg: Option<Exposed>,
 }
 
@@ -560,6 +566,52 @@ struct Enabled {
     multi_recv_default: bool,
     /// Peers on this host go over it (`RdmEndpoint::set_local_path`).
     local: OnceLock<LocalLink>,
+    /// A peer provider's transfers over it (`FI_PEER_TRANSFER`): where their completions
+    /// go, and those waiting to go there (delivered at the next progress call, with no
+    /// lock held: the peer's callbacks may post or read CQs).
+    transfers: Mutex<Transfers>,
+    transfer_open: AtomicBool,
+}
+
+/// A peer provider's transfer link (`RdmEndpoint::peer_transfer`).
+#[derive(Default)]
+struct Transfers {
+    sink: Option<Weak<dyn PeerTransferSink>>,
+    /// Completions for the peer, with their sources, in order.
+    out: VecDeque<(std::result::Result<CqEntry, CqErrEntry>, u64)>,
+}
+
+impl std::fmt::Debug for Transfers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfers")
+            .field("open", &self.sink.is_some())
+            .field("waiting", &self.out.len())
+            .finish()
+    }
+}
+
+/// Queues a completion of a peer's transfer for its link (delivered by `deliver_transfers`).
+fn to_transfer(en: &Enabled, c: std::result::Result<CqEntry, CqErrEntry>, src: u64) {
+    let mut t = lock(&en.transfers);
+    if t.sink.is_some() {
+        t.out.push_back((c, src));
+    }
+}
+
+/// Hands the peer what completed for it, one at a time with no lock held (its callbacks
+/// may post again, or read the CQs).
+fn deliver_transfers(en: &Enabled) {
+    loop {
+        let (sink, c) = {
+            let mut t = lock(&en.transfers);
+            let Some(c) = t.out.pop_front() else { return };
+            (t.sink.clone(), c)
+        };
+        match sink.and_then(|w| w.upgrade()) {
+            Some(s) => s.completion(c.0, c.1),
+            None => crate::fi_info!("rdm", "a completion of a closed peer transfer link dropped"),
+        }
+    }
 }
 
 /// How often an idle endpoint's progress looks for connection events (requests from new
@@ -592,6 +644,9 @@ struct Shared {
 #[derive(Debug)]
 pub struct RdmEndpoint {
     sh: Arc<Shared>,
+    /// A peer provider's handle ([`Self::peer_transfer`]): what it posts is matched and
+    /// completed apart from the application's, and dropping it closes nothing.
+    peer: bool,
 }
 
 fn not_enabled() -> Error {
@@ -630,7 +685,80 @@ impl RdmEndpoint {
                 info: info.clone(),
                 domain: domain.clone(),
             }),
+            peer: false,
         })
+    }
+
+    /// A handle on this endpoint for a peer provider (fi_peer(3) `FI_PEER_TRANSFER`): what
+    /// it sends and receives through the handle goes over the endpoint's connections
+    /// (never its local path), is matched apart from the application's traffic (a flag in
+    /// the header: neither takes the other's receives), and completes to `sink`, never on
+    /// the endpoint's CQs. One link per endpoint; [`Self::end_peer_transfer`] ends it.
+    pub(crate) fn peer_transfer(&self, sink: Weak<dyn PeerTransferSink>) -> Result<RdmEndpoint> {
+        if self.peer {
+            return Err(Error::new(errno::EINVAL, "this is already a peer's handle"));
+        }
+        let en = self.en()?;
+        {
+            let mut t = lock(&en.transfers);
+            if t.sink.is_some() {
+                return Err(Error::new(
+                    errno::EBUSY,
+                    "the endpoint already carries a peer transfer link",
+                ));
+            }
+            t.sink = Some(sink);
+        }
+        en.transfer_open.store(true, Ordering::Release);
+        // Every read delivers what completed for the peer since the last one.
+        en.rx_cq.want_progress(true);
+        Ok(RdmEndpoint {
+            sh: self.sh.clone(),
+            peer: true,
+        })
+    }
+
+    /// Completions a peer's transfer link may hold at once (its sends and receives).
+    pub(crate) fn queue_depth(&self) -> usize {
+        self.sh.info.tx_attr.size + self.sh.info.rx_attr.size
+    }
+
+    /// Ends the link [`Self::peer_transfer`] opened (on the peer's handle): the peer's
+    /// receives still posted are dropped (the peer is closing; nothing of theirs reaches
+    /// the application), and its messages arriving later are dropped too.
+    pub(crate) fn end_peer_transfer(&self) {
+        let Some(en) = self.sh.on.get() else { return };
+        let was = {
+            let mut t = lock(&en.transfers);
+            t.out.clear();
+            t.sink.take().is_some()
+        };
+        if !was {
+            return;
+        }
+        en.transfer_open.store(false, Ordering::Release);
+        en.rx_cq.want_progress(false);
+        let (posted, held) = {
+            let mut g = lock(&en.inner);
+            let posted = g.engine.cancel_all_of(&[RxKind::PeerMsg, RxKind::PeerTag]);
+            let mut held = Vec::new();
+            while let Some(id) = g
+                .engine
+                .first_unexpected_of(&[RxKind::PeerMsg, RxKind::PeerTag])
+            {
+                let _ = g.engine.take_unexpected(id);
+                discard(en, &mut g, id, &mut held);
+            }
+            (posted, held)
+        };
+        if !posted.is_empty() {
+            crate::fi_info!(
+                "rdm",
+                "{} receives of a closing peer transfer link dropped",
+                posted.len()
+            );
+        }
+        drop((posted, held));
     }
 
     /// Binds the address vector its destinations come from (`fi_ep_bind` of an AV).
@@ -800,6 +928,8 @@ impl RdmEndpoint {
                 directed: (info.caps | info.rx_attr.caps).contains(Flags::DIRECTED_RECV),
                 multi_recv_default: info.rx_attr.op_flags.contains(Flags::MULTI_RECV),
                 local: OnceLock::new(),
+                transfers: Mutex::default(),
+                transfer_open: AtomicBool::new(false),
             })
         })();
         let en = match reserved {
@@ -1069,8 +1199,9 @@ impl RdmEndpoint {
                 format!("FI_INJECT of {len} bytes: the inject size is {eager}"),
             ));
         }
+        // A peer's transfers always complete to it (its callbacks count on them).
         let quiet = flags.contains(Flags::INJECT)
-            || (en.tx_selective && !flags.contains(Flags::COMPLETION));
+            || (!self.peer && en.tx_selective && !flags.contains(Flags::COMPLETION));
         let kind = if op.tagged() {
             Flags::TAGGED
         } else {
@@ -1093,6 +1224,7 @@ impl RdmEndpoint {
             wire: 0,
             part: false,
             seq: 0,
+            peer: self.peer,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
         // the receiver once matched. A region that already grants remote read needs no
@@ -1108,7 +1240,8 @@ impl RdmEndpoint {
         } else {
             1
         };
-        if let Some(l) = en.local.get() {
+        // A peer's transfers go over the endpoint's connections (verbs) only.
+        if let Some(l) = en.local.get().filter(|_| !self.peer) {
             if let Some(to) = l.route(en, dest) {
                 if local::post_local(en, l, to, &src, user, data, flags)? {
                     return Ok(());
@@ -1186,6 +1319,7 @@ impl RdmEndpoint {
                     len: len as u32,
                     ack,
                     total: 0,
+                    peer: user.peer,
                 };
                 en.tx_pool
                     .write_at(off, &hdr.encode())
@@ -1215,6 +1349,7 @@ impl RdmEndpoint {
                     len: Rts::LEN as u32,
                     ack: None,
                     total: 0,
+                    peer: user.peer,
                 };
                 en.tx_pool.write_at(off, &hdr.encode()).and_then(|_| {
                     en.tx_pool
@@ -1288,14 +1423,14 @@ impl RdmEndpoint {
                 for s in q {
                     // The parts before a segmented send's last report nothing.
                     if !slots.contains(&s) && !g.tx[s as usize].part {
-                        errs.push(tx_error(&g.tx[s as usize], e.errno()));
+                        errs.push(tx_failed(&g.tx[s as usize], e.errno()));
                     }
                     regs.push(release_tx(&mut g, s));
                 }
                 drop(g);
                 drop((gone, regs));
                 for x in errs {
-                    let _ = en.tx_cq.writeerr(x);
+                    write_tx_err(en, x);
                 }
                 Err(e)
             }
@@ -1350,6 +1485,18 @@ impl RdmEndpoint {
                 format!("receive flags {unsupported:?} are not receive flags"),
             ));
         }
+        let (kind, flags) = if self.peer {
+            if flags.intersects(Flags::PEEK | Flags::CLAIM | Flags::DISCARD | Flags::MULTI_RECV) {
+                return Err(Error::new(
+                    errno::EINVAL,
+                    "FI_PEEK, FI_CLAIM, FI_DISCARD and FI_MULTI_RECV are not offered to peer transfers",
+                ));
+            }
+            // Matched apart from the application's, and always completed to the peer.
+            (RxKind::of(kind.tagged(), true), flags | Flags::COMPLETION)
+        } else {
+            (kind, flags)
+        };
         // fi_msg(3): the source is ignored unless the endpoint has FI_DIRECTED_RECV.
         let from_addr = if from == ADDR_UNSPEC || !en.directed {
             ADDR_UNSPEC
@@ -1440,7 +1587,7 @@ impl RdmEndpoint {
         // What the device already holds counts as arrived.
         en.rx_cq.drive();
         let kflags = Flags::RECV
-            | if kind == RxKind::Tag {
+            | if kind.tagged() {
                 Flags::TAGGED
             } else {
                 Flags::MSG
@@ -1510,7 +1657,7 @@ impl RdmEndpoint {
             discard(en, &mut g, id, &mut dropped);
             drop(g);
             local::discard_all(en, &dropped);
-            let kind = if e.kind == RxKind::Tag {
+            let kind = if e.kind.tagged() {
                 Flags::TAGGED
             } else {
                 Flags::MSG
@@ -1569,7 +1716,7 @@ impl RdmEndpoint {
         let e = lock(&en.inner).engine.cancel(context);
         match e {
             Some(e) => {
-                let kind = if e.kind == RxKind::Tag {
+                let kind = if e.kind.tagged() {
                     Flags::TAGGED
                 } else {
                     Flags::MSG
@@ -1852,6 +1999,20 @@ fn release_tx(g: &mut Inner, slot: u32) -> Option<RndvSend> {
     }
 }
 
+/// A send's error entry, and whether it is a peer's transfer (see `write_tx_err`).
+fn tx_failed(m: &TxMeta, err: i32) -> (bool, CqErrEntry) {
+    (m.peer, tx_error(m, err))
+}
+
+/// Reports a failed send: on the send CQ, or to the transfer link for a peer's.
+fn write_tx_err(en: &Enabled, (peer, e): (bool, CqErrEntry)) {
+    if peer {
+        to_transfer(en, Err(e), FI_ADDR_NOTAVAIL);
+    } else if let Err(err) = en.tx_cq.writeerr(e) {
+        crate::fi_warn!("rdm", "a send's error completion lost: {err}");
+    }
+}
+
 fn tx_error(m: &TxMeta, err: i32) -> CqErrEntry {
     CqErrEntry {
         op_context: m.context,
@@ -1935,6 +2096,21 @@ struct Took {
 /// posts the bounce buffer again; returns the receive's completion and its source, unless
 /// a read is under way.
 fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
+    let e = g.engine.entry(id);
+    if !e.kind.peer() {
+        return deliver_one(en, g, id);
+    }
+    // A peer's transfer completes to its link, never on the CQ.
+    let from = e.addr;
+    match deliver_one(en, g, id)? {
+        Ok((c, src)) => to_transfer(en, Ok(c), src),
+        Err(c) => to_transfer(en, Err(c), from),
+    }
+    None
+}
+
+/// `deliver` of an entry of either kind (the caller routes the completion).
+fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     // The buffer is taken, not cloned (the entry is freed below): no reference count moves.
     let ent = g.engine.entry_mut(id);
     let ebuf = ent.buf.take();
@@ -1953,7 +2129,7 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     let cap = ebuf
         .as_ref()
         .map_or(0, |b| b.len().saturating_sub(e.offset));
-    let kind = if e.kind == RxKind::Tag {
+    let kind = if e.kind.tagged() {
         Flags::TAGGED
     } else {
         Flags::MSG
@@ -2028,6 +2204,7 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         quiet,
         conn: m.conn,
         id: rts.id,
+        peer: e.kind.peer(),
         _reg: Some(reg),
     });
     let posted = match open_conn_mut(g, m.conn) {
@@ -2210,11 +2387,7 @@ fn segment(
                 Asm {
                     spill: i,
                     total,
-                    kind: if h.op.tagged() {
-                        RxKind::Tag
-                    } else {
-                        RxKind::Msg
-                    },
+                    kind: RxKind::of(h.op.tagged(), h.peer),
                     tag: h.tag,
                     addr,
                     meta: RxMeta {
@@ -2286,6 +2459,7 @@ fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
         len: Fin::LEN as u32,
         ack: None,
         total: 0,
+        peer: false,
     };
     g.tx[slot as usize] = TxMeta {
         quiet: true,
@@ -2422,6 +2596,9 @@ impl Shared {
                 l.path.progress();
             }
         }
+        if en.transfer_open.load(Ordering::Acquire) {
+            deliver_transfers(en);
+        }
         if en.fins_waiting.load(Ordering::Relaxed) {
             let mut g = lock(&en.inner);
             flush_fins(en, &mut g);
@@ -2481,14 +2658,14 @@ impl Shared {
                 let mut regs = Vec::new();
                 for s in q {
                     if let Err(e) = post_on(en, &mut g, c, s) {
-                        errs.push(tx_error(&g.tx[s as usize], e.errno()));
+                        errs.push(tx_failed(&g.tx[s as usize], e.errno()));
                         regs.push(release_tx(&mut g, s));
                     }
                 }
                 drop(g);
                 drop(regs);
                 for x in errs {
-                    let _ = en.tx_cq.writeerr(x);
+                    write_tx_err(en, x);
                 }
             }
             EqEvent::Shutdown { fid } => {
@@ -2507,7 +2684,7 @@ impl Shared {
                 let errs: Vec<_> = q
                     .into_iter()
                     .map(|s| {
-                        let e = tx_error(&g.tx[s as usize], errno::ECONNABORTED);
+                        let e = tx_failed(&g.tx[s as usize], errno::ECONNABORTED);
                         regs.push(release_tx(&mut g, s));
                         e
                     })
@@ -2516,7 +2693,7 @@ impl Shared {
                 drop(g);
                 drop((gone, regs));
                 for x in errs {
-                    let _ = en.tx_cq.writeerr(x);
+                    write_tx_err(en, x);
                 }
             }
             _ => {}
@@ -2542,7 +2719,7 @@ impl Shared {
             );
             let q = std::mem::take(&mut g.peers[peer as usize].waiting);
             for s in q {
-                errs.push(tx_error(&g.tx[s as usize], err));
+                errs.push(tx_failed(&g.tx[s as usize], err));
                 regs.push(release_tx(&mut g, s));
             }
         }
@@ -2553,7 +2730,7 @@ impl Shared {
         drop(g);
         drop((gone, regs));
         for x in errs {
-            let _ = en.tx_cq.writeerr(x);
+            write_tx_err(en, x);
         }
     }
 
@@ -2651,6 +2828,18 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
     if m.part {
         return None;
     }
+    if m.peer {
+        match ok {
+            true if m.quiet => {}
+            true => to_transfer(en, Ok(send_cq_entry(&m)), FI_ADDR_NOTAVAIL),
+            false => {
+                let mut e = tx_error(&m, crate::verbs::cq::status_errno(status));
+                e.prov_errno = status as i32;
+                to_transfer(en, Err(e), FI_ADDR_NOTAVAIL);
+            }
+        }
+        return None;
+    }
     if ok {
         (!m.quiet).then(|| send_entry(&m))
     } else {
@@ -2690,6 +2879,14 @@ fn read_completion(en: &Enabled, id: u32, wc_status: u32) -> Option<Owned> {
         r.quiet,
         (!ok).then_some(status),
     );
+    if r.peer {
+        match done {
+            Some(Ok((c, src))) => to_transfer(en, Ok(c), src),
+            Some(Err(c)) => to_transfer(en, Err(c), r.from),
+            None => {}
+        }
+        return None;
+    }
     // Polled from the send CQ: the receive's completion belongs to the receive CQ.
     if same {
         return to_owned(done);
@@ -2746,14 +2943,13 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         None => FI_ADDR_NOTAVAIL,
     };
     let conn = route.map_or(NONE, |r| r.conn);
+    if h.peer && !en.transfer_open.load(Ordering::Acquire) {
+        return peer_gone(en, g, id, &h, rts, conn);
+    }
     if matches!(h.op, Op::SegMsg | Op::SegTag | Op::Cont) {
         return segment(en, &mut g, wc.qp_num(), id, &h, addr, conn);
     }
-    let kind = if h.op.tagged() {
-        RxKind::Tag
-    } else {
-        RxKind::Msg
-    };
+    let kind = RxKind::of(h.op.tagged(), h.peer);
     let size = rts.map_or(h.len as usize, |r| r.size as usize);
     g.rx[id as usize] = RxMeta {
         data: h.data,
@@ -2783,6 +2979,40 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     }
 }
 
+/// A peer's transfer arrived with no link open to take it (the peer closed): dropped,
+/// and a sender waiting for word is told it was not delivered.
+#[cold]
+#[inline(never)]
+fn peer_gone(
+    en: &Enabled,
+    mut g: std::sync::MutexGuard<'_, Inner>,
+    id: u32,
+    h: &Header,
+    rts: Option<Rts>,
+    conn: u32,
+) -> Option<Owned> {
+    crate::fi_info!(
+        "rdm",
+        "a peer transfer arrived after its link closed: dropped"
+    );
+    if let Some(fid) = rts.map(|r| r.id).or(h.ack) {
+        queue_fin(
+            en,
+            &mut g,
+            conn,
+            Fin {
+                id: fid,
+                status: errno::ECANCELED,
+            },
+        );
+    }
+    drop(g);
+    if let Err(err) = post_bounce(en, id) {
+        crate::fi_warn!("rdm", "reposting bounce buffer {id}: {err}");
+    }
+    None
+}
+
 /// A delivery or rendezvous notice in bounce buffer `id`: the send it names completes.
 #[cold]
 #[inline(never)]
@@ -2799,6 +3029,14 @@ fn notice(
     let s = g.sends.take(fin.id);
     drop(g);
     let s = s?;
+    if s.meta.peer {
+        match fin.status {
+            0 if s.meta.quiet => {}
+            0 => to_transfer(en, Ok(send_cq_entry(&s.meta)), FI_ADDR_NOTAVAIL),
+            st => to_transfer(en, Err(tx_error(&s.meta, st)), FI_ADDR_NOTAVAIL),
+        }
+        return None;
+    }
     let done = if fin.status == 0 {
         (!s.meta.quiet).then(|| send_entry(&s.meta))
     } else {
@@ -2851,14 +3089,15 @@ fn unexpected(en: &Enabled, g: &mut Inner, id: u32, e: u32, payload: usize) {
 /// A send's completion entry.
 #[inline]
 fn send_entry(m: &TxMeta) -> Owned {
-    Owned::Entry(
-        CqEntry {
-            op_context: m.context,
-            flags: m.flags.bits(),
-            ..Default::default()
-        },
-        FI_ADDR_NOTAVAIL,
-    )
+    Owned::Entry(send_cq_entry(m), FI_ADDR_NOTAVAIL)
+}
+
+fn send_cq_entry(m: &TxMeta) -> CqEntry {
+    CqEntry {
+        op_context: m.context,
+        flags: m.flags.bits(),
+        ..Default::default()
+    }
 }
 
 /// One operation on connection `c` finished; returns the connection when it is down and
@@ -2973,12 +3212,16 @@ impl Drop for Shared {
 
 impl Drop for RdmEndpoint {
     fn drop(&mut self) {
+        if self.peer {
+            // A peer's handle: the endpoint lives on (end_peer_transfer ends the link).
+            return;
+        }
         if let Some(en) = self.sh.on.get() {
             local::close(en);
             // Nothing posted is lost: each receive still waiting completes as cancelled.
             let posted = lock(&en.inner).engine.cancel_all();
             for e in posted {
-                let kind = if e.kind == RxKind::Tag {
+                let kind = if e.kind.tagged() {
                     Flags::TAGGED
                 } else {
                     Flags::MSG

@@ -1065,7 +1065,12 @@ struct offload_ep {
 	int depth, max_depth;      /* callback nesting, to catch recursion */
 	int sent, received, errors, closed, pinger;
 	uint32_t last;
+	int tagged;                /* its messages are tagged (fi_tsend/fi_trecv) */
+	fi_addr_t dest;            /* where it sends (RDM), FI_ADDR_UNSPEC over MSG */
+	fi_addr_t from;            /* the source its receive completions carry */
 };
+
+#define OFF_TAG 0x7e57
 
 static int off_ep_close(struct fid *f)
 {
@@ -1078,14 +1083,26 @@ static struct fi_ops off_ep_fi_ops = {.size = sizeof(struct fi_ops), .close = of
 static void off_send(struct offload_ep *o, uint32_t v)
 {
 	memcpy(o->tx, &v, sizeof v);
-	OK(fi_send(o->xfer, o->tx, sizeof v, o->desc, FI_ADDR_UNSPEC, o->tx));
+	if (o->tagged)
+		OK(fi_tsend(o->xfer, o->tx, sizeof v, o->desc, o->dest, OFF_TAG, o->tx));
+	else
+		OK(fi_send(o->xfer, o->tx, sizeof v, o->desc, o->dest, o->tx));
+}
+
+static void off_recv(struct offload_ep *o, size_t len)
+{
+	if (o->tagged)
+		OK(fi_trecv(o->xfer, o->rx, len, o->desc, FI_ADDR_UNSPEC, OFF_TAG, 0, o->rx));
+	else
+		OK(fi_recv(o->xfer, o->rx, len, o->desc, FI_ADDR_UNSPEC, o->rx));
 }
 
 static ssize_t off_complete(struct fid_ep *ep, struct fi_cq_tagged_entry *e, fi_addr_t *src)
 {
 	struct offload_ep *o = (struct offload_ep *)ep;
-	struct fi_cq_data_entry app;
-	TRUE(src && *src == FI_ADDR_NOTAVAIL);
+	struct fi_cq_tagged_entry app;
+	TRUE(src && *src == ((e->flags & FI_RECV) ? o->from : FI_ADDR_NOTAVAIL));
+	TRUE(!!(e->flags & FI_TAGGED) == !!o->tagged);
 	if (++o->depth > o->max_depth)
 		o->max_depth = o->depth;
 	/* A read of the application's CQ from inside the callback: nothing for the app, and
@@ -1105,7 +1122,7 @@ static ssize_t off_complete(struct fid_ep *ep, struct fi_cq_tagged_entry *e, fi_
 		o->received++;
 		/* Posting again from the callback: the next receive, and the answer. */
 		if (v < ROUNDS)
-			OK(fi_recv(o->xfer, o->rx, 64, o->desc, FI_ADDR_UNSPEC, o->rx));
+			off_recv(o, 64);
 		if (!o->pinger)
 			off_send(o, v);
 		else if (v < ROUNDS)
@@ -1130,6 +1147,7 @@ static struct fi_ops_transfer_peer off_peer_ops = {
 };
 
 static struct offload_ep *off_next; /* what the peer domain's endpoint2 hands out next */
+static enum fi_ep_type off_ep_type = FI_EP_MSG; /* the owner's endpoint type it expects */
 
 static int off_endpoint2(struct fid_domain *d, struct fi_info *info, struct fid_ep **ep,
 			 uint64_t flags, void *context)
@@ -1139,7 +1157,7 @@ static int off_endpoint2(struct fid_domain *d, struct fi_info *info, struct fid_
 	(void)info;
 	if (flags != FI_PEER_TRANSFER || !ctx || ctx->size < sizeof *ctx || !ctx->ep)
 		return -FI_EINVAL;
-	TRUE(ctx->info && ctx->info->ep_attr->type == FI_EP_MSG);
+	TRUE(ctx->info && ctx->info->ep_attr->type == off_ep_type);
 	off_next->xfer = ctx->ep;
 	off_next->ep.fid.fclass = FI_CLASS_EP;
 	off_next->ep.fid.ops = &off_ep_fi_ops;
@@ -1306,6 +1324,9 @@ static void transfer_section(void)
 	a.app_cq = s.cq;
 	b.app_cq = c.cq;
 	b.pinger = 1;
+	a.dest = b.dest = FI_ADDR_UNSPEC;
+	a.from = b.from = FI_ADDR_NOTAVAIL; /* connected: no source */
+	off_ep_type = FI_EP_MSG;
 	a.tx = m.buf + 1024, a.rx = m.buf + 2048;
 	b.tx = m.buf + 3072, b.rx = m.buf + 4096;
 
@@ -1642,6 +1663,151 @@ static void rdm_section(void)
 	printf("ok rdm\n");
 }
 
+/* FI_PEER_TRANSFER over RDM endpoints: the offload peer's traffic is matched apart from
+ * the application's (neither takes the other's receives), completes through its callbacks
+ * with the sender's fi_addr_t as source, and never reaches the application's CQs. */
+static void rdm_transfer_section(void)
+{
+	struct fi_info *h = fi_allocinfo(), *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_cq *cq[2];
+	struct fid_av *av[2];
+	struct fid_ep *ep[2], *ta, *tb, *pa, *pb;
+	struct fi_av_attr aa = {.type = FI_AV_TABLE};
+	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
+	struct fi_cq_tagged_entry e;
+	struct fi_rverbs_peer_ops *ops;
+	struct offload_ep a = {0}, b = {0};
+	uint8_t name[2][64];
+	uint8_t *buf = calloc(1, 16384); /* unregistered: RDM asks no FI_MR_LOCAL */
+	size_t len;
+	fi_addr_t got, src;
+	int app_ctx, app_sctx;
+
+	TRUE(h && buf);
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_MSG | FI_TAGGED | FI_SOURCE;
+	h->mode = 0;
+	h->domain_attr->mr_mode = 0;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, info, &domain, NULL));
+	for (int i = 0; i < 2; i++) {
+		OK(fi_cq_open(domain, &ca, &cq[i], NULL));
+		OK(fi_av_open(domain, &aa, &av[i], NULL));
+		OK(fi_endpoint(domain, info, &ep[i], NULL));
+		OK(fi_ep_bind(ep[i], &av[i]->fid, 0));
+		OK(fi_ep_bind(ep[i], &cq[i]->fid, FI_TRANSMIT | FI_RECV));
+		OK(fi_enable(ep[i]));
+		len = sizeof name[i];
+		OK(fi_getname(&ep[i]->fid, name[i], &len));
+	}
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 2; j++) {
+			EXPECT(fi_av_insert(av[i], name[j], 1, &got, 0, NULL), 1);
+			EXPECT(got, (fi_addr_t)j);
+		}
+	OK(fi_open_ops(&domain->fid, FI_RVERBS_PEER_OPS, 0, (void **)&ops, NULL));
+
+	/* a (on ep[0]) answers, b (on ep[1]) pings; tagged transfers, each side's address. */
+	a.app_cq = cq[0], b.app_cq = cq[1];
+	b.pinger = 1;
+	a.tagged = b.tagged = 1;
+	a.dest = 1, b.dest = 0;
+	a.from = 1, b.from = 0;
+	a.tx = buf + 1024, a.rx = buf + 2048;
+	b.tx = buf + 3072, b.rx = buf + 4096;
+	off_ep_type = FI_EP_RDM;
+	off_next = &a;
+	OK(ops->open_transfer(ep[0], &off_domain, NULL, info, &ta, &pa));
+	off_next = &b;
+	OK(ops->open_transfer(ep[1], &off_domain, NULL, info, &tb, &pb));
+	TRUE(pa == &a.ep && pb == &b.ep && a.xfer == ta && b.xfer == tb);
+	/* One link per endpoint. */
+	off_next = &a;
+	EXPECT(ops->open_transfer(ep[0], &off_domain, NULL, info, &ta, &pa), -FI_EBUSY);
+	EXPECT(fi_ep_bind(ta, &cq[0]->fid, FI_RECV), -FI_EINVAL);
+	EXPECT(fi_enable(ta), -FI_ENOSYS);
+	EXPECT(fi_recvmsg(ta, &(struct fi_msg){.msg_iov = &(struct iovec){a.rx, 64}, .iov_count = 1},
+			  FI_MULTI_RECV),
+	       -FI_EINVAL);
+
+	/* The application's own untagged receive waits on ep[0] meanwhile: the peer's
+	 * untagged transfer below must not take it. */
+	OK(fi_recv(ep[0], buf + 8192, 64, NULL, FI_ADDR_UNSPEC, &app_ctx));
+	off_recv(&a, 64);
+	off_recv(&b, 64);
+	off_send(&b, 1);
+	time_t end = time(NULL) + 30;
+	while (b.received < ROUNDS || a.sent < a.received || b.sent < ROUNDS) {
+		EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+		EXPECT(fi_cq_read(cq[1], &e, 1), -FI_EAGAIN);
+		if (time(NULL) > end)
+			FAIL("RDM peer rounds: a %d/%d, b %d/%d", a.received, a.sent, b.received,
+			     b.sent);
+	}
+	TRUE(a.received == ROUNDS && b.received == ROUNDS && a.last == ROUNDS);
+	TRUE(a.max_depth == 1 && b.max_depth == 1 && a.errors == 0 && b.errors == 0);
+
+	/* An untagged transfer: the peer's untagged receive takes it, not the application's. */
+	a.tagged = b.tagged = 0;
+	off_recv(&a, 64);
+	off_send(&b, ROUNDS + 1);
+	while (a.received < ROUNDS + 1 || a.sent < a.received) {
+		EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+		(void)fi_cq_read(cq[1], &e, 1);
+		if (time(NULL) > end)
+			FAIL("the peer's untagged transfer did not arrive");
+	}
+	EXPECT(a.last, ROUNDS + 1);
+	/* The application's traffic on the same endpoints completes on its CQs. */
+	fill(buf + 12288, 16, 5);
+	RDM_POST(cq[1], cq[0], fi_send(ep[1], buf + 12288, 16, NULL, 0, &app_sctx));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	TRUE(e.op_context == &app_ctx && e.len == 16 && (e.flags & FI_RECV));
+	EXPECT(src, 1);
+	check(buf + 8192, 16, 5);
+	EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+	EXPECT(e.op_context, &app_sctx);
+
+	/* A failed transfer reaches comperr: a receive too small for what comes. */
+	a.tagged = b.tagged = 1;
+	off_recv(&a, 2);
+	memset(b.tx, 0, 64);
+	OK(fi_tsend(tb, b.tx, 64, NULL, 0, OFF_TAG, b.tx));
+	while (a.errors == 0) {
+		long r = fi_cq_read(cq[0], &e, 1);
+		if (r == -FI_EAVAIL)
+			FAIL("the peer's failure reached the application's CQ");
+		(void)fi_cq_read(cq[1], &e, 1);
+		if (time(NULL) > end + 30)
+			FAIL("no comperr for the truncated RDM transfer");
+	}
+
+	/* Closing a link closes the peer's endpoint first; the endpoint lives on. */
+	EXPECT(fi_close(&ta->fid), 0);
+	EXPECT(fi_close(&tb->fid), 0);
+	TRUE(a.closed == 1 && b.closed == 1);
+	OK(fi_recv(ep[0], buf + 8192, 64, NULL, FI_ADDR_UNSPEC, &app_ctx));
+	RDM_POST(cq[1], cq[0], fi_send(ep[1], buf + 12288, 16, NULL, 0, &app_sctx));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	EXPECT(e.op_context, &app_ctx);
+	EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+	for (int i = 0; i < 2; i++) {
+		OK(fi_close(&ep[i]->fid));
+		OK(fi_close(&av[i]->fid));
+		OK(fi_close(&cq[i]->fid));
+	}
+	OK(fi_close(&domain->fid));
+	OK(fi_close(&fabric->fid));
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	free(buf);
+	printf("ok rdm-transfer\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
@@ -1664,5 +1830,7 @@ int main(int argc, char **argv)
 		shm_send_section(argv[2]);
 	if (only && !strcmp(only, "transfer"))
 		transfer_section();
+	if (only && !strcmp(only, "rdm-transfer"))
+		rdm_transfer_section();
 	return 0;
 }

@@ -29,15 +29,20 @@ use crate::capi::fid::{
 };
 use crate::capi::msg_ep::CMsgEp;
 use crate::capi::nosys;
+use crate::capi::rdm_ep::{
+    CRdmEp, CRdmTransferEp, RdmTransferEp, TransferClose, RDM_EP_MSG, RDM_EP_TAGGED,
+    RDM_TRANSFER_FI_OPS,
+};
 use crate::capi::srx::{SRX_CM, SRX_OPS};
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::peer::Delivery;
 use crate::verbs::cq::PeerTransferSink;
-use crate::verbs::MsgEndpoint;
+use crate::verbs::{MsgEndpoint, RdmEndpoint};
 
-type Completion = std::result::Result<CqEntry, CqErrEntry>;
+/// A transfer's completion, and its source (`FI_ADDR_NOTAVAIL` over a connected endpoint).
+type Completion = (std::result::Result<CqEntry, CqErrEntry>, u64);
 
 /// The owner's end of one peer transfer link: where completions wait for the peer
 /// (delivered by `core::peer::Delivery`: in order, never re-entering the callbacks).
@@ -77,7 +82,7 @@ impl TransferLink {
         self.peer_ep.swap(null_mut(), Ordering::SeqCst)
     }
 
-    fn call(&self, c: Completion) {
+    fn call(&self, (c, src): Completion) {
         let ep = self.peer_ep.load(Ordering::SeqCst);
         let ops = self.peer_ops.load(Ordering::SeqCst);
         // SAFETY: set together once the peer's fi_endpoint2 returned; the peer's endpoint and
@@ -100,8 +105,7 @@ impl TransferLink {
                     data: e.data,
                     tag: e.tag,
                 };
-                // Connected endpoints have no source address.
-                let mut src = fi::FI_ADDR_NOTAVAIL;
+                let mut src = src;
                 // SAFETY: the peer's callback, checked non-NULL at setup, with valid entries.
                 unsafe { (ops.complete.expect("checked at setup"))(ep, &mut t, &mut src) }
             }
@@ -124,8 +128,8 @@ impl TransferLink {
 }
 
 impl PeerTransferSink for TransferLink {
-    fn completion(&self, c: Completion) {
-        self.delivery.push(c, |c| self.call(c));
+    fn completion(&self, c: std::result::Result<CqEntry, CqErrEntry>, src: u64) {
+        self.delivery.push((c, src), |c| self.call(c));
     }
 }
 
@@ -159,8 +163,8 @@ pub(crate) static TRANSFER_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     injectdata: Some(t_injectdata),
 };
 
-/// Opens `peer_domain`'s endpoint with `FI_PEER_TRANSFER` over rverbs' enabled MSG
-/// endpoint `ep`. Returns the transfer endpoint (closing it closes the peer's endpoint
+/// Opens `peer_domain`'s endpoint with `FI_PEER_TRANSFER` over rverbs' enabled MSG or
+/// RDM endpoint `ep`. Returns the transfer endpoint (closing it closes the peer's endpoint
 /// first) and the peer's endpoint.
 ///
 /// # Safety
@@ -172,79 +176,101 @@ pub(crate) unsafe fn open(
     peer_info: *mut fi::fi_info,
     owner_info: *mut fi::fi_info,
 ) -> Result<(*mut fi::fid_ep, *mut fi::fid_ep)> {
-    // SAFETY: the caller's contract.
-    let m = &unsafe { CMsgEp::from_c(ep, "ep") }
-        .map_err(|_| {
-            Error::new(
-                errno::EINVAL,
-                "peer transfers go over connected (FI_EP_MSG) endpoints of rverbs",
-            )
-        })?
-        .inner
-        .ep;
-    // SAFETY: the caller's contract; the ops table's size says which slots exist.
-    let endpoint2 = unsafe {
-        let d = peer_domain
-            .as_ref()
-            .and_then(|d| d.ops.as_ref())
-            .ok_or_else(|| Error::new(errno::EINVAL, "peer_domain is NULL"))?;
-        if crate::capi::ext::foreign::has_slot(
-            d.size,
-            std::mem::offset_of!(fi::fi_ops_domain, endpoint2),
-        ) {
-            d.endpoint2
-        } else {
-            None
-        }
-    }
-    .ok_or_else(|| {
+    let wrong = || {
         Error::new(
-            errno::ENOSYS,
-            "the peer provider has no fi_endpoint2: it cannot take FI_PEER_TRANSFER",
+            errno::EINVAL,
+            "peer transfers go over connected (FI_EP_MSG) or reliable connectionless (FI_EP_RDM) endpoints of rverbs",
         )
-    })?;
-    let link = Arc::new(TransferLink::new(m.queue_depth()));
-    let handle = m.peer_transfer(Arc::downgrade(&link) as Weak<dyn PeerTransferSink>)?;
+    };
+    // SAFETY: the caller's contract.
+    let over = match unsafe { CMsgEp::from_c(ep, "ep") } {
+        Ok(m) => Over::Msg(&m.inner.ep),
+        // SAFETY: as above.
+        Err(_) => Over::Rdm(
+            &unsafe { CRdmEp::from_c(ep, "ep") }
+                .map_err(|_| wrong())?
+                .inner,
+        ),
+    };
+    // SAFETY: the caller's contract.
+    let endpoint2 = unsafe { peer_endpoint2(peer_domain) }?;
     let ctx = Box::new(fi::fi_peer_transfer_context {
         size: size_of::<fi::fi_peer_transfer_context>(),
         info: owner_info,
         ep: null_mut(),
         peer_ops: null_mut(),
     });
-    let hdr = fi::fid_ep {
-        fid: fid(fi::FI_CLASS_EP, null_mut(), &TRANSFER_FI_OPS),
-        // Like an SRX's: no cancel, options or contexts of its own.
-        ops: ops(&SRX_OPS),
-        cm: ops(&SRX_CM),
-        msg: ops(&TRANSFER_MSG),
-        rma: ops(&nosys::RMA),
-        tagged: ops(&nosys::TAGGED),
-        atomic: ops(&nosys::ATOMIC),
-        collective: ops(&nosys::COLLECTIVE),
-    };
-    let t = CTransferEp::into_raw(
-        hdr,
-        TransferEp {
-            ep: handle,
-            link: link.clone(),
-            ctx,
-        },
-    );
-    let undo = |peer_ep: *mut fi::fid_ep| {
-        // SAFETY: made just above and not handed out except to the peer, whose endpoint is
-        // closed first.
-        unsafe {
-            close_peer(peer_ep);
-            let o = &mut *t.cast::<CTransferEp>();
-            o.inner.ep.end_peer_transfer();
-            let _ = crate::capi::fid::retire::<CTransferEp>(t.cast(), &TRANSFER_FI_OPS);
+    let (t, link, ctx_ptr, undo): (_, _, _, Box<dyn Fn(*mut fi::fid_ep)>) = match over {
+        Over::Msg(m) => {
+            let link = Arc::new(TransferLink::new(m.queue_depth()));
+            let handle = m.peer_transfer(Arc::downgrade(&link) as Weak<dyn PeerTransferSink>)?;
+            let t = CTransferEp::into_raw(
+                transfer_header(&TRANSFER_FI_OPS, &TRANSFER_MSG, &nosys::TAGGED),
+                TransferEp {
+                    ep: handle,
+                    link: link.clone(),
+                    ctx,
+                },
+            );
+            // SAFETY: t was just made; its context box lives as long as it.
+            let ctx_ptr = unsafe {
+                let o = &mut *t.cast::<CTransferEp>();
+                o.inner.ctx.ep = t;
+                &raw mut *o.inner.ctx
+            };
+            let undo = move |peer_ep: *mut fi::fid_ep| {
+                // SAFETY: made just above and not handed out except to the peer, whose
+                // endpoint is closed first.
+                unsafe {
+                    close_peer(peer_ep);
+                    let o = &mut *t.cast::<CTransferEp>();
+                    o.inner.ep.end_peer_transfer();
+                    let _ = crate::capi::fid::retire::<CTransferEp>(t.cast(), &TRANSFER_FI_OPS);
+                }
+            };
+            (
+                t,
+                link,
+                ctx_ptr,
+                Box::new(undo) as Box<dyn Fn(*mut fi::fid_ep)>,
+            )
         }
-    };
-    // SAFETY: t was just made; its context box lives as long as it.
-    let ctx_ptr = unsafe {
-        let o = &mut *t.cast::<CTransferEp>();
-        o.inner.ctx.ep = t;
-        &raw mut *o.inner.ctx
+        Over::Rdm(r) => {
+            let link = Arc::new(TransferLink::new(r.queue_depth()));
+            let handle = r.peer_transfer(Arc::downgrade(&link) as Weak<dyn PeerTransferSink>)?;
+            let mut ctx = ctx;
+            // The box's contents stay where they are when the box moves into the endpoint.
+            let ctx_ptr: *mut fi::fi_peer_transfer_context = &raw mut *ctx;
+            let t = CRdmTransferEp::into_raw(
+                transfer_header(&RDM_TRANSFER_FI_OPS, &RDM_EP_MSG, &RDM_EP_TAGGED),
+                RdmTransferEp {
+                    ep: handle,
+                    link: Box::new(RdmLinkClose {
+                        link: link.clone(),
+                        _ctx: ctx,
+                    }),
+                },
+            );
+            // SAFETY: the context the endpoint just made holds; nothing else uses it yet.
+            unsafe { (*ctx_ptr).ep = t };
+            let undo = move |peer_ep: *mut fi::fid_ep| {
+                // SAFETY: made just above and not handed out except to the peer, whose
+                // endpoint is closed first.
+                unsafe {
+                    close_peer(peer_ep);
+                    let o = &mut *t.cast::<CRdmTransferEp>();
+                    o.inner.ep.end_peer_transfer();
+                    let _ =
+                        crate::capi::fid::retire::<CRdmTransferEp>(t.cast(), &RDM_TRANSFER_FI_OPS);
+                }
+            };
+            (
+                t,
+                link,
+                ctx_ptr,
+                Box::new(undo) as Box<dyn Fn(*mut fi::fid_ep)>,
+            )
+        }
     };
     let mut peer_ep: *mut fi::fid_ep = null_mut();
     // SAFETY: the peer's fi_endpoint2 with the context fi_peer(3) defines for the flag.
@@ -280,8 +306,102 @@ pub(crate) unsafe fn open(
     // What completed while the peer was still setting up is delivered now.
     // SAFETY: as above.
     link.open(peer_ep, unsafe { (*ctx_ptr).peer_ops });
-    crate::fi_info!("peer", "peer transfer link open over an RC endpoint");
+    crate::fi_info!(
+        "peer",
+        "peer transfer link open over an {} endpoint",
+        if matches!(over, Over::Msg(_)) {
+            "RC"
+        } else {
+            "RDM"
+        }
+    );
     Ok((t, peer_ep))
+}
+
+/// The endpoint a transfer link goes over.
+#[derive(Clone, Copy)]
+enum Over<'a> {
+    Msg(&'a MsgEndpoint),
+    Rdm(&'a RdmEndpoint),
+}
+
+/// A transfer endpoint's header: no cancel, options or contexts of its own (like an
+/// SRX's), the data calls of the endpoint it goes over.
+fn transfer_header(
+    fi_ops: &'static fi::fi_ops,
+    msg: &'static fi::fi_ops_msg,
+    tagged: &'static fi::fi_ops_tagged,
+) -> fi::fid_ep {
+    fi::fid_ep {
+        fid: fid(fi::FI_CLASS_EP, null_mut(), fi_ops),
+        ops: ops(&SRX_OPS),
+        cm: ops(&SRX_CM),
+        msg: ops(msg),
+        rma: ops(&nosys::RMA),
+        tagged: ops(tagged),
+        atomic: ops(&nosys::ATOMIC),
+        collective: ops(&nosys::COLLECTIVE),
+    }
+}
+
+/// The peer domain's `fi_endpoint2`, if its ops table has one.
+///
+/// # Safety
+/// `peer_domain` is NULL or a live domain of the peer provider.
+unsafe fn peer_endpoint2(
+    peer_domain: *mut fi::fid_domain,
+) -> Result<
+    unsafe extern "C" fn(
+        *mut fi::fid_domain,
+        *mut fi::fi_info,
+        *mut *mut fi::fid_ep,
+        u64,
+        *mut c_void,
+    ) -> i32,
+> {
+    // SAFETY: the caller's contract; the ops table's size says which slots exist.
+    unsafe {
+        let d = peer_domain
+            .as_ref()
+            .and_then(|d| d.ops.as_ref())
+            .ok_or_else(|| Error::new(errno::EINVAL, "peer_domain is NULL"))?;
+        if crate::capi::ext::foreign::has_slot(
+            d.size,
+            std::mem::offset_of!(fi::fi_ops_domain, endpoint2),
+        ) {
+            d.endpoint2
+        } else {
+            None
+        }
+    }
+    .ok_or_else(|| {
+        Error::new(
+            errno::ENOSYS,
+            "the peer provider has no fi_endpoint2: it cannot take FI_PEER_TRANSFER",
+        )
+    })
+}
+
+/// The link's side of an RDM transfer endpoint: closing it closes the peer's endpoint,
+/// then ends the link.
+struct RdmLinkClose {
+    link: Arc<TransferLink>,
+    /// Handed to the peer's fi_endpoint2: lives as long as the transfer endpoint.
+    _ctx: Box<fi::fi_peer_transfer_context>,
+}
+
+// SAFETY: the context holds pointers only handed to the peer (its info and endpoint), read
+// by it while the link is open; nothing here reads them.
+unsafe impl Send for RdmLinkClose {}
+// SAFETY: as above.
+unsafe impl Sync for RdmLinkClose {}
+
+impl TransferClose for RdmLinkClose {
+    fn close(&self, ep: &RdmEndpoint) {
+        // SAFETY: the peer's endpoint, closed once (detach hands it out once).
+        unsafe { close_peer(self.link.detach()) };
+        ep.end_peer_transfer();
+    }
 }
 
 /// Closes the peer's endpoint through its own ops.
@@ -553,7 +673,7 @@ mod tests {
         comperr: Some(comperr),
     };
 
-    fn entry() -> Completion {
+    fn entry() -> std::result::Result<CqEntry, CqErrEntry> {
         Ok(CqEntry::default())
     }
 
@@ -563,7 +683,7 @@ mod tests {
         let peer_ep = 0x1000 as *mut fi::fid_ep;
         link.open(peer_ep, ops(&PEER_OPS));
         let l = link.clone();
-        let t = std::thread::spawn(move || l.completion(entry()));
+        let t = std::thread::spawn(move || l.completion(entry(), fi::FI_ADDR_NOTAVAIL));
         while ENTERED.load(Ordering::SeqCst) == 0 {
             std::thread::yield_now();
         }
@@ -576,7 +696,7 @@ mod tests {
         );
         t.join().unwrap();
         // Nothing is delivered to a closed link; what comes is dropped, not called.
-        link.completion(entry());
+        link.completion(entry(), fi::FI_ADDR_NOTAVAIL);
         assert_eq!(ENTERED.load(Ordering::SeqCst), 1);
         assert!(link.detach().is_null());
     }

@@ -165,11 +165,11 @@ impl Handoff<RxBuf> for CEntries {
                 .peer_ops
                 .as_ref()
                 .ok_or_else(|| Error::new(errno::EINVAL, "the peer's SRX has no peer ops"))?;
-            let f = match (kind, discard) {
-                (Kind::Msg, false) => ops.start_msg,
-                (Kind::Tag, false) => ops.start_tag,
-                (Kind::Msg, true) => ops.discard_msg,
-                (Kind::Tag, true) => ops.discard_tag,
+            let f = match (kind.tagged(), discard) {
+                (false, false) => ops.start_msg,
+                (true, false) => ops.start_tag,
+                (false, true) => ops.discard_msg,
+                (true, true) => ops.discard_tag,
             }
             .ok_or_else(|| Error::new(errno::EINVAL, "the peer left a callback NULL"))?;
             f(c)
@@ -547,9 +547,10 @@ pub(crate) mod tests {
         // SAFETY: the owner ops of the fid_peer_srx, called as a peer does.
         let rc = unsafe {
             let o = &*p.hdr.owner_ops;
-            match kind {
-                Kind::Msg => (o.get_msg.unwrap())(srx, addr, size, &mut e),
-                Kind::Tag => (o.get_tag.unwrap())(srx, addr, tag, &mut e),
+            if kind.tagged() {
+                (o.get_tag.unwrap())(srx, addr, tag, &mut e)
+            } else {
+                (o.get_msg.unwrap())(srx, addr, size, &mut e)
             }
         };
         (rc, e)

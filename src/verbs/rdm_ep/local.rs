@@ -408,7 +408,7 @@ pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
     } = g;
     let e = engine.entry(id);
     let quiet = en.rx_selective && !e.flags.contains(Flags::COMPLETION);
-    let tagged = e.kind == RxKind::Tag;
+    let tagged = e.kind.tagged();
     let max = en.local.get().map_or(0, |l| l.max);
     let (buf, scratch) = match e.buf.as_ref() {
         Some(b) => {
