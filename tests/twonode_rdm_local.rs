@@ -39,16 +39,7 @@ fn open_ep() -> Ep {
     let info = getinfo(None, None, Flags::empty(), Some(&hints))
         .unwrap()
         .remove(0);
-    let fabric = Fabric::open(&info.fabric_attr).unwrap();
-    let domain = Domain::open(&fabric, &info).unwrap();
-    let cq = CompletionQueue::open(
-        &domain,
-        &CqAttr {
-            format: CqFormat::Tagged,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let (domain, cq) = domain_and_tagged_cq(&info);
     let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
     let ep = RdmEndpoint::open(&domain, &info).unwrap();
     ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();

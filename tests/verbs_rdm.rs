@@ -1686,16 +1686,7 @@ fn a_blocked_read_sleeps_until_a_new_peer_connects_and_its_message_arrives() {
 #[test]
 fn sixteen_endpoints_share_one_cq_and_the_next_is_refused_whole() {
     let Some(info) = rdm_info() else { return };
-    let fabric = Fabric::open(&info.fabric_attr).unwrap();
-    let domain = Domain::open(&fabric, &info).unwrap();
-    let cq = CompletionQueue::open(
-        &domain,
-        &CqAttr {
-            format: CqFormat::Tagged,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let (domain, cq) = domain_and_tagged_cq(&info);
     let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
     let mut eps = vec![];
     for _ in 0..17 {
@@ -2009,16 +2000,7 @@ impl rfabric::verbs::rdm_ep::LocalPath for CountingPath {
 fn remote_traffic_pays_for_an_idle_local_path_only_now_and_then() {
     use std::sync::atomic::Ordering::Relaxed;
     let Some(info) = rdm_info() else { return };
-    let fabric = Fabric::open(&info.fabric_attr).unwrap();
-    let domain = Domain::open(&fabric, &info).unwrap();
-    let cq = CompletionQueue::open(
-        &domain,
-        &CqAttr {
-            format: CqFormat::Tagged,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let (domain, cq) = domain_and_tagged_cq(&info);
     let av = AddressVector::open(
         &domain,
         &AvAttr {

@@ -2095,6 +2095,7 @@ struct Took {
 /// receive's buffer (or starts reading it, for an announced one), frees the entry and
 /// posts the bounce buffer again; returns the receive's completion and its source, unless
 /// a read is under way.
+#[inline(always)]
 fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     let e = g.engine.entry(id);
     if !e.kind.peer() {

@@ -1498,21 +1498,76 @@ static long rdm_next(struct fid_cq *want, struct fid_cq *other, struct fi_cq_tag
 			FAIL("%s = %zd (%s)", #call, r_, fi_strerror((int)-r_));            \
 	} while (0)
 
-static void rdm_section(void)
-{
-	struct fi_info *h = fi_allocinfo(), *info;
+/* Two RDM endpoints of `info` on one domain, each with its CQ and an AV holding both
+ * names (fi_addr_t 0 and 1). With `checks`, what opening them must refuse is checked too. */
+struct rdm_pair {
 	struct fid_fabric *fabric;
 	struct fid_domain *domain;
 	struct fid_cq *cq[2];
 	struct fid_av *av[2];
 	struct fid_ep *ep[2];
+	uint8_t name[2][64];
+};
+
+static void rdm_pair_open(struct fi_info *info, struct rdm_pair *p, int checks)
+{
 	struct fi_av_attr aa = {.type = FI_AV_TABLE};
 	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
+	uint8_t small[4];
+	fi_addr_t got;
+	size_t len;
+
+	OK(fi_fabric(info->fabric_attr, &p->fabric, NULL));
+	OK(fi_domain(p->fabric, info, &p->domain, NULL));
+	for (int i = 0; i < 2; i++) {
+		OK(fi_cq_open(p->domain, &ca, &p->cq[i], NULL));
+		OK(fi_av_open(p->domain, &aa, &p->av[i], NULL));
+		OK(fi_endpoint(p->domain, info, &p->ep[i], NULL));
+		if (checks)
+			EXPECT(fi_enable(p->ep[i]), -FI_ENOAV);
+		OK(fi_ep_bind(p->ep[i], &p->av[i]->fid, 0));
+		OK(fi_ep_bind(p->ep[i], &p->cq[i]->fid, FI_TRANSMIT | FI_RECV));
+		OK(fi_enable(p->ep[i]));
+		if (checks) {
+			len = sizeof small;
+			EXPECT(fi_getname(&p->ep[i]->fid, small, &len), -FI_ETOOSMALL);
+			EXPECT(len, 40);
+		}
+		len = sizeof p->name[i];
+		OK(fi_getname(&p->ep[i]->fid, p->name[i], &len));
+		EXPECT(len, 40);
+	}
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 2; j++) {
+			EXPECT(fi_av_insert(p->av[i], p->name[j], 1, &got, 0, NULL), 1);
+			EXPECT(got, (fi_addr_t)j);
+		}
+}
+
+static void rdm_pair_close(struct rdm_pair *p)
+{
+	for (int i = 0; i < 2; i++) {
+		OK(fi_close(&p->ep[i]->fid));
+		OK(fi_close(&p->av[i]->fid));
+		OK(fi_close(&p->cq[i]->fid));
+	}
+	OK(fi_close(&p->domain->fid));
+	OK(fi_close(&p->fabric->fid));
+}
+
+static void rdm_section(void)
+{
+	struct fi_info *h = fi_allocinfo(), *info;
+	struct rdm_pair p;
+	struct fid_cq **cq = p.cq;
+	struct fid_av **av = p.av;
+	struct fid_ep **ep = p.ep;
+	uint8_t (*name)[64] = p.name;
 	struct fi_cq_tagged_entry e;
 	struct fi_cq_err_entry err = {0};
-	uint8_t name[2][64], small[4], sbuf[256];
+	uint8_t sbuf[256];
 	size_t len;
-	fi_addr_t src, got;
+	fi_addr_t src;
 	char str[128];
 	uint8_t *rbuf = malloc(BUF); /* unregistered: RDM asks no FI_MR_LOCAL */
 
@@ -1528,28 +1583,7 @@ static void rdm_section(void)
 	EXPECT(info->domain_attr->cq_data_size, 8);
 	TRUE(info->ep_attr->mem_tag_format == 0xaaaaaaaaaaaaaaaaULL); /* providers' FI_TAG_GENERIC */
 	TRUE((info->caps & (FI_TAGGED | FI_SOURCE)) == (FI_TAGGED | FI_SOURCE));
-	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
-	OK(fi_domain(fabric, info, &domain, NULL));
-	for (int i = 0; i < 2; i++) {
-		OK(fi_cq_open(domain, &ca, &cq[i], NULL));
-		OK(fi_av_open(domain, &aa, &av[i], NULL));
-		OK(fi_endpoint(domain, info, &ep[i], NULL));
-		EXPECT(fi_enable(ep[i]), -FI_ENOAV);
-		OK(fi_ep_bind(ep[i], &av[i]->fid, 0));
-		OK(fi_ep_bind(ep[i], &cq[i]->fid, FI_TRANSMIT | FI_RECV));
-		OK(fi_enable(ep[i]));
-		len = sizeof small;
-		EXPECT(fi_getname(&ep[i]->fid, small, &len), -FI_ETOOSMALL);
-		EXPECT(len, 40);
-		len = sizeof name[i];
-		OK(fi_getname(&ep[i]->fid, name[i], &len));
-		EXPECT(len, 40);
-	}
-	for (int i = 0; i < 2; i++)
-		for (int j = 0; j < 2; j++) {
-			EXPECT(fi_av_insert(av[i], name[j], 1, &got, 0, NULL), 1);
-			EXPECT(got, (fi_addr_t)j);
-		}
+	rdm_pair_open(info, &p, 1);
 	len = sizeof str;
 	TRUE(fi_av_straddr(av[0], name[1], str, &len) && !strncmp(str, "fi_rverbs_rdm://", 16));
 
@@ -1650,13 +1684,7 @@ static void rdm_section(void)
 		EXPECT(fi_send(ep[0], sbuf, 1, NULL, 5, NULL), -FI_EINVAL);
 		EXPECT(fi_connect(ep[0], name[1], NULL, 0), -FI_EINVAL);
 	}
-	for (int i = 0; i < 2; i++) {
-		OK(fi_close(&ep[i]->fid));
-		OK(fi_close(&av[i]->fid));
-		OK(fi_close(&cq[i]->fid));
-	}
-	OK(fi_close(&domain->fid));
-	OK(fi_close(&fabric->fid));
+	rdm_pair_close(&p);
 	fi_freeinfo(info);
 	fi_freeinfo(h);
 	free(rbuf);
@@ -1669,20 +1697,14 @@ static void rdm_section(void)
 static void rdm_transfer_section(void)
 {
 	struct fi_info *h = fi_allocinfo(), *info;
-	struct fid_fabric *fabric;
-	struct fid_domain *domain;
-	struct fid_cq *cq[2];
-	struct fid_av *av[2];
-	struct fid_ep *ep[2], *ta, *tb, *pa, *pb;
-	struct fi_av_attr aa = {.type = FI_AV_TABLE};
-	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE};
+	struct rdm_pair p;
+	struct fid_cq **cq = p.cq;
+	struct fid_ep **ep = p.ep, *ta, *tb, *pa, *pb;
 	struct fi_cq_tagged_entry e;
 	struct fi_rverbs_peer_ops *ops;
 	struct offload_ep a = {0}, b = {0};
-	uint8_t name[2][64];
 	uint8_t *buf = calloc(1, 16384); /* unregistered: RDM asks no FI_MR_LOCAL */
-	size_t len;
-	fi_addr_t got, src;
+	fi_addr_t src;
 	int app_ctx, app_sctx;
 
 	TRUE(h && buf);
@@ -1692,24 +1714,8 @@ static void rdm_transfer_section(void)
 	h->domain_attr->mr_mode = 0;
 	h->fabric_attr->prov_name = strdup("rverbs");
 	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
-	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
-	OK(fi_domain(fabric, info, &domain, NULL));
-	for (int i = 0; i < 2; i++) {
-		OK(fi_cq_open(domain, &ca, &cq[i], NULL));
-		OK(fi_av_open(domain, &aa, &av[i], NULL));
-		OK(fi_endpoint(domain, info, &ep[i], NULL));
-		OK(fi_ep_bind(ep[i], &av[i]->fid, 0));
-		OK(fi_ep_bind(ep[i], &cq[i]->fid, FI_TRANSMIT | FI_RECV));
-		OK(fi_enable(ep[i]));
-		len = sizeof name[i];
-		OK(fi_getname(&ep[i]->fid, name[i], &len));
-	}
-	for (int i = 0; i < 2; i++)
-		for (int j = 0; j < 2; j++) {
-			EXPECT(fi_av_insert(av[i], name[j], 1, &got, 0, NULL), 1);
-			EXPECT(got, (fi_addr_t)j);
-		}
-	OK(fi_open_ops(&domain->fid, FI_RVERBS_PEER_OPS, 0, (void **)&ops, NULL));
+	rdm_pair_open(info, &p, 0);
+	OK(fi_open_ops(&p.domain->fid, FI_RVERBS_PEER_OPS, 0, (void **)&ops, NULL));
 
 	/* a (on ep[0]) answers, b (on ep[1]) pings; tagged transfers, each side's address. */
 	a.app_cq = cq[0], b.app_cq = cq[1];
@@ -1795,13 +1801,7 @@ static void rdm_transfer_section(void)
 	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
 	EXPECT(e.op_context, &app_ctx);
 	EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
-	for (int i = 0; i < 2; i++) {
-		OK(fi_close(&ep[i]->fid));
-		OK(fi_close(&av[i]->fid));
-		OK(fi_close(&cq[i]->fid));
-	}
-	OK(fi_close(&domain->fid));
-	OK(fi_close(&fabric->fid));
+	rdm_pair_close(&p);
 	fi_freeinfo(info);
 	fi_freeinfo(h);
 	free(buf);

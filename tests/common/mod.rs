@@ -299,3 +299,18 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A fabric and domain for `info`, and a CQ of tagged entries on it (what RDM tests open).
+pub fn domain_and_tagged_cq(info: &Info) -> (Arc<Domain>, Arc<CompletionQueue>) {
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, info).unwrap();
+    let cq = CompletionQueue::open(
+        &domain,
+        &CqAttr {
+            format: CqFormat::Tagged,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (domain, cq)
+}
