@@ -91,8 +91,8 @@ impl Owner {
         // SAFETY: the open SRX; buf outlives the receive (the test waits for it).
         unsafe {
             let s = self.srx;
-            match kind {
-                Kind::Msg => ((*(*s).msg).recv.unwrap())(
+            match kind.tagged() {
+                false => ((*(*s).msg).recv.unwrap())(
                     s,
                     buf.as_mut_ptr().cast(),
                     buf.len(),
@@ -100,7 +100,7 @@ impl Owner {
                     fi::FI_ADDR_UNSPEC,
                     ctx as *mut c_void,
                 ),
-                Kind::Tag => ((*(*s).tagged).recv.unwrap())(
+                true => ((*(*s).tagged).recv.unwrap())(
                     s,
                     buf.as_mut_ptr().cast(),
                     buf.len(),
