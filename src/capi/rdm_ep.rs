@@ -302,15 +302,16 @@ unsafe extern "C" fn rdm_join(
 /// `ep` is the application's endpoint handle.
 #[inline]
 unsafe fn rdm<'a>(ep: *mut fi::fid_ep) -> Result<&'a RdmEndpoint> {
-    // SAFETY: the caller's contract; the ops are checked.
-    match unsafe { CRdmEp::from_c(ep, "ep") } {
-        Ok(o) => Ok(&o.inner),
-        // A peer's transfer endpoint shares these data calls (its handle marks them).
-        // SAFETY: as above.
-        Err(e) => unsafe { CRdmTransferEp::from_c(ep, "ep") }
-            .map(|t| &t.inner.ep)
-            .map_err(|_| e),
+    // A peer's transfer endpoint shares these data calls (its handle marks them): told
+    // apart by its ops table, so neither kind builds the other's error on the data path.
+    // SAFETY: the caller's contract (ops_of checks for NULL).
+    let ops = unsafe { crate::capi::fid::ops_of(ep.cast(), "ep") }?;
+    if std::ptr::eq(ops, &RDM_TRANSFER_FI_OPS) {
+        // SAFETY: as above; from_c proves the object whole.
+        return Ok(&unsafe { CRdmTransferEp::from_c(ep, "ep") }?.inner.ep);
     }
+    // SAFETY: as above; the ops are checked.
+    Ok(&unsafe { CRdmEp::from_c(ep, "ep") }?.inner)
 }
 
 /// What closing a peer's transfer endpoint does first: the link's side (it lives with the
