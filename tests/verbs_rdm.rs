@@ -1940,29 +1940,45 @@ fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
     for x in &v {
         assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
     }
-    v[1].ep
-        .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 42)
-        .unwrap();
-    std::thread::scope(|sc| {
-        let sent = sc.spawn(|| {
-            std::thread::sleep(Duration::from_millis(200));
-            retry(&v[..1], || v[0].ep.tsend(b"local", 3, 1, 7));
-            Instant::now()
+    // Several rounds, judged by their median: one round of a TCG guest on a loaded host can
+    // stall for 100 ms or more whatever the provider does (CI saw 150 ms once).
+    const ROUNDS: u64 = 5;
+    let mut took = Vec::new();
+    for round in 0..ROUNDS {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 42 + round)
+            .unwrap();
+        std::thread::scope(|sc| {
+            let sent = sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(100));
+                retry(&v[..1], || v[0].ep.tsend(b"local", 3, 1, 7 + round));
+                Instant::now()
+            });
+            // Blocked (wait object FD) before the message exists: shm has no descriptor to
+            // wake it, so it looks every millisecond while a local path is attached.
+            let mut e = [TaggedEntry::default(); 1];
+            let n = v[1].cq.sread(&mut e, 0, 20_000);
+            let back = Instant::now();
+            let sent = sent.join().unwrap();
+            assert_eq!(n.unwrap(), 1);
+            assert_eq!(e[0].op_context, 42 + round);
+            took.push(back.saturating_duration_since(sent));
         });
-        // Blocked (wait object FD) before the message exists: shm has no descriptor to
-        // wake it, so it looks every millisecond while a local path is attached.
-        let n = v[1].cq.sread(&mut [TaggedEntry::default(); 1], 0, 20_000);
-        let back = Instant::now();
-        let sent = sent.join().unwrap();
-        assert_eq!(n.unwrap(), 1);
-        let took = back.saturating_duration_since(sent);
-        assert!(
-            took < Duration::from_millis(100),
-            "woke {took:?} after the send"
+        assert_eq!(read(&v[1], 0, 5), b"local");
+        assert_eq!(
+            next_ok(&v, 0).0.op_context,
+            7 + round,
+            "the send's completion"
         );
-        eprintln!("the blocked read returned the local message {took:?} after the send");
-    });
-    assert_eq!(read(&v[1], 0, 5), b"local");
+    }
+    took.sort();
+    eprintln!("the blocked read returned the local message after {took:?}");
+    // Far under the read's 20 s timeout every time: it never slept until the timeout.
+    assert!(took[took.len() - 1] < Duration::from_secs(5), "{took:?}");
+    assert!(
+        took[took.len() / 2] < Duration::from_millis(100),
+        "{took:?}"
+    );
     assert_eq!(v[1].ep.connections_opened(), 0);
 }
 
