@@ -176,6 +176,11 @@ fn c_program_connects_and_moves_data_through_libfabric() {
 }
 
 #[test]
+fn c_program_writes_and_reads_remote_memory_through_fi_rma() {
+    run_capi_section("rma");
+}
+
+#[test]
 fn c_program_gets_answers_that_honour_its_hints() {
     run_capi_section("hints");
 }

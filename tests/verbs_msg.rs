@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use rfabric::core::cq::CqEntry;
 use rfabric::core::eq::EqEvent;
 use rfabric::verbs::*;
 use rfabric::*;
@@ -1568,13 +1569,304 @@ fn setname_racing_bind_and_getname_keeps_one_identifier_that_connects() {
 }
 
 #[test]
-fn connected_queue_pairs_grant_no_remote_read() {
-    // Issue 15, finding 11: rdma_cm granted remote read (responder resources 1) though
-    // rverbs' RC endpoints offer no RMA.
+fn queue_pairs_grant_remote_read_only_to_endpoints_with_rma() {
+    // Issue 15, finding 11: rdma_cm granted remote read (responder resources 1) to
+    // endpoints that asked for no RMA.
     let Some(info) = device_info() else { return };
-    let p = connect_pair(&info);
     const IBV_ACCESS_REMOTE_READ: u32 = 4;
+    let plain = PairOpts {
+        caps: Some(Flags::MSG | Flags::SEND | Flags::RECV),
+        ..Default::default()
+    };
+    let p = connect_pair_full(&info, &plain, b"", b"", |_, _, _| {});
     for ep in [&p.client, &p.server] {
         assert_eq!(ep.qp_access_flags().unwrap() & IBV_ACCESS_REMOTE_READ, 0);
+    }
+    assert!(info.caps.contains(Flags::RMA | Flags::REMOTE_READ));
+    let p = connect_pair(&info);
+    for ep in [&p.client, &p.server] {
+        assert_ne!(ep.qp_access_flags().unwrap() & IBV_ACCESS_REMOTE_READ, 0);
+    }
+}
+
+/// Sizes an RMA test moves: across the inline limit, the MTU and up to 1 MiB.
+fn rma_sizes(inline: usize) -> Vec<usize> {
+    vec![
+        1,
+        7,
+        64,
+        inline,
+        inline + 1,
+        1024,
+        4096,
+        4097,
+        65536,
+        1 << 20,
+    ]
+}
+
+#[test]
+fn rma_writes_and_reads_move_the_bytes_and_complete_as_fi_rma_says() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let max = 1 << 20;
+    let target = MemoryRegion::alloc(
+        &p.domain,
+        max + 64,
+        Flags::REMOTE_WRITE | Flags::REMOTE_READ,
+    )
+    .unwrap();
+    let local = MemoryRegion::alloc(&p.domain, max + 64, Flags::WRITE | Flags::READ).unwrap();
+    let (addr, key) = (target.addr(), target.key());
+    let inline = p.client.inject_size();
+    let mut posted = 0;
+    let mut completed = 0;
+    for (i, len) in rma_sizes(inline).into_iter().enumerate() {
+        // Write at an offset, so the address is not the region's start.
+        let data = pattern(len, i as u8);
+        local.write_at(0, &data).unwrap();
+        target.fill(0, max + 64, 0xa5).unwrap();
+        p.client
+            .write(&local, 0, len, addr + 16, key, 0x100 + i as u64)
+            .unwrap();
+        posted += 1;
+        let c = wait_one(&p.client_cq);
+        completed += 1;
+        assert_eq!(c.op_context, 0x100 + i as u64);
+        assert_eq!(c.flags(), Flags::RMA | Flags::WRITE);
+        let mut got = vec![0u8; len + 32];
+        target.read_at(0, &mut got).unwrap();
+        assert!(
+            got[..16].iter().all(|b| *b == 0xa5),
+            "{len}: written before the address"
+        );
+        assert!(got[16..16 + len] == data[..], "{len}: written bytes differ");
+        assert!(
+            got[16 + len..].iter().all(|b| *b == 0xa5),
+            "{len}: written past the range"
+        );
+
+        // Read back something else the target holds.
+        let want = pattern(len, 100 + i as u8);
+        target.write_at(8, &want).unwrap();
+        local.fill(0, len + 1, 0x5a).unwrap();
+        p.client
+            .read(&local, 0, len, addr + 8, key, 0x200 + i as u64)
+            .unwrap();
+        posted += 1;
+        let c = wait_one(&p.client_cq);
+        completed += 1;
+        assert_eq!(c.op_context, 0x200 + i as u64);
+        assert_eq!(c.flags(), Flags::RMA | Flags::READ);
+        let mut got = vec![0u8; len + 1];
+        local.read_at(0, &mut got).unwrap();
+        assert!(got[..len] == want[..], "{len}: read bytes differ");
+        assert_eq!(got[len], 0x5a, "{len}: read past the range");
+    }
+    assert_eq!(posted, completed);
+    // Nothing reached the target's CQ: plain writes and reads are one-sided.
+    assert!(p
+        .server_cq
+        .read(&mut [CqEntry::default(); 1])
+        .unwrap_err()
+        .is_again());
+}
+
+#[test]
+fn writedata_completes_a_receive_at_the_target_with_its_data() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let target = MemoryRegion::alloc(&p.domain, 1 << 16, Flags::REMOTE_WRITE).unwrap();
+    let local = MemoryRegion::alloc(&p.domain, 1 << 16, Flags::WRITE).unwrap();
+    let rx = MemoryRegion::alloc(&p.domain, 64, Flags::RECV).unwrap();
+    for (i, len) in [0usize, 8, 5000].into_iter().enumerate() {
+        let data = pattern(len, 40 + i as u8);
+        local.write_at(0, &data).unwrap();
+        p.server.recv(&rx, 0, 64, 0x300 + i as u64).unwrap();
+        let cq_data = 0xbeef_0000 + i as u64;
+        p.client
+            .writedata(&local, 0, len, cq_data, target.addr(), target.key(), 0x400)
+            .unwrap();
+        let c = wait_one(&p.client_cq);
+        assert_eq!(
+            (c.op_context, c.flags()),
+            (0x400, Flags::RMA | Flags::WRITE)
+        );
+        let r = wait_one(&p.server_cq);
+        assert_eq!(r.op_context, 0x300 + i as u64, "the receive it consumed");
+        assert_eq!(
+            r.flags(),
+            Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA
+        );
+        assert_eq!((r.data, r.len), (cq_data, len));
+        let mut got = vec![0u8; len];
+        target.read_at(0, &mut got).unwrap();
+        assert!(got == data, "{len}: bytes differ");
+    }
+    // inject_writedata: no completion at the initiator, one at the target.
+    p.server.recv(&rx, 0, 64, 0x500).unwrap();
+    p.client
+        .inject_writedata(b"injected", 0x77, target.addr() + 100, target.key())
+        .unwrap();
+    let r = wait_one(&p.server_cq);
+    assert_eq!((r.op_context, r.data, r.len), (0x500, 0x77, 8));
+    let mut got = [0u8; 8];
+    target.read_at(100, &mut got).unwrap();
+    assert_eq!(&got, b"injected");
+    assert!(p
+        .client_cq
+        .read(&mut [CqEntry::default(); 1])
+        .unwrap_err()
+        .is_again());
+}
+
+#[test]
+fn inject_write_and_vectored_rma_complete_in_order_on_the_connection() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let target =
+        MemoryRegion::alloc(&p.domain, 4096, Flags::REMOTE_WRITE | Flags::REMOTE_READ).unwrap();
+    let a = MemoryRegion::alloc(&p.domain, 4096, Flags::WRITE | Flags::READ).unwrap();
+    let b = MemoryRegion::alloc(&p.domain, 4096, Flags::WRITE | Flags::READ).unwrap();
+    // inject_write: the buffer is free on return, nothing completes; a read behind it on
+    // the same connection sees it (the responder executes in order).
+    let mut buf = *b"first inject";
+    p.client
+        .inject_write(&buf, target.addr(), target.key())
+        .unwrap();
+    buf.fill(0);
+    a.fill(0, 64, 0).unwrap();
+    p.client
+        .read(&a, 0, 12, target.addr(), target.key(), 1)
+        .unwrap();
+    let c = wait_one(&p.client_cq);
+    assert_eq!((c.op_context, c.flags()), (1, Flags::RMA | Flags::READ));
+    let mut got = [0u8; 12];
+    a.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"first inject");
+
+    // writemsg gathers two regions into one remote range; readmsg scatters it back.
+    a.write_at(0, b"gathered ").unwrap();
+    b.write_at(0, b"from two").unwrap();
+    let rma = RmaIov {
+        addr: target.addr() + 200,
+        len: 17,
+        key: target.key(),
+    };
+    p.client
+        .writemsg(&[(&a, 0, 9), (&b, 0, 8)], &rma, 2, 0, Flags::COMPLETION)
+        .unwrap();
+    assert_eq!(wait_one(&p.client_cq).op_context, 2);
+    let mut got = [0u8; 17];
+    target.read_at(200, &mut got).unwrap();
+    assert_eq!(&got, b"gathered from two");
+    a.fill(0, 64, 0).unwrap();
+    b.fill(0, 64, 0).unwrap();
+    p.client
+        .readmsg(&[(&b, 0, 9), (&a, 0, 8)], &rma, 3, Flags::COMPLETION)
+        .unwrap();
+    assert_eq!(wait_one(&p.client_cq).op_context, 3);
+    let (mut x, mut y) = ([0u8; 9], [0u8; 8]);
+    b.read_at(0, &mut x).unwrap();
+    a.read_at(0, &mut y).unwrap();
+    assert_eq!((&x, &y), (b"gathered ", b"from two"));
+}
+
+#[test]
+fn bad_rma_calls_are_refused_and_post_nothing() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair(&info);
+    let target = MemoryRegion::alloc(&p.domain, 4096, Flags::REMOTE_WRITE).unwrap();
+    let local = MemoryRegion::alloc(&p.domain, 4096, Flags::WRITE | Flags::READ).unwrap();
+    let (addr, key) = (target.addr(), target.key());
+    let e = |r: rfabric::core::error::Result<()>| r.unwrap_err().errno();
+    assert_eq!(
+        e(p.client.write(&local, 0, 8, addr, 1 << 40, 0)),
+        errno::EINVAL
+    );
+    assert_eq!(
+        e(p.client.write(&local, 4000, 200, addr, key, 0)),
+        errno::EINVAL
+    );
+    let small = RmaIov { addr, len: 4, key };
+    assert_eq!(
+        e(p.client
+            .writemsg(&[(&local, 0, 8)], &small, 0, 0, Flags::empty())),
+        errno::EINVAL
+    );
+    let rma = RmaIov { addr, len: 8, key };
+    assert_eq!(
+        e(p.client.readmsg(&[(&local, 0, 8)], &rma, 0, Flags::INJECT)),
+        errno::EINVAL
+    );
+    assert_eq!(
+        e(p.client.readmsg(&[(&local, 0, 8)], &rma, 0, Flags::CLAIM)),
+        errno::EINVAL
+    );
+    let big = vec![0u8; p.client.inject_size() + 1];
+    assert_eq!(e(p.client.inject_write(&big, addr, key)), errno::EINVAL);
+    assert_eq!(
+        e(p.client.writedata(&local, 0, 8, 1 << 33, addr, key, 0)),
+        errno::EINVAL
+    );
+    // Nothing was posted: both CQs stay empty, and the connection still works.
+    assert!(p
+        .client_cq
+        .read(&mut [CqEntry::default(); 1])
+        .unwrap_err()
+        .is_again());
+    local.write_at(0, b"still ok").unwrap();
+    p.client.write(&local, 0, 8, addr, key, 9).unwrap();
+    assert_eq!(wait_one(&p.client_cq).op_context, 9);
+    let mut got = [0u8; 8];
+    target.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"still ok");
+}
+
+#[test]
+fn access_the_target_did_not_grant_is_an_error_completion_and_writes_nothing() {
+    let Some(info) = device_info() else { return };
+    // Each violation breaks its connection (RC moves the QP to error): a pair each.
+    for case in ["write to a read-only region", "out of range", "stale key"] {
+        let p = connect_pair(&info);
+        let target = MemoryRegion::alloc(&p.domain, 4096, Flags::REMOTE_READ).unwrap();
+        let writable = MemoryRegion::alloc(&p.domain, 4096, Flags::REMOTE_WRITE).unwrap();
+        target.fill(0, 4096, 0x11).unwrap();
+        writable.fill(0, 4096, 0x11).unwrap();
+        let local = MemoryRegion::alloc(&p.domain, 4096, Flags::WRITE).unwrap();
+        local.fill(0, 4096, 0xee).unwrap();
+        let (addr, key) = match case {
+            "write to a read-only region" => (target.addr(), target.key()),
+            "out of range" => (writable.addr() + 4000, writable.key()),
+            _ => {
+                let gone = MemoryRegion::alloc(&p.domain, 4096, Flags::REMOTE_WRITE).unwrap();
+                let k = (gone.addr(), gone.key());
+                drop(gone);
+                k
+            }
+        };
+        p.client.write(&local, 0, 200, addr, key, 0x77).unwrap();
+        let err = wait_err(&p.client_cq);
+        assert_eq!(err.op_context, 0x77, "{case}");
+        assert_eq!(err.err, errno::EACCES, "{case}");
+        assert_eq!(
+            Flags::from_bits_retain(err.flags),
+            Flags::RMA | Flags::WRITE,
+            "{case}"
+        );
+        let mut got = vec![0u8; 4096];
+        for r in [&target, &writable] {
+            r.read_at(0, &mut got).unwrap();
+            assert!(
+                got.iter().all(|b| *b == 0x11),
+                "{case}: the target was written"
+            );
+        }
+        // One posted, one completed (in error), nothing more.
+        assert!(p
+            .client_cq
+            .read(&mut [CqEntry::default(); 1])
+            .unwrap_err()
+            .is_again());
     }
 }

@@ -76,6 +76,86 @@ fn send_lat_runs_between_two_processes_and_reports_every_size() {
 }
 
 #[test]
+fn write_lat_runs_between_two_processes_over_every_size_to_8_mib() {
+    let Some(ip) = addr() else { return };
+    let out = run_pair(
+        env!("CARGO_BIN_EXE_rfab_write_lat"),
+        18611,
+        &["-a", "-n", "20", "--json"],
+        &ip,
+    );
+    let rows = json_rows(&out);
+    // 2 B to 8 MiB: every power of two, each round trip seen through the last byte.
+    assert_eq!(rows.len(), 23, "{out}");
+    assert!(
+        rows[0].contains("\"bytes\":2") && rows[22].contains("\"bytes\":8388608"),
+        "{out}"
+    );
+    let table = run_pair(
+        env!("CARGO_BIN_EXE_rfab_write_lat"),
+        18612,
+        &["-s", "64", "-n", "300"],
+        &ip,
+    );
+    assert!(table.contains("RDMA_Write Latency Test"), "{table}");
+    assert!(
+        table.lines().any(|l| l.trim_start().starts_with("64 ")),
+        "{table}"
+    );
+    let refused = Command::new(env!("CARGO_BIN_EXE_rfab_write_lat"))
+        .args(["-e", "rdm"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("RC, -e msg"));
+}
+
+/// The `key` field of a JSON row.
+fn field(row: &str, key: &str) -> f64 {
+    let v = row
+        .split(&format!("\"{key}\":"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("{key} in {row}"));
+    v.split([',', '}']).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn read_lat_write_bw_and_read_bw_run_between_two_processes_over_every_size() {
+    let Some(ip) = addr() else { return };
+    for (tool, port, test) in [
+        (env!("CARGO_BIN_EXE_rfab_read_lat"), 18613, "read_lat"),
+        (env!("CARGO_BIN_EXE_rfab_write_bw"), 18614, "write_bw"),
+        (env!("CARGO_BIN_EXE_rfab_read_bw"), 18615, "read_bw"),
+    ] {
+        let out = run_pair(tool, port, &["-a", "-n", "20", "--json"], &ip);
+        let rows = json_rows(&out);
+        assert_eq!(rows.len(), 23, "{test}: 2 B to 8 MiB\n{out}");
+        for (k, row) in rows.iter().enumerate() {
+            assert!(row.contains(&format!("\"test\":\"{test}\"")), "{row}");
+            assert_eq!(field(row, "bytes"), (2u64 << k) as f64, "{row}");
+            // (bw_avg has two decimals: 20 messages of 2 B can read 0.00 MB/s.)
+            let v = if test == "read_lat" {
+                field(row, "t_typical")
+            } else {
+                field(row, "msg_rate")
+            };
+            assert!(v > 0.0, "{row}");
+        }
+    }
+    let table = run_pair(
+        env!("CARGO_BIN_EXE_rfab_read_bw"),
+        18616,
+        &["-s", "4096", "-n", "500"],
+        &ip,
+    );
+    assert!(table.contains("RDMA_Read BW Test"), "{table}");
+    assert!(
+        table.lines().any(|l| l.trim_start().starts_with("4096 ")),
+        "{table}"
+    );
+}
+
+#[test]
 fn send_bw_runs_between_two_processes() {
     let Some(ip) = addr() else { return };
     let out = run_pair(

@@ -14,7 +14,7 @@ use crate::capi::fid::{bytes, guarded, guarded_len, put, Class, Obj};
 use crate::capi::mr::mr_of;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::EpOpt;
-use crate::verbs::{Iov, MemoryRegion};
+use crate::verbs::{Iov, MemoryRegion, RmaIov};
 
 // ---- options ---------------------------------------------------------------------------
 
@@ -207,6 +207,27 @@ where
         unsafe { with_iov(iov, desc, count, |v| f(o, v)) }.map(|()| 0)
     })
 }
+/// The endpoint a message call names (checked) and its message (`fi_msg`, `fi_msg_rma`).
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `msg` is NULL or valid.
+#[inline]
+unsafe fn ep_and_msg<'a, T, M>(
+    ep: *mut fi::fid_ep,
+    msg: *const M,
+) -> Result<(&'a Obj<fi::fid_ep, T>, &'a M)>
+where
+    Obj<fi::fid_ep, T>: Class<Header = fi::fid_ep>,
+{
+    // SAFETY: the caller's contract; the class is checked.
+    unsafe {
+        Ok((
+            Obj::<fi::fid_ep, T>::from_c(ep, "ep")?,
+            msg.as_ref()
+                .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?,
+        ))
+    }
+}
 /// As [`on_iov`], for an `fi_msg` (its context, data and address go to `f`).
 ///
 /// # Safety
@@ -222,16 +243,48 @@ where
     Obj<fi::fid_ep, T>: Class<Header = fi::fid_ep>,
 {
     guarded_len(what, || {
-        // SAFETY: the caller's contract; the class is checked.
-        let (o, m) = unsafe {
-            (
-                Obj::<fi::fid_ep, T>::from_c(ep, "ep")?,
-                msg.as_ref()
-                    .ok_or_else(|| Error::new(errno::EINVAL, "msg is NULL"))?,
-            )
-        };
+        // SAFETY: the caller's contract.
+        let (o, m) = unsafe { ep_and_msg::<T, _>(ep, msg) }?;
         // SAFETY: msg_iov and desc hold iov_count elements, per fi_msg(3).
         unsafe { with_iov(m.msg_iov, m.desc, m.iov_count, |v| f(o, v, m)) }.map(|()| 0)
+    })
+}
+/// As [`on_msg`], for an `fi_msg_rma`: its one remote range (`rma_iov_limit` is 1) goes to
+/// `f` with the local ranges.
+///
+/// # Safety
+/// `ep` is the application's endpoint handle; `msg` is NULL or a valid `fi_msg_rma`.
+#[inline]
+pub(crate) unsafe fn on_msg_rma<T>(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    msg: *const fi::fi_msg_rma,
+    f: impl FnOnce(&Obj<fi::fid_ep, T>, &[Iov<'_>], &RmaIov, &fi::fi_msg_rma) -> Result<()>,
+) -> isize
+where
+    Obj<fi::fid_ep, T>: Class<Header = fi::fid_ep>,
+{
+    guarded_len(what, || {
+        // SAFETY: the caller's contract.
+        let (o, m) = unsafe { ep_and_msg::<T, _>(ep, msg) }?;
+        if m.rma_iov_count != 1 || m.rma_iov.is_null() {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "{} remote ranges: rverbs moves one per operation (rma_iov_limit 1)",
+                    m.rma_iov_count
+                ),
+            ));
+        }
+        // SAFETY: rma_iov holds rma_iov_count (1) elements, per fi_rma(3).
+        let r = unsafe { &*m.rma_iov };
+        let rma = RmaIov {
+            addr: r.addr,
+            len: r.len,
+            key: r.key,
+        };
+        // SAFETY: msg_iov and desc hold iov_count elements, per fi_rma(3).
+        unsafe { with_iov(m.msg_iov, m.desc, m.iov_count, |v| f(o, v, &rma, m)) }.map(|()| 0)
     })
 }
 /// `fi_inject` / `fi_injectdata`: `len` bytes at `buf`, copied before the call returns.

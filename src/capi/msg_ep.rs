@@ -9,7 +9,7 @@ use rfabric_sys::fabric as fi;
 use crate::capi::cq::CCq;
 use crate::capi::ep::{
     endpoint_opt, not_passive_listen, not_passive_reject, on_buf, on_inject, on_iov, on_msg,
-    opt_value, put_opt, sockaddr_bytes,
+    on_msg_rma, opt_value, put_opt, sockaddr_bytes,
 };
 use crate::capi::eq::{CConnReq, CEq};
 use crate::capi::fid::{bytes, bytes_mut, enosys, fi_ops_of, fid, guarded, ops, Class, Obj};
@@ -19,7 +19,7 @@ use crate::core::addr::parse_sockaddr;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::info::Info;
-use crate::verbs::{Domain, MsgEndpoint};
+use crate::verbs::{Domain, MsgEndpoint, RmaIov};
 
 /// A connected endpoint, and the connection request it accepts (closed with it).
 pub(crate) struct MsgEpState {
@@ -72,6 +72,19 @@ pub(crate) static MSG_EP_MSG: fi::fi_ops_msg = fi::fi_ops_msg {
     injectdata: Some(msg_injectdata),
 };
 
+pub(crate) static MSG_EP_RMA: fi::fi_ops_rma = fi::fi_ops_rma {
+    size: size_of::<fi::fi_ops_rma>(),
+    read: Some(msg_read),
+    readv: Some(msg_readv),
+    readmsg: Some(msg_readmsg),
+    write: Some(msg_write),
+    writev: Some(msg_writev),
+    writemsg: Some(msg_writemsg),
+    inject: Some(msg_inject_write),
+    writedata: Some(msg_writedata),
+    injectdata: Some(msg_inject_writedata),
+};
+
 /// `fi_endpoint` of an `FI_EP_MSG` info: active (`dest_addr`) or accepting (`handle`, the
 /// connection request, closed with the endpoint).
 pub(crate) fn open(
@@ -85,7 +98,7 @@ pub(crate) fn open(
         ops: ops(&MSG_EP_OPS),
         cm: ops(&MSG_EP_CM),
         msg: ops(&MSG_EP_MSG),
-        rma: ops(&nosys::RMA),
+        rma: ops(&MSG_EP_RMA),
         tagged: ops(&nosys::TAGGED),
         atomic: ops(&nosys::ATOMIC),
         collective: ops(&nosys::COLLECTIVE),
@@ -450,6 +463,177 @@ unsafe extern "C" fn msg_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, fl
                 &[(mr, off, len)] => e.inner.ep.recvmsg(mr, off, len, ctx, fl),
                 v => e.inner.ep.recvmsgv(v, ctx, fl),
             }
+        })
+    }
+}
+
+// fi_rma(3) on the connected peer: the address arguments of a connected endpoint are ignored.
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn msg_read(
+    ep: *mut fi::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    _src: fi::fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, buffer and descriptor (fi_rma(3)).
+    unsafe {
+        on_buf("fi_read", ep, buf, desc, |e: &CMsgEp, mr, off| {
+            e.inner.ep.read(mr, off, len, addr, key, ctx)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn msg_readv(
+    ep: *mut fi::fid_ep,
+    iov: *const libc::iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    _src: fi::fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, iov and descriptors (fi_rma(3)).
+    unsafe {
+        on_iov("fi_readv", ep, iov, desc, count, |e: &CMsgEp, v| {
+            let len = v.iter().map(|r| r.2).sum();
+            let rma = RmaIov { addr, len, key };
+            let flags = e.inner.ep.tx_op_flags();
+            e.inner.ep.readmsg(v, &rma, ctx, flags)
+        })
+    }
+}
+
+unsafe extern "C" fn msg_readmsg(
+    ep: *mut fi::fid_ep,
+    msg: *const fi::fi_msg_rma,
+    flags: u64,
+) -> isize {
+    let fl = Flags::from_bits_retain(flags);
+    // SAFETY: the application's handle and message (fi_rma(3)).
+    unsafe {
+        on_msg_rma("fi_readmsg", ep, msg, |e: &CMsgEp, v, rma, m| {
+            e.inner.ep.readmsg(v, rma, m.context as u64, fl)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn msg_write(
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    _dest: fi::fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, buffer and descriptor (fi_rma(3)).
+    unsafe {
+        on_buf("fi_write", ep, buf, desc, |e: &CMsgEp, mr, off| {
+            e.inner.ep.write(mr, off, len, addr, key, ctx)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn msg_writev(
+    ep: *mut fi::fid_ep,
+    iov: *const libc::iovec,
+    desc: *mut *mut c_void,
+    count: usize,
+    _dest: fi::fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, iov and descriptors (fi_rma(3)).
+    unsafe {
+        on_iov("fi_writev", ep, iov, desc, count, |e: &CMsgEp, v| {
+            let len = v.iter().map(|r| r.2).sum();
+            let rma = RmaIov { addr, len, key };
+            let flags = e.inner.ep.tx_op_flags();
+            e.inner.ep.writemsg(v, &rma, ctx, 0, flags)
+        })
+    }
+}
+
+unsafe extern "C" fn msg_writemsg(
+    ep: *mut fi::fid_ep,
+    msg: *const fi::fi_msg_rma,
+    flags: u64,
+) -> isize {
+    let fl = Flags::from_bits_retain(flags);
+    // SAFETY: the application's handle and message (fi_rma(3)).
+    unsafe {
+        on_msg_rma("fi_writemsg", ep, msg, |e: &CMsgEp, v, rma, m| {
+            e.inner.ep.writemsg(v, rma, m.context as u64, m.data, fl)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn msg_writedata(
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    data: u64,
+    _dest: fi::fi_addr_t,
+    addr: u64,
+    key: u64,
+    context: *mut c_void,
+) -> isize {
+    let ctx = context as u64;
+    // SAFETY: the application's handle, buffer and descriptor (fi_rma(3)).
+    unsafe {
+        on_buf("fi_writedata", ep, buf, desc, |e: &CMsgEp, mr, off| {
+            e.inner.ep.writedata(mr, off, len, data, addr, key, ctx)
+        })
+    }
+}
+
+unsafe extern "C" fn msg_inject_write(
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _dest: fi::fi_addr_t,
+    addr: u64,
+    key: u64,
+) -> isize {
+    // SAFETY: the application's handle and buffer (fi_rma(3)).
+    unsafe {
+        on_inject("fi_inject_write", ep, buf, len, |e: &CMsgEp, data| {
+            e.inner.ep.inject_write(data, addr, key)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn msg_inject_writedata(
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    _dest: fi::fi_addr_t,
+    addr: u64,
+    key: u64,
+) -> isize {
+    // SAFETY: the application's handle and buffer (fi_rma(3)).
+    unsafe {
+        on_inject("fi_inject_writedata", ep, buf, len, |e: &CMsgEp, d| {
+            e.inner.ep.inject_writedata(d, data, addr, key)
         })
     }
 }

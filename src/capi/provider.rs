@@ -59,11 +59,12 @@ unsafe extern "C" fn getinfo(
             return Err(Error::new(errno::EINVAL, "info is NULL"));
         }
         if flags & OFI_CORE_PROV_ONLY != 0 {
-            // ofi_rxm (RDM over MSG) needs FI_RMA for its rendezvous and ofi_rxd has not been
-            // tried over rverbs: keep "rverbs;ofi_rxm" / "rverbs;ofi_rxd" out of the listing.
+            // rverbs has its own RDM endpoint: "rverbs;ofi_rxm" (RDM layered over rverbs' MSG
+            // endpoints, RMA and all) and "rverbs;ofi_rxd" would only shadow it, and
+            // applications that match providers by prefix would land there.
             return Err(Error::new(
                 errno::ENODATA,
-                "rverbs is not offered to libfabric's utility providers (ofi_rxm needs FI_RMA, which rverbs does not have yet); use rverbs MSG or DGRAM endpoints directly",
+                "rverbs is not offered to libfabric's utility providers: its own FI_EP_RDM endpoint is RDM over rverbs (ask for provider \"rverbs\")",
             ));
         }
         // SAFETY: libfabric passes NULL or valid strings and hints, per fi_getinfo(3).

@@ -147,9 +147,36 @@ fn rx_iov_limit(dev: &Device) -> usize {
     }
 }
 
+/// What RMA adds to an MSG endpoint's capabilities.
+const RMA_CAPS: Flags = Flags::RMA
+    .union(Flags::READ)
+    .union(Flags::WRITE)
+    .union(Flags::REMOTE_READ)
+    .union(Flags::REMOTE_WRITE);
+/// The registration modes RMA needs: keys are verbs rkeys (the device picks them) and
+/// remote addresses are virtual addresses.
+const RMA_MR_MODE: MrMode = MrMode::LOCAL
+    .union(MrMode::VIRT_ADDR)
+    .union(MrMode::PROV_KEY);
+
+/// An MSG info without RMA, for applications that do not ask for it (their caps name
+/// none of it) or cannot register memory as it needs (their mr_mode lacks `FI_MR_VIRT_ADDR`
+/// or `FI_MR_PROV_KEY`): they keep the plain `FI_MR_LOCAL` answer.
+fn without_rma_unless_asked(i: &mut Info, hints: &Info) {
+    let asked = (hints.caps | hints.tx_attr.caps | hints.rx_attr.caps).intersects(RMA_CAPS);
+    let mr_ok = hinted_mr_mode(hints).is_none_or(|m| m.contains(RMA_MR_MODE - MrMode::LOCAL));
+    if asked || (hints.caps.is_empty() && mr_ok) {
+        return;
+    }
+    i.caps -= RMA_CAPS;
+    i.tx_attr.caps -= RMA_CAPS;
+    i.rx_attr.caps -= RMA_CAPS;
+    i.domain_attr.mr_mode = MrMode::LOCAL;
+}
+
 pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
     let a = &dev.attr;
-    let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::MULTI_RECV;
+    let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::MULTI_RECV | RMA_CAPS;
     let max_msg = dev.port.max_msg_sz as usize;
     let prefix = u64::from_be_bytes(dev.gid0[..8].try_into().expect("8 bytes"));
     let mut i = Info {
@@ -158,7 +185,7 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         ..Default::default()
     };
     i.tx_attr = TxAttr {
-        caps: Flags::MSG | Flags::SEND,
+        caps: Flags::MSG | Flags::SEND | Flags::RMA | Flags::READ | Flags::WRITE,
         msg_order: RC_MSG_ORDER,
         comp_order: fi::FI_ORDER_STRICT,
         inject_size: inline_size(dev)?,
@@ -168,7 +195,12 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         ..Default::default()
     };
     i.rx_attr = RxAttr {
-        caps: Flags::MSG | Flags::RECV | Flags::MULTI_RECV,
+        caps: Flags::MSG
+            | Flags::RECV
+            | Flags::MULTI_RECV
+            | Flags::RMA
+            | Flags::REMOTE_READ
+            | Flags::REMOTE_WRITE,
         msg_order: RC_MSG_ORDER,
         comp_order: fi::FI_ORDER_STRICT,
         size: a.max_qp_wr as usize,
@@ -194,10 +226,9 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         data_progress: Progress::Manual,
         resource_mgmt: ResourceMgmt::Enabled,
         av_type: AvType::Unspec,
-        // What rverbs needs of registrations: descriptors on every data call. With no RMA
-        // yet, VIRT_ADDR, ALLOCATED and PROV_KEY constrain nothing, and an answer may hold
-        // only bits the application offered.
-        mr_mode: MrMode::LOCAL,
+        // Descriptors on every data call; RMA addresses are virtual addresses under keys
+        // the device chose. Without RMA only LOCAL is needed (`without_rma`).
+        mr_mode: RMA_MR_MODE,
         mr_key_size: 4,
         cq_data_size: 4,
         cq_cnt: cq_budget(a.max_cq as usize),
@@ -241,6 +272,7 @@ pub(crate) fn dgram_info(dev: &Device) -> Result<Info> {
     i.addr_format = AddrFormat::IbUd;
     i.tx_attr.caps = Flags::MSG | Flags::SEND;
     i.rx_attr.caps = Flags::MSG | Flags::RECV;
+    i.domain_attr.mr_mode = MrMode::LOCAL;
     // Datagrams carry no order and no guarantee.
     i.tx_attr.msg_order = 0;
     i.rx_attr.msg_order = 0;
@@ -433,7 +465,9 @@ pub fn getinfo(
         } else if rdm {
             rdm_info(dev)?
         } else {
-            msg_info(dev)?
+            let mut i = msg_info(dev)?;
+            without_rma_unless_asked(&mut i, hints);
+            i
         };
         if rdm {
             // RDM names come from fi_getname (RdmName), not from IP addresses.

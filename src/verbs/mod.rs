@@ -30,7 +30,7 @@ pub use eq::{ConnRequest, EqAttr, EventQueue};
 pub use fabric::Fabric;
 pub use info::{devices, getinfo, Device};
 pub use mr::MemoryRegion;
-pub use msg_ep::MsgEndpoint;
+pub use msg_ep::{MsgEndpoint, RmaIov};
 pub use pep::PassiveEndpoint;
 pub use rdm_ep::{RdmEndpoint, RecvBuf};
 pub use srx::SharedRxContext;

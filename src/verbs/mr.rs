@@ -104,6 +104,14 @@ impl MemoryRegion {
             .read_at(offset, dst)
             .map_err(|_| self.range_error(offset, dst.len()))
     }
+    /// The byte at `offset`, read from memory every call: a loop may poll it for a remote
+    /// write's arrival (as perftest's write latency test does).
+    #[inline]
+    pub fn byte_at(&self, offset: usize) -> Result<u8> {
+        self.mr
+            .load_byte(offset)
+            .map_err(|_| self.range_error(offset, 1))
+    }
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
         self.mr
             .fill(offset, len, byte)

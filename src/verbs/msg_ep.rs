@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
-use rfabric_sys::verbs::{send_flags, QpCaps, QpHandle, Sge, WorkCompletion};
+use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, Sge, WorkCompletion, MAX_IOV};
 
 use crate::core::addr::{fill_name, sockaddr_bytes};
 use crate::core::cq::CqErrEntry;
@@ -14,9 +14,9 @@ use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
 use crate::verbs::cq::{Owned, PeerTransferSink, RecvOwner};
 use crate::verbs::ep_common::{
-    check_domain, check_inject, check_recv_flags, check_sendmsg, cq_data, iov_error, iov_slices,
-    lock, post_error, region_sge, send_imm, wanted_caps, CqBinding, Iov, RecvBatch, SendBatch,
-    Signalling,
+    check_domain, check_inject, check_recv_flags, check_send_flags, check_sendmsg, cq_data,
+    iov_error, iov_slices, lock, post_error, region_sge, send_imm, wanted_caps, CqBinding, Iov,
+    RecvBatch, SendBatch, Signalling,
 };
 use crate::verbs::eq::{encode_cm_data, CmEndpoint, ConnRequest, Owner, CM_DATA_SIZE};
 use crate::verbs::info::resolve_route;
@@ -183,7 +183,19 @@ impl Drop for EpShared {
 
 /// Outstanding RDMA reads and atomics either side may have: none, as rverbs' RC endpoints
 /// offer no RMA yet (rdma_cm grants a QP remote read only when this is non-zero).
-const RD_ATOMIC: u8 = 0;
+/// RDMA reads in flight either way on a connection: none unless the endpoint's
+/// capabilities include reads (fi_getinfo(3): `FI_RMA` alone means all four directions),
+/// so a QP grants remote read only where the application asked for RMA.
+fn rd_atomic(domain: &Domain, caps: Flags) -> u8 {
+    let dirs = Flags::READ | Flags::WRITE | Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    let reads = caps.intersects(Flags::READ | Flags::REMOTE_READ)
+        || (caps.contains(Flags::RMA) && !caps.intersects(dirs));
+    if !reads {
+        return 0;
+    }
+    let a = &domain.device().attr;
+    a.max_qp_rd_atom.min(a.max_qp_init_rd_atom).clamp(1, 16) as u8
+}
 
 impl MsgEndpoint {
     /// The QP's access flags: what a remote peer may do to it.
@@ -210,6 +222,39 @@ fn retry_count() -> Result<u8> {
             errno::EINVAL,
             format!("FI_RVERBS_RETRY_COUNT={v}: the transport counts 0 to 7 retries"),
         )),
+    }
+}
+
+/// One range of the peer's memory (`struct fi_rma_iov`): a virtual address in a region the
+/// peer registered for remote access, a length, and the region's `fi_mr_key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaIov {
+    pub addr: u64,
+    pub len: usize,
+    pub key: u64,
+}
+
+impl RmaIov {
+    /// The verbs rkey, once the range is known to hold the `len` bytes moved.
+    fn check(&self, len: usize) -> Result<u32> {
+        if len > self.len {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "{len} local bytes exceed the {}-byte remote range",
+                    self.len
+                ),
+            ));
+        }
+        u32::try_from(self.key).map_err(|_| {
+            Error::new(
+                errno::EINVAL,
+                format!(
+                    "key {:#x} is not a key fi_mr_key gave (rverbs keys are 4 bytes)",
+                    self.key
+                ),
+            )
+        })
     }
 }
 
@@ -288,7 +333,7 @@ impl MsgEndpoint {
                 min_multi_recv: AtomicUsize::new(DEFAULT_MIN_MULTI_RECV),
                 ctl: Mutex::new(Control {
                     id: Some(id),
-                    rd_atomic: RD_ATOMIC,
+                    rd_atomic: rd_atomic(domain, info.caps),
                     ..Control::default()
                 }),
                 max_msg_size,
@@ -976,6 +1021,178 @@ impl MsgEndpoint {
                     post_error(e, "send")
                 }
             })
+    }
+
+    /// The default flags of this endpoint's transmit operations (`tx_attr.op_flags`).
+    pub fn tx_op_flags(&self) -> Flags {
+        self.shared.info.tx_attr.op_flags
+    }
+
+    /// `fi_write`: writes `len` bytes at `offset` of `mr` to `addr` (a virtual address of
+    /// the peer's region) under `key` (its `fi_mr_key`). The peer sees nothing.
+    pub fn write(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        addr: u64,
+        key: u64,
+        context: u64,
+    ) -> Result<()> {
+        let rma = RmaIov { addr, len, key };
+        let flags = self.shared.info.tx_attr.op_flags;
+        self.writemsg(&[(mr, offset, len)], &rma, context, 0, flags)
+    }
+
+    /// `fi_writedata`: a write whose 4 bytes of `data` complete a receive at the peer with
+    /// `FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA` (write with immediate data).
+    #[allow(clippy::too_many_arguments)]
+    pub fn writedata(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        data: u64,
+        addr: u64,
+        key: u64,
+        context: u64,
+    ) -> Result<()> {
+        let rma = RmaIov { addr, len, key };
+        let flags = self.shared.info.tx_attr.op_flags | Flags::REMOTE_CQ_DATA;
+        self.writemsg(&[(mr, offset, len)], &rma, context, data, flags)
+    }
+
+    /// `fi_writemsg` (and `fi_writev`): one write gathered from `iov` into the one remote
+    /// range `rma` (`rma_iov_limit` is 1), with the flags of [`Self::sendmsg`].
+    pub fn writemsg(
+        &self,
+        iov: &[Iov<'_>],
+        rma: &RmaIov,
+        context: u64,
+        data: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        let imm = send_imm(flags, data)?;
+        let total: usize = iov.iter().map(|v| v.2).sum();
+        check_sendmsg(flags, total, self.inject_size())?;
+        let (slices, rkey, id, vflags, qp) =
+            self.rma_prepare(iov, total, rma, Kind::Write, context, flags)?;
+        qp.post_write(id, &slices.0[..slices.1], rma.addr, rkey, vflags, imm)
+            .map_err(|e| iov_error(e, "write", iov.len()))
+    }
+
+    /// `fi_inject_write`: writes `data` inline with no completion; the buffer is free on
+    /// return.
+    pub fn inject_write(&self, data: &[u8], addr: u64, key: u64) -> Result<()> {
+        self.post_inject_write(data, addr, key, None)
+    }
+
+    /// `fi_inject_writedata`: `inject_write` with remote CQ data.
+    pub fn inject_writedata(&self, data: &[u8], cq: u64, addr: u64, key: u64) -> Result<()> {
+        self.post_inject_write(data, addr, key, Some(cq_data(cq)?))
+    }
+
+    fn post_inject_write(&self, data: &[u8], addr: u64, key: u64, imm: Option<u32>) -> Result<()> {
+        check_inject(data.len(), self.inject_size())?;
+        let rkey = RmaIov {
+            addr,
+            len: data.len(),
+            key,
+        }
+        .check(data.len())?;
+        self.check_cap(Flags::WRITE)?;
+        let qp = self.qp()?;
+        let (id, vflags) = self.unsignaled_slot(wr_id::encode(0, Kind::Write, false) | self.peer);
+        self.ring_sends(qp)?;
+        qp.post_write_inline(id, data, addr, rkey, vflags, imm)
+            .map_err(|e| post_error(e, "write"))
+    }
+
+    /// `fi_read`: reads `len` bytes at `addr` under `key` of the peer's region into
+    /// `offset` of `mr`.
+    pub fn read(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        addr: u64,
+        key: u64,
+        context: u64,
+    ) -> Result<()> {
+        let rma = RmaIov { addr, len, key };
+        let flags = self.shared.info.tx_attr.op_flags;
+        self.readmsg(&[(mr, offset, len)], &rma, context, flags)
+    }
+
+    /// `fi_readmsg` (and `fi_readv`): one read of the remote range `rma` scattered into
+    /// `iov`. `FI_INJECT` and `FI_REMOTE_CQ_DATA` do not apply to reads: `EINVAL`.
+    pub fn readmsg(&self, iov: &[Iov<'_>], rma: &RmaIov, context: u64, flags: Flags) -> Result<()> {
+        check_send_flags(flags)?;
+        if flags.intersects(Flags::INJECT | Flags::REMOTE_CQ_DATA) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "FI_INJECT and FI_REMOTE_CQ_DATA apply to writes, not reads",
+            ));
+        }
+        let total: usize = iov.iter().map(|v| v.2).sum();
+        let (slices, rkey, id, vflags, qp) =
+            self.rma_prepare(iov, total, rma, Kind::Read, context, flags)?;
+        qp.post_read_iov(id, &slices.0[..slices.1], rma.addr, rkey, vflags)
+            .map_err(|e| iov_error(e, "read", iov.len()))
+    }
+
+    /// Refuses an RMA operation the endpoint was not opened for (its info's caps name no
+    /// `FI_RMA`, or name directions without this one): its QP may not be set up for it.
+    #[inline]
+    fn check_cap(&self, dir: Flags) -> Result<()> {
+        let caps = self.shared.info.caps;
+        let dirs = Flags::READ | Flags::WRITE | Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+        if caps.contains(Flags::RMA) && (caps.contains(dir) || !caps.intersects(dirs)) {
+            return Ok(());
+        }
+        let name = if dir == Flags::READ {
+            "FI_READ"
+        } else {
+            "FI_WRITE"
+        };
+        Err(Error::new(
+            errno::EOPNOTSUPP,
+            format!("the endpoint was opened without FI_RMA | {name} in its info's caps: ask fi_getinfo for them"),
+        ))
+    }
+
+    /// What a write and a read check and prepare alike: the local ranges, the remote key,
+    /// the endpoint's caps and size limit, the work request id and verbs flags (`FI_FENCE`
+    /// waits for the reads and writes before it), and the queue pair with any `FI_MORE`
+    /// chain rung first.
+    #[inline]
+    #[allow(clippy::type_complexity)]
+    fn rma_prepare<'a>(
+        &self,
+        iov: &[Iov<'a>],
+        total: usize,
+        rma: &RmaIov,
+        kind: Kind,
+        context: u64,
+        flags: Flags,
+    ) -> Result<(([MrSlice<'a>; MAX_IOV], usize), u32, u64, u32, &QpHandle)> {
+        let slices = iov_slices(&self.shared.domain, iov)?;
+        let rkey = rma.check(total)?;
+        self.check_cap(if kind == Kind::Read {
+            Flags::READ
+        } else {
+            Flags::WRITE
+        })?;
+        self.check_len(total)?;
+        wr_id::check(context)?;
+        let (id, mut vflags) =
+            self.signalling(wr_id::encode(context, kind, false) | self.peer, flags);
+        if flags.contains(Flags::FENCE) {
+            vflags |= send_flags::FENCE;
+        }
+        let qp = self.qp()?;
+        self.ring_sends(qp)?;
+        Ok((slices, rkey, id, vflags, qp))
     }
 
     /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`), with the

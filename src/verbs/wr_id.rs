@@ -42,6 +42,10 @@ pub(crate) enum Kind {
     RdmSend = 9,
     /// An RDM endpoint's rendezvous read; the context is the read's index.
     RdmRead = 10,
+    /// An RDMA write (`fi_write`, with or without remote CQ data).
+    Write = 11,
+    /// An RDMA read (`fi_read`).
+    Read = 12,
 }
 
 /// The kind of a send: with remote CQ data (immediate data) or without.
@@ -143,6 +147,8 @@ pub(crate) fn flags(wr_id: u64) -> Flags {
         k if k == Kind::Send as u64 => Flags::MSG | Flags::SEND,
         k if k == Kind::SendData as u64 => Flags::MSG | Flags::SEND | Flags::REMOTE_CQ_DATA,
         k if k == Kind::Recv as u64 => Flags::MSG | Flags::RECV,
+        k if k == Kind::Write as u64 => Flags::RMA | Flags::WRITE,
+        k if k == Kind::Read as u64 => Flags::RMA | Flags::READ,
         k if k == Kind::MultiRecv as u64 => Flags::MSG | Flags::RECV | Flags::MULTI_RECV,
         k if k == Kind::DgramRecv as u64 || k == Kind::DgramShort as u64 => {
             Flags::MSG | Flags::RECV
@@ -165,6 +171,8 @@ mod tests {
                 Flags::MSG | Flags::SEND | Flags::REMOTE_CQ_DATA,
             ),
             (Kind::Recv, Flags::MSG | Flags::RECV),
+            (Kind::Write, Flags::RMA | Flags::WRITE),
+            (Kind::Read, Flags::RMA | Flags::READ),
         ] {
             for sup in [false, true] {
                 let w = encode(ctx, kind, sup);

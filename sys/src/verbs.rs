@@ -486,6 +486,15 @@ impl MemoryRegion {
         Ok(())
     }
 
+    /// The byte at `offset`, read from memory every call (the device may have written it
+    /// since: a remote write's last byte that a polling loop waits for).
+    pub fn load_byte(&self, offset: usize) -> Result<u8, i32> {
+        self.sge(offset, 1).ok_or(libc::EINVAL)?;
+        // SAFETY: bounds checked above; a byte read races only with the device's writes,
+        // which leave it either old or new.
+        Ok(unsafe { ptr::read_volatile((self.addr as *const u8).add(offset)) })
+    }
+
     /// Fills `len` bytes at `offset` with `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), i32> {
         self.sge(offset, len).ok_or(libc::EINVAL)?;
@@ -924,6 +933,13 @@ impl SendWr {
     }
 }
 
+/// The RDMA operation of a work request: a write (with immediate data when set) or a read.
+#[derive(Clone, Copy, Debug)]
+enum Rdma {
+    Write(Option<u32>),
+    Read,
+}
+
 /// A queue pair's posting side. Owned by its [`crate::cm::CmId`], which lends it out by
 /// reference, so it cannot outlive the QP.
 #[derive(Debug)]
@@ -973,15 +989,7 @@ impl QpHandle {
         flags: u32,
         imm: Option<u32>,
     ) -> Result<(), i32> {
-        if data.len() > self.max_inline as usize {
-            return Err(libc::EINVAL);
-        }
-        let mut sge = Sge {
-            addr: data.as_ptr() as u64,
-            length: data.len() as u32,
-            lkey: 0,
-        };
-        let n = usize::from(!data.is_empty());
+        let (mut sge, n) = self.inline_sge(data)?;
         self.post_send_raw(wr_id, &mut sge, n, flags | send_flags::INLINE, imm)
     }
 
@@ -1054,12 +1062,68 @@ impl QpHandle {
         let mut sges = [Sge::default(); MAX_IOV];
         let (n, total) = fill_sges(&mut sges, iov, self.max_send_sge)?;
         // Inline is sound here: every element names memory of a live MemoryRegion.
-        let flags = if total <= self.max_inline as usize {
-            flags | send_flags::INLINE
-        } else {
-            flags & !send_flags::INLINE
-        };
+        let flags = self.inline_if_fits(flags, total);
         self.post_send_raw(wr_id, sges.as_mut_ptr(), n, flags, imm)
+    }
+
+    /// Posts an RDMA write (with immediate data when `imm` is set) gathered from `iov` to
+    /// `remote_addr` under `rkey` of the connected peer (`fi_write`, `fi_writedata`);
+    /// inline when the total fits the inline size.
+    pub fn post_write(
+        &self,
+        wr_id: u64,
+        iov: &[MrSlice<'_>],
+        remote_addr: u64,
+        rkey: u32,
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
+        let mut sges = [Sge::default(); MAX_IOV];
+        let (n, total) = fill_sges(&mut sges, iov, self.max_send_sge)?;
+        // Inline is sound here: every element names memory of a live MemoryRegion.
+        let flags = self.inline_if_fits(flags, total);
+        let op = Rdma::Write(imm);
+        self.post_rdma(wr_id, sges.as_mut_ptr(), n, flags, op, remote_addr, rkey)
+    }
+
+    /// Posts an RDMA write of `data`, copied into the work request now (`fi_inject_write`).
+    pub fn post_write_inline(
+        &self,
+        wr_id: u64,
+        data: &[u8],
+        remote_addr: u64,
+        rkey: u32,
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
+        let (mut sge, n) = self.inline_sge(data)?;
+        let flags = flags | send_flags::INLINE;
+        let op = Rdma::Write(imm);
+        self.post_rdma(wr_id, &mut sge, n, flags, op, remote_addr, rkey)
+    }
+
+    /// Posts an RDMA read from `remote_addr` under `rkey` of the connected peer, scattered
+    /// into `iov` (`fi_read`, `fi_readv`).
+    pub fn post_read_iov(
+        &self,
+        wr_id: u64,
+        iov: &[MrSlice<'_>],
+        remote_addr: u64,
+        rkey: u32,
+        flags: u32,
+    ) -> Result<(), i32> {
+        let mut sges = [Sge::default(); MAX_IOV];
+        let (n, _) = fill_sges(&mut sges, iov, self.max_send_sge)?;
+        let flags = flags & !send_flags::INLINE;
+        self.post_rdma(
+            wr_id,
+            sges.as_mut_ptr(),
+            n,
+            flags,
+            Rdma::Read,
+            remote_addr,
+            rkey,
+        )
     }
 
     /// Posts an RDMA read of `local.length` bytes from `remote_addr` (under `rkey`) of the
@@ -1072,13 +1136,59 @@ impl QpHandle {
         rkey: u32,
         flags: u32,
     ) -> Result<(), i32> {
-        let mut wr = SendWr::new(wr_id, &mut local, 1, flags & !send_flags::INLINE, None);
-        wr.0.opcode = r::ibv_wr_opcode::IBV_WR_RDMA_READ;
+        let flags = flags & !send_flags::INLINE;
+        self.post_rdma(wr_id, &mut local, 1, flags, Rdma::Read, remote_addr, rkey)
+    }
+
+    /// `flags` with `INLINE` when `total` bytes fit the inline size, without it otherwise.
+    #[inline(always)]
+    fn inline_if_fits(&self, flags: u32, total: usize) -> u32 {
+        if total <= self.max_inline as usize {
+            flags | send_flags::INLINE
+        } else {
+            flags & !send_flags::INLINE
+        }
+    }
+
+    /// The one element of an inline payload, and how many elements to post (none when empty).
+    #[inline(always)]
+    fn inline_sge(&self, data: &[u8]) -> Result<(Sge, usize), i32> {
+        if data.len() > self.max_inline as usize {
+            return Err(libc::EINVAL);
+        }
+        let sge = Sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        Ok((sge, usize::from(!data.is_empty())))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn post_rdma(
+        &self,
+        wr_id: u64,
+        sges: *mut Sge,
+        n: usize,
+        flags: u32,
+        op: Rdma,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(), i32> {
+        let (opcode, imm) = match op {
+            Rdma::Write(None) => (r::ibv_wr_opcode::IBV_WR_RDMA_WRITE, None),
+            Rdma::Write(imm) => (r::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
+            Rdma::Read => (r::ibv_wr_opcode::IBV_WR_RDMA_READ, None),
+        };
+        let mut wr = SendWr::new(wr_id, sges, n, flags, imm);
+        wr.0.opcode = opcode;
         wr.0.wr.rdma = r::rdma_t { remote_addr, rkey };
         let mut bad = ptr::null_mut();
-        // SAFETY: valid QP (see post_send_raw); the local element names registered memory
-        // that the device checks (and writes) under its lkey, the remote one is checked by
-        // the peer's device under its rkey.
+        // SAFETY: valid QP (see post_send_raw); the SGEs name registered memory (checked by
+        // the device, which writes it for a read) or, with INLINE, a live slice the provider
+        // copies before returning; the remote range is checked by the peer's device under
+        // its rkey.
         rc_result(unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr.0, &mut bad) })
     }
 

@@ -187,6 +187,7 @@ static void msg_env_close(struct msg_env *m)
  * endpoint gets (rx_attr.op_flags of the connection request's info). */
 static enum fi_cq_format pair_format = FI_CQ_FORMAT_DATA;
 static uint64_t pair_rx_op_flags;
+static uint64_t pair_caps = FI_MSG; /* the client's hints caps */
 
 static void open_cq(struct fid_domain *d, struct fid_cq **cq)
 {
@@ -203,6 +204,7 @@ static void connect_pair(struct msg_env *m, struct side *s, struct side *c, stru
 	uint8_t cmbuf[sizeof(struct fi_eq_cm_entry) + 64];
 	struct fi_eq_cm_entry *cm = (void *)cmbuf;
 
+	h->caps = pair_caps;
 	h->addr_format = FI_SOCKADDR_IN;
 	h->dest_addr = malloc(sizeof m->addr);
 	memcpy(h->dest_addr, &m->addr, sizeof m->addr);
@@ -707,7 +709,7 @@ static void bad_section(void)
 	EXPECT(fi_recv(ep, buf, 4096, fi_mr_desc(mr), 0, NULL), -FI_EINVAL); /* outside */
 	EXPECT(fi_recv(ep, buf - 64, 8, fi_mr_desc(mr), 0, NULL), -FI_EINVAL);
 	EXPECT(fi_inject(ep, buf, info->tx_attr->inject_size + 1, 0), -FI_EINVAL);
-	EXPECT(fi_write(ep, buf, 8, fi_mr_desc(mr), 0, 0, 0, NULL), -FI_ENOSYS);
+	EXPECT(fi_write(ep, buf, 8, fi_mr_desc(mr), 0, 0, 0, NULL), -FI_EOPNOTSUPP); /* no FI_RMA */
 	EXPECT(fi_tsend(ep, buf, 8, fi_mr_desc(mr), 0, 1, NULL), -FI_ENOSYS);
 	size_t v = 0, vl = sizeof v;
 	EXPECT(fi_getopt(&ep->fid, 99, FI_OPT_CM_DATA_SIZE, &v, &vl), -FI_ENOPROTOOPT);
@@ -1808,6 +1810,117 @@ static void rdm_transfer_section(void)
 	printf("ok rdm-transfer\n");
 }
 
+/* fi_rma(3) over a connected pair: every call with bytes checked, remote CQ data completing
+ * a receive at the target, bad input refused, and an access the target did not grant
+ * reported as an error completion with nothing written. */
+static void rma_section(void)
+{
+	struct msg_env m = {0};
+	struct side s = {0}, c = {0};
+	struct fi_info *h = hints_for(FI_EP_MSG);
+	struct fid_mr *tmr, *lmr, *romr;
+	uint8_t *target = aligned_alloc(4096, BUF), *local = aligned_alloc(4096, BUF);
+	uint8_t *ro = aligned_alloc(4096, 4096);
+	struct fi_cq_data_entry e;
+	struct fi_cq_err_entry err = {0};
+	int ctx[8];
+	size_t len;
+
+	h->caps = FI_MSG | FI_RMA;
+	pair_caps = h->caps;
+	msg_env_open(&m, h);
+	TRUE(m.info->caps & FI_RMA);
+	TRUE((m.info->domain_attr->mr_mode & (FI_MR_VIRT_ADDR | FI_MR_PROV_KEY)) ==
+	     (FI_MR_VIRT_ADDR | FI_MR_PROV_KEY));
+	len = sizeof m.addr;
+	OK(fi_getname(&m.pep->fid, &m.addr, &len));
+	connect_pair(&m, &s, &c, NULL);
+	OK(fi_mr_reg(m.domain, target, BUF, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 0, 0, &tmr, NULL));
+	OK(fi_mr_reg(m.domain, local, BUF, FI_WRITE | FI_READ, 0, 0, 0, &lmr, NULL));
+	uint64_t key = fi_mr_key(tmr);
+	void *ld = fi_mr_desc(lmr);
+	TRUE(key != FI_KEY_NOTAVAIL);
+
+	fill(local, 4096, 7);
+	memset(target, 0, BUF);
+	OK(fi_write(c.ep, local, 4096, ld, 0, (uintptr_t)(target + 64), key, &ctx[0]));
+	cq_expect(c.cq, &ctx[0], FI_WRITE, 0, &e);
+	EXPECT(e.flags, FI_RMA | FI_WRITE);
+	check(target + 64, 4096, 7);
+	TRUE(target[63] == 0 && target[64 + 4096] == 0);
+
+	fill(target, 8192, 9);
+	memset(local, 0, BUF);
+	OK(fi_read(c.ep, local, 8192, ld, 0, (uintptr_t)target, key, &ctx[1]));
+	cq_expect(c.cq, &ctx[1], FI_READ, 0, &e);
+	EXPECT(e.flags, FI_RMA | FI_READ);
+	check(local, 8192, 9);
+
+	OK(fi_recv(s.ep, m.buf, 64, m.desc, 0, &ctx[2]));
+	fill(local, 100, 3);
+	OK(fi_writedata(c.ep, local, 100, ld, 0xabcd, 0, (uintptr_t)target, key, &ctx[3]));
+	cq_expect(c.cq, &ctx[3], FI_WRITE, 0, NULL);
+	EXPECT(cq_wait(s.cq, &e), 1);
+	TRUE(e.op_context == &ctx[2] && e.data == 0xabcd && e.len == 100);
+	EXPECT(e.flags, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA);
+	check(target, 100, 3);
+
+	OK(fi_inject_write(c.ep, "inject!", 8, 0, (uintptr_t)(target + 1000), key));
+	OK(fi_read(c.ep, local, 8, ld, 0, (uintptr_t)(target + 1000), key, &ctx[4]));
+	cq_expect(c.cq, &ctx[4], FI_READ, 0, NULL);
+	TRUE(memcmp(local, "inject!", 8) == 0);
+
+	struct iovec iov[2] = {{local, 10}, {local + 100, 20}};
+	void *descs[2] = {ld, ld};
+	struct fi_rma_iov rio = {.addr = (uintptr_t)(target + 2000), .len = 30, .key = key};
+	struct fi_msg_rma msg = {.msg_iov = iov, .desc = descs, .iov_count = 2, .rma_iov = &rio,
+				 .rma_iov_count = 1, .context = &ctx[5]};
+	fill(local, 10, 21);
+	fill(local + 100, 20, 22);
+	OK(fi_writemsg(c.ep, &msg, FI_COMPLETION));
+	cq_expect(c.cq, &ctx[5], FI_WRITE, 0, NULL);
+	check(target + 2000, 10, 21);
+	check(target + 2010, 20, 22);
+	memset(local, 0, 200);
+	OK(fi_readv(c.ep, iov, descs, 2, 0, (uintptr_t)(target + 2000), key, &ctx[6]));
+	cq_expect(c.cq, &ctx[6], FI_READ, 0, NULL);
+	check(local, 10, 21);
+	check(local + 100, 20, 22);
+
+	/* Bad input: refused, nothing posted. */
+	msg.rma_iov_count = 2;
+	EXPECT(fi_writemsg(c.ep, &msg, 0), -FI_EINVAL);
+	msg.rma_iov_count = 1;
+	EXPECT(fi_readmsg(c.ep, &msg, FI_INJECT), -FI_EINVAL);
+	EXPECT(fi_write(c.ep, local, 8, ld, 0, (uintptr_t)target, 1ULL << 40, &ctx[7]), -FI_EINVAL);
+	EXPECT(fi_write(c.ep, local, 8, NULL, 0, (uintptr_t)target, key, &ctx[7]), -FI_EINVAL);
+	EXPECT(fi_cq_read(c.cq, &e, 1), -FI_EAGAIN);
+
+	/* A region registered for remote read only is no write target. */
+	OK(fi_mr_reg(m.domain, ro, 4096, FI_REMOTE_READ, 0, 0, 0, &romr, NULL));
+	memset(ro, 0x11, 4096);
+	OK(fi_write(c.ep, local, 64, ld, 0, (uintptr_t)ro, fi_mr_key(romr), &ctx[7]));
+	EXPECT(cq_wait(c.cq, &e), -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(c.cq, &err, 0), 1);
+	TRUE(err.op_context == &ctx[7] && (err.flags & FI_WRITE));
+	EXPECT(err.err, FI_EACCES);
+	for (int i = 0; i < 4096; i++)
+		TRUE(ro[i] == 0x11);
+
+	close_side(&c, 1);
+	close_side(&s, 0);
+	EXPECT(fi_close(&romr->fid), 0);
+	EXPECT(fi_close(&lmr->fid), 0);
+	EXPECT(fi_close(&tmr->fid), 0);
+	msg_env_close(&m);
+	fi_freeinfo(h);
+	free(target);
+	free(local);
+	free(ro);
+	pair_caps = FI_MSG;
+	printf("ok rma\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
@@ -1824,6 +1937,8 @@ int main(int argc, char **argv)
 		hints_section();
 	if (!only || !strcmp(only, "rdm"))
 		rdm_section();
+	if (!only || !strcmp(only, "rma"))
+		rma_section();
 	if (only && !strcmp(only, "peer"))
 		peer_section(argv[0]);
 	if (only && !strcmp(only, "shm-send") && argc > 2)

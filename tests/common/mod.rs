@@ -192,6 +192,8 @@ pub struct PairOpts {
     pub client_name: Option<SocketAddr>,
     /// `rx_attr.op_flags` of both endpoints' infos (the default flags of `fi_recv`).
     pub rx_op_flags: Flags,
+    /// Capabilities of both endpoints' infos (`None`: what fi_getinfo answered).
+    pub caps: Option<Flags>,
 }
 
 pub fn connect_pair_full(
@@ -215,6 +217,9 @@ pub fn connect_pair_full(
         cinfo.tx_attr.size = opts.tx_size;
     }
     cinfo.rx_attr.op_flags |= opts.rx_op_flags;
+    if let Some(c) = opts.caps {
+        cinfo.caps = c;
+    }
     let client = MsgEndpoint::open(&domain, &cinfo, CLIENT_FID).unwrap();
     client.bind_eq(&client_eq).unwrap();
     if let Some(a) = &opts.client_name {
@@ -237,6 +242,9 @@ pub fn connect_pair_full(
         sinfo.tx_attr.size = opts.tx_size;
     }
     sinfo.rx_attr.op_flags |= opts.rx_op_flags;
+    if let Some(c) = opts.caps {
+        sinfo.caps = c;
+    }
     let server = MsgEndpoint::open(&domain, &sinfo, SERVER_FID).unwrap();
     server.bind_eq(&server_eq).unwrap();
     server.bind_cq(&server_cq, bind).unwrap();

@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use rfabric::core::cq::CqEntry;
+use rfabric::verbs::RmaIov;
 use rfabric::*;
 use rfabric_sys::clock::{cycles, cycles_per_us};
 
-use super::options::{Opts, MAX_ALL};
+use super::options::{Opts, Test, MAX_ALL};
 use super::setup::Conn;
 
 const WARMUP: usize = 100;
@@ -70,56 +71,90 @@ fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String
         std::thread::sleep(d);
     }
     while got < recvs {
-        match c.cq.read(&mut out[..]) {
-            Ok(n) => {
-                for e in &out[..n] {
-                    if e.flags & Flags::RECV.bits() != 0 {
-                        got += 1;
-                    } else {
-                        sends += 1;
-                    }
-                }
+        let n = poll(c, &mut out[..], deadline, || {
+            "the peer stopped answering".into()
+        })?;
+        for e in &out[..n] {
+            if e.flags & Flags::RECV.bits() != 0 {
+                got += 1;
+            } else {
+                sends += 1;
             }
-            Err(e) if e.is_again() => {
-                if deadline.passed() {
-                    return Err("the peer stopped answering".into());
-                }
-            }
-            Err(e) if e.errno() == errno::EAVAIL => {
-                let err = c.cq.readerr().map_err(|e| e.to_string())?;
-                return Err(format!(
-                    "completion error: {} ({})",
-                    rfabric::core::error::strerror(err.err),
-                    c.cq.strerror(err.prov_errno)
-                ));
-            }
-            Err(e) => return Err(e.to_string()),
         }
     }
     Ok(sends)
 }
 
+/// One read of the CQ into `out`: how many completions came (0 when none), an error
+/// completion as its text, `stalled` once the deadline has passed with nothing coming.
+#[inline(always)]
+fn poll(
+    c: &Conn,
+    out: &mut [CqEntry],
+    deadline: &mut Deadline,
+    stalled: impl FnOnce() -> String,
+) -> Result<usize, String> {
+    match c.cq.read(out) {
+        Ok(n) => Ok(n),
+        Err(e) if e.is_again() => {
+            if deadline.passed() {
+                return Err(stalled());
+            }
+            Ok(0)
+        }
+        Err(e) if e.errno() == errno::EAVAIL => {
+            let err = c.cq.readerr().map_err(|e| e.to_string())?;
+            Err(format!(
+                "completion error: {} ({})",
+                rfabric::core::error::strerror(err.err),
+                c.cq.strerror(err.prov_errno)
+            ))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// What the initiator's completions carry: sends, RDMA writes and reads.
+const INITIATOR: u64 = Flags::SEND.bits() | Flags::WRITE.bits() | Flags::READ.bits();
+
+/// Reads until `n` send (or RDMA) completions were seen.
 fn reap_sends(c: &Conn, mut n: usize, deadline: &mut Deadline) -> Result<(), String> {
     let mut out = c.entries.borrow_mut();
     while n > 0 {
-        match c.cq.read(&mut out[..]) {
-            Ok(k) => {
-                n = n.saturating_sub(
-                    out[..k]
-                        .iter()
-                        .filter(|e| e.flags & Flags::SEND.bits() != 0)
-                        .count(),
-                )
-            }
-            Err(e) if e.is_again() => {
-                if deadline.passed() {
-                    return Err("send completions stopped".into());
-                }
-            }
-            Err(e) => return Err(e.to_string()),
-        }
+        let k = poll(c, &mut out[..], deadline, || {
+            "send completions stopped".into()
+        })?;
+        n = n.saturating_sub(out[..k].iter().filter(|e| e.flags & INITIATOR != 0).count());
     }
     Ok(())
+}
+
+/// The server's end of a size: one message back to the client, which closes the size.
+fn answer(c: &Conn, deadline: &mut Deadline) -> Result<(), String> {
+    c.ep.sendmsg(&c.tx, 0, 3, Flags::COMPLETION)
+        .map_err(|e| e.to_string())?;
+    reap_sends(c, 1, deadline)
+}
+
+/// The client's end of a one-sided size: the server saw nothing of it, so a 0-byte message
+/// tells it the size is done, and its answer closes the size.
+fn rma_done(c: &Conn, deadline: &mut Deadline) -> Result<(), String> {
+    let e = |e: Error| e.to_string();
+    c.ep.sendmsg(&c.tx, 0, 3, Flags::COMPLETION).map_err(e)?;
+    if reap(c, 1, deadline)? == 0 {
+        reap_sends(c, 1, deadline)?;
+    }
+    c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)
+}
+
+/// The peer's buffer as the remote range of `size` bytes of a one-sided operation.
+fn rma_target(c: &Conn, size: usize) -> Result<RmaIov, String> {
+    let (addr, key) = c.remote.ok_or("the peer's buffer is unknown")?;
+    Ok(RmaIov {
+        addr,
+        len: size,
+        key,
+    })
 }
 
 /// Ping-pong: the client times round trips; one-way latency is half of each.
@@ -167,10 +202,12 @@ pub(crate) fn run_lat(
     Ok(samples)
 }
 
-/// Windowed sends: the client keeps `depth` sends in flight; the server counts arrivals and
-/// answers with one message when all have come. Returns (total seconds, best window MB/s).
+/// Windowed operations: the client keeps `depth` sends (or RDMA writes or reads of the
+/// server's buffer) in flight. The server counts arrivals, or for one-sided tests waits for
+/// the client's word, and answers with one message. Returns (total seconds, best window MB/s).
 pub(crate) fn run_bw(
     c: &Conn,
+    test: Test,
     size: usize,
     iters: usize,
     depth: usize,
@@ -180,32 +217,47 @@ pub(crate) fn run_bw(
     let e = |e: Error| e.to_string();
     let mut out = [CqEntry::default(); 16];
     if c.is_server {
+        // Sends arrive one by one; writes and reads pass unseen, then a 0-byte message.
+        let (want, len) = if test == Test::SendBw {
+            (iters, size)
+        } else {
+            (1, 0)
+        };
         let mut got = 0;
-        while got < iters {
-            match c.cq.read(&mut out) {
-                Ok(n) => {
-                    for en in &out[..n] {
-                        if en.flags & Flags::RECV.bits() != 0 {
-                            if en.len != size {
-                                return Err(format!("received {} bytes, expected {size}", en.len));
-                            }
-                            got += 1;
-                            c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
-                        }
+        while got < want {
+            let n = poll(c, &mut out, deadline, || {
+                format!("only {got} of {want} messages arrived")
+            })?;
+            for en in &out[..n] {
+                if en.flags & Flags::RECV.bits() != 0 {
+                    if en.len != len {
+                        return Err(format!("received {} bytes, expected {len}", en.len));
                     }
+                    got += 1;
+                    c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
                 }
-                Err(er) if er.is_again() => {
-                    if deadline.passed() {
-                        return Err(format!("only {got} of {iters} messages arrived"));
-                    }
-                }
-                Err(er) => return Err(er.to_string()),
             }
         }
-        c.ep.send(&c.tx, 0, 0, 3).map_err(e)?;
-        reap_sends(c, 1, deadline)?;
+        answer(c, deadline)?;
         return Ok((0.0, 0.0));
     }
+    let rma = rma_target(c, size);
+    // One completion in CQ_MOD (and the last): RC completes a queue in order, so a
+    // completion for operation k means operations 0..=k are done.
+    let post = |k: usize| -> Result<()> {
+        let flags = if (k + 1) % CQ_MOD == 0 || k + 1 == iters {
+            Flags::COMPLETION
+        } else {
+            Flags::empty()
+        };
+        let ctx = k as u64;
+        match (test, &rma) {
+            (Test::WriteBw, Ok(r)) => c.ep.msg()?.writemsg(&[(&c.tx, 0, size)], r, ctx, 0, flags),
+            (Test::ReadBw, Ok(r)) => c.ep.msg()?.readmsg(&[(&c.tx, 0, size)], r, ctx, flags),
+            _ if flags.is_empty() => c.ep.send(&c.tx, 0, size, ctx),
+            _ => c.ep.sendmsg(&c.tx, size, ctx, flags),
+        }
+    };
     let per_us = cycles_per_us();
     let (mut posted, mut done, mut answered) = (0usize, 0usize, 0usize);
     let start = cycles();
@@ -213,59 +265,146 @@ pub(crate) fn run_bw(
     let mut peak: f64 = 0.0;
     while done < iters {
         while posted < iters && posted - done < depth {
-            // One completion in CQ_MOD (and the last): RC completes sends in order, so a
-            // completion for send k means sends 0..=k are done.
-            let r = if (posted + 1) % CQ_MOD == 0 || posted + 1 == iters {
-                c.ep.sendmsg(&c.tx, size, posted as u64, Flags::COMPLETION)
-            } else {
-                c.ep.send(&c.tx, 0, size, posted as u64)
-            };
-            match r {
+            match post(posted) {
                 Ok(()) => posted += 1,
                 Err(er) if er.is_again() => break,
                 Err(er) => return Err(er.to_string()),
             }
         }
-        match c.cq.read(&mut out) {
-            Ok(n) => {
-                for en in &out[..n] {
-                    if en.flags & Flags::SEND.bits() != 0 {
-                        done = done.max(en.op_context as usize + 1);
-                    } else {
-                        // The server's answer can overtake our last send completions.
-                        answered += 1;
-                    }
-                }
-                if done - window_done >= depth {
-                    let now = cycles();
-                    let us = now.wrapping_sub(window_start) as f64 / per_us;
-                    if us > 0.0 {
-                        peak = peak.max(((done - window_done) * size) as f64 / us);
-                    }
-                    (window_start, window_done) = (now, done);
-                }
+        let n = poll(c, &mut out, deadline, || {
+            format!("only {done} of {iters} operations completed")
+        })?;
+        for en in &out[..n] {
+            if en.flags & INITIATOR != 0 {
+                done = done.max(en.op_context as usize + 1);
+            } else {
+                // The server's answer can overtake our last send completions.
+                answered += 1;
             }
-            Err(er) if er.is_again() => {
-                if deadline.passed() {
-                    return Err(format!("only {done} of {iters} sends completed"));
-                }
+        }
+        if done - window_done >= depth {
+            let now = cycles();
+            let us = now.wrapping_sub(window_start) as f64 / per_us;
+            if us > 0.0 {
+                peak = peak.max(((done - window_done) * size) as f64 / us);
             }
-            Err(er) if er.errno() == errno::EAVAIL => {
-                let err = c.cq.readerr().map_err(|e| e.to_string())?;
-                return Err(format!(
-                    "send failed: {} ({})",
-                    rfabric::core::error::strerror(err.err),
-                    c.cq.strerror(err.prov_errno)
-                ));
-            }
-            Err(er) => return Err(er.to_string()),
+            (window_start, window_done) = (now, done);
         }
     }
     let secs = cycles().wrapping_sub(start) as f64 / per_us / 1e6;
+    if test != Test::SendBw {
+        rma_done(c, deadline)?;
+        return Ok((secs, peak));
+    }
     // The server's answer closes the size: it has counted every message.
     if answered == 0 {
         reap(c, 1, deadline)?;
     }
     c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
     Ok((secs, peak))
+}
+
+/// RDMA read latency (perftest's read_lat): the client reads `size` bytes of the server's
+/// buffer, one read at a time, and times each to its completion. A read is a round trip
+/// in itself, so the latency is the whole of it, as perftest reports. The server only
+/// waits for the client's word that the size is done.
+pub(crate) fn run_read_lat(
+    c: &Conn,
+    size: usize,
+    iters: usize,
+    timeout: Duration,
+) -> Result<Vec<f64>, String> {
+    let deadline = &mut Deadline::after(timeout);
+    if c.is_server {
+        reap(c, 1, deadline)?;
+        c.ep.recv(&c.rx, 0, c.rx.len(), 1)
+            .map_err(|e| e.to_string())?;
+        answer(c, deadline)?;
+        return Ok(Vec::new());
+    }
+    let ep = c.ep.msg().map_err(|e| e.to_string())?;
+    let rma = rma_target(c, size)?;
+    let per_us = cycles_per_us();
+    let warmup = WARMUP.min(((64 << 20) / size.max(1)).max(1));
+    let mut samples = Vec::with_capacity(iters);
+    let mut out = c.entries.borrow_mut();
+    for i in 0..warmup + iters {
+        let t0 = cycles();
+        ep.readmsg(&[(&c.tx, 0, size)], &rma, 1, Flags::COMPLETION)
+            .map_err(|e| e.to_string())?;
+        while poll(c, &mut out[..1], deadline, || {
+            format!("a {size}-byte read did not complete")
+        })? == 0
+        {}
+        if i >= warmup {
+            samples.push(cycles().wrapping_sub(t0) as f64 / per_us);
+        }
+    }
+    drop(out);
+    rma_done(c, deadline)?;
+    Ok(samples)
+}
+
+/// RDMA write ping-pong (perftest's write latency test): each side writes `size` bytes into
+/// the peer's buffer, whose last byte carries the round's number (1 to 255, so a byte the
+/// previous size left at 0 never reads as a round), and polls its own buffer's last byte
+/// for the peer's. Writes are signalled one in CQ_MOD; their completions are reaped while
+/// polling. Returns the client's one-way latencies.
+pub(crate) fn run_write_lat(
+    c: &Conn,
+    size: usize,
+    iters: usize,
+    timeout: Duration,
+) -> Result<Vec<f64>, String> {
+    let size = size.max(1);
+    let rma = rma_target(c, size)?;
+    let ep = c.ep.msg().map_err(|e| e.to_string())?;
+    let e = |e: Error| e.to_string();
+    let deadline = &mut Deadline::after(timeout);
+    let per_us = cycles_per_us();
+    let mut samples = Vec::with_capacity(iters);
+    let last = size - 1;
+    let mut unreaped = 0usize;
+    let mut out = c.entries.borrow_mut();
+    // Large sizes warm up on at most 64 MiB (8 rounds of 8 MiB): under TCG a full warm-up
+    // of them takes longer than a timeout.
+    let warmup = WARMUP.min(((64 << 20) / size).max(1));
+    let mut wait_for = |round: u8, unreaped: &mut usize| -> Result<(), String> {
+        while c.rx.byte_at(last).map_err(e)? != round {
+            let stalled =
+                || format!("the peer stopped writing ({size} bytes, waiting for round {round})");
+            if *unreaped > 0 {
+                *unreaped -= poll(c, &mut out[..], deadline, stalled)?.min(*unreaped);
+            } else if deadline.passed() {
+                return Err(stalled());
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
+    };
+    for i in 0..warmup + iters {
+        let round = (i % 255) as u8 + 1;
+        let signal = (i + 1) % CQ_MOD == 0 || i + 1 == warmup + iters;
+        let t0 = cycles();
+        if c.is_server {
+            wait_for(round, &mut unreaped)?;
+        }
+        c.tx.write_at(last, &[round]).map_err(e)?;
+        if signal {
+            ep.writemsg(&[(&c.tx, 0, size)], &rma, 2, 0, Flags::COMPLETION)
+                .map_err(e)?;
+            unreaped += 1;
+        } else {
+            ep.write(&c.tx, 0, size, rma.addr, rma.key, 2).map_err(e)?;
+        }
+        if !c.is_server {
+            wait_for(round, &mut unreaped)?;
+            if i >= warmup {
+                samples.push(cycles().wrapping_sub(t0) as f64 / per_us / 2.0);
+            }
+        }
+    }
+    drop(out);
+    reap_sends(c, unreaped, deadline)?;
+    Ok(samples)
 }

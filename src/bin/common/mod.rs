@@ -8,7 +8,7 @@ mod options;
 mod setup;
 mod tables;
 
-use loops::{run_bw, run_lat, sizes};
+use loops::{run_bw, run_lat, run_read_lat, run_write_lat, sizes};
 pub(crate) use options::Test;
 use options::{parse, usage};
 use setup::connect;
@@ -42,8 +42,18 @@ pub(crate) fn main(test: Test) -> std::process::ExitCode {
                         print_lat(&o, size, &lat_stats(&mut s));
                     }
                 }
-                Test::SendBw => {
-                    let (secs, peak) = run_bw(&c, size, o.iters, o.tx_depth, o.timeout)?;
+                Test::WriteLat | Test::ReadLat => {
+                    let mut s = if o.test == Test::WriteLat {
+                        run_write_lat(&c, size, o.iters, o.timeout)?
+                    } else {
+                        run_read_lat(&c, size, o.iters, o.timeout)?
+                    };
+                    if !c.is_server {
+                        print_lat(&o, size, &lat_stats(&mut s));
+                    }
+                }
+                Test::SendBw | Test::WriteBw | Test::ReadBw => {
+                    let (secs, peak) = run_bw(&c, o.test, size, o.iters, o.tx_depth, o.timeout)?;
                     if !c.is_server {
                         print_bw(&o, size, secs, peak);
                     }

@@ -6,6 +6,38 @@ use std::time::Duration;
 pub(crate) enum Test {
     SendLat,
     SendBw,
+    /// RDMA write ping-pong: each side polls its buffer's last byte (perftest's write_lat).
+    WriteLat,
+    /// One RDMA read at a time, timed to its completion (perftest's read_lat).
+    ReadLat,
+    /// RDMA writes in flight, counted by their completions (perftest's write_bw).
+    WriteBw,
+    /// RDMA reads in flight (perftest's read_bw).
+    ReadBw,
+}
+
+impl Test {
+    /// Latency tests: small default size, a table of latencies.
+    pub(crate) fn is_lat(self) -> bool {
+        matches!(self, Test::SendLat | Test::WriteLat | Test::ReadLat)
+    }
+
+    /// One-sided tests: RDMA writes or reads into the peer's buffer, over RC only.
+    pub(crate) fn is_rma(self) -> bool {
+        !matches!(self, Test::SendLat | Test::SendBw)
+    }
+
+    /// The tool's name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Test::SendLat => "rfab_send_lat",
+            Test::SendBw => "rfab_send_bw",
+            Test::WriteLat => "rfab_write_lat",
+            Test::ReadLat => "rfab_read_lat",
+            Test::WriteBw => "rfab_write_bw",
+            Test::ReadBw => "rfab_read_bw",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -33,10 +65,7 @@ pub(crate) struct Opts {
 pub(super) const MAX_ALL: usize = 8 << 20;
 
 pub(crate) fn usage(test: Test) -> String {
-    let name = match test {
-        Test::SendLat => "rfab_send_lat",
-        Test::SendBw => "rfab_send_bw",
-    };
+    let name = test.name();
     format!(
         "usage: {name} [options]            (server)\n       {name} [options] SERVER     (client)\n\
          \x20 -d, --ib-dev DEV     device (domain) to use, e.g. rxe0\n\
@@ -52,8 +81,8 @@ pub(crate) fn usage(test: Test) -> String {
          \x20     --tagged         tagged messages (with -e rdm)\n\
          \x20 -T, --timeout SEC    give up waiting for the peer after SEC seconds (default 60)\n\
          \x20     --json           one JSON object per size instead of the table\n",
-        if test == Test::SendLat { 2 } else { 65536 },
-        if test == Test::SendLat { 1000 } else { 5000 }
+        if test.is_lat() { 2 } else { 65536 },
+        if test.is_lat() { 1000 } else { 5000 }
     )
 }
 
@@ -63,9 +92,9 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
         server: None,
         port: 18515,
         device: None,
-        size: if test == Test::SendLat { 2 } else { 65536 },
+        size: if test.is_lat() { 2 } else { 65536 },
         all: false,
-        iters: if test == Test::SendLat { 1000 } else { 5000 },
+        iters: if test.is_lat() { 1000 } else { 5000 },
         tx_depth: 128,
         inline: None,
         json: false,
@@ -124,6 +153,9 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
             "-c UD: datagrams may be dropped, which a bandwidth count cannot tell from slowness; use rfab_send_lat -c UD"
                 .into(),
         );
+    }
+    if test.is_rma() && (o.ud || o.rdm) {
+        return Err("RDMA writes and reads run over connected endpoints (RC, -e msg) only".into());
     }
     if o.rdm && o.ud {
         return Err("-e rdm and -c UD: choose one endpoint type".into());

@@ -10,7 +10,7 @@ use rfabric::verbs::*;
 use rfabric::*;
 
 use super::oob::{decode_params, encode_params, oob_accept, oob_connect, read_line};
-use super::options::{Opts, Test, MAX_ALL};
+use super::options::{Opts, MAX_ALL};
 
 const RX_DEPTH: usize = 512;
 
@@ -110,7 +110,7 @@ impl Ep {
         }
     }
 
-    fn msg(&self) -> Result<&MsgEndpoint> {
+    pub(super) fn msg(&self) -> Result<&MsgEndpoint> {
         match self {
             Ep::Msg(e) => Ok(e),
             _ => Err(Error::new(errno::EINVAL, "not a connected endpoint")),
@@ -127,6 +127,8 @@ pub(crate) struct Conn {
     pub(crate) is_server: bool,
     /// Where the loops read completions: made once, not zeroed for every read.
     pub(crate) entries: std::cell::RefCell<[rfabric::core::cq::CqEntry; 16]>,
+    /// The peer's receive buffer as an RMA target: its address and key (write tests).
+    pub(crate) remote: Option<(u64, u64)>,
     _eq: Option<Arc<EventQueue>>,
     _pep: Option<PassiveEndpoint>,
     _control: TcpStream,
@@ -136,7 +138,7 @@ pub(crate) struct Conn {
 /// `CQ_MOD` times, as perftest does) on both sides of a latency run and on the client of a
 /// bandwidth run, whose server waits for the completion of its one answer.
 fn send_bind(o: &Opts, is_server: bool) -> Flags {
-    if o.test == Test::SendLat || !is_server {
+    if o.test.is_lat() || !is_server {
         Flags::TRANSMIT | Flags::SELECTIVE_COMPLETION
     } else {
         Flags::TRANSMIT
@@ -146,7 +148,11 @@ fn send_bind(o: &Opts, is_server: bool) -> Flags {
 fn hints(o: &Opts) -> Info {
     let mut h = Info::default();
     h.ep_attr.ep_type = EpType::Msg;
-    h.caps = Flags::MSG;
+    h.caps = if o.test.is_rma() {
+        Flags::MSG | Flags::RMA
+    } else {
+        Flags::MSG
+    };
     h.tx_attr.size = o.tx_depth.max(16);
     h.rx_attr.size = RX_DEPTH;
     // One buffer per operation, as perftest: smaller work queue entries.
@@ -242,7 +248,7 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             post_rx(&conn, RX_DEPTH, max)?;
             conn.ep.msg().map_err(e)?.accept(b"").map_err(e)?;
             wait_connected(&eq, deadline, "the client's connection")?;
-            Ok(conn)
+            swap_rma_target(conn, o, &mut r)
         }
         Some(server) => {
             let control = oob_connect(&server, o.port, o)?;
@@ -274,9 +280,27 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             post_rx(&conn, RX_DEPTH, max)?;
             conn.ep.msg().map_err(e)?.connect(b"").map_err(e)?;
             wait_connected(&eq, deadline, &format!("the server at {server}:{port}"))?;
-            Ok(conn)
+            swap_rma_target(conn, o, &mut r)
         }
     }
+}
+
+/// For write tests: tells the peer where its writes go (this side's receive buffer) over
+/// the control connection, and learns where this side's go.
+fn swap_rma_target(mut conn: Conn, o: &Opts, r: &mut BufReader<TcpStream>) -> Result<Conn, String> {
+    if !o.test.is_rma() {
+        return Ok(conn);
+    }
+    let line = format!("rma {:x} {:x}\n", conn.rx.addr(), conn.rx.key());
+    (&conn._control)
+        .write_all(line.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let peer = read_line(r, "the peer's buffer address and key")?;
+    let bad = || format!("the peer sent {peer:?}, not its buffer's address and key");
+    let mut it = peer.strip_prefix("rma ").ok_or_else(bad)?.split(' ');
+    let mut hex = || u64::from_str_radix(it.next().unwrap_or(""), 16).map_err(|_| bad());
+    conn.remote = Some((hex()?, hex()?));
+    Ok(conn)
 }
 
 fn endpoint(
@@ -301,8 +325,12 @@ fn endpoint(
     ep.bind_cq(&cq, send_bind(o, is_server)).map_err(e)?;
     ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
     ep.enable().map_err(e)?;
-    let tx = MemoryRegion::alloc(domain, max.max(1), Flags::SEND).map_err(e)?;
-    let rx = MemoryRegion::alloc(domain, max.max(1), Flags::RECV).map_err(e)?;
+    // The receive buffer is the peer's RMA target, the send buffer the local end of writes
+    // and reads.
+    let tx_access = Flags::SEND | Flags::WRITE | Flags::READ;
+    let rx_access = Flags::RECV | Flags::REMOTE_WRITE | Flags::REMOTE_READ;
+    let tx = MemoryRegion::alloc(domain, max.max(1), tx_access).map_err(e)?;
+    let rx = MemoryRegion::alloc(domain, max.max(1), rx_access).map_err(e)?;
     Ok(Conn {
         ep: Ep::Msg(ep),
         cq,
@@ -311,6 +339,7 @@ fn endpoint(
         info,
         is_server,
         entries: Default::default(),
+        remote: None,
         _eq: Some(eq.clone()),
         _pep: pep,
         _control: control,
@@ -372,6 +401,7 @@ fn connect_ud(
         info,
         is_server,
         entries: Default::default(),
+        remote: None,
         _eq: None,
         _pep: None,
         _control: control,
@@ -460,6 +490,7 @@ fn connect_rdm(
         info,
         is_server,
         entries: Default::default(),
+        remote: None,
         _eq: None,
         _pep: None,
         _control: control,

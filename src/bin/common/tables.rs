@@ -11,6 +11,10 @@ pub(crate) fn banner(o: &Opts, c: &Conn) {
     let title = match o.test {
         Test::SendLat => "Send Latency Test",
         Test::SendBw => "Send BW Test",
+        Test::WriteLat => "RDMA_Write Latency Test",
+        Test::ReadLat => "RDMA_Read Latency Test",
+        Test::WriteBw => "RDMA_Write BW Test",
+        Test::ReadBw => "RDMA_Read BW Test",
     };
     println!("{line}");
     let (ep_type, transport) = match c.ep {
@@ -35,10 +39,10 @@ pub(crate) fn banner(o: &Opts, c: &Conn) {
     println!(" Remote address : {remote}");
     println!("{line}");
     match o.test {
-        Test::SendLat => println!(
+        Test::SendLat | Test::WriteLat | Test::ReadLat => println!(
             " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
         ),
-        Test::SendBw => println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"),
+        Test::SendBw | Test::WriteBw | Test::ReadBw => println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"),
     }
 }
 
@@ -87,7 +91,8 @@ pub(crate) fn lat_stats(samples: &mut [f64]) -> LatStats {
 pub(crate) fn print_lat(o: &Opts, size: usize, s: &LatStats) {
     if o.json {
         println!(
-            "{{\"test\":\"send_lat\",\"bytes\":{size},\"iterations\":{},\"t_min\":{:.2},\"t_max\":{:.2},\"t_typical\":{:.2},\"t_avg\":{:.2},\"t_stdev\":{:.2},\"p99\":{:.2},\"p999\":{:.2}}}",
+            "{{\"test\":\"{}\",\"bytes\":{size},\"iterations\":{},\"t_min\":{:.2},\"t_max\":{:.2},\"t_typical\":{:.2},\"t_avg\":{:.2},\"t_stdev\":{:.2},\"p99\":{:.2},\"p999\":{:.2}}}",
+            &o.test.name()[5..],
             o.iters, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
         );
     } else {
@@ -103,7 +108,7 @@ pub(crate) fn print_bw(o: &Opts, size: usize, secs: f64, peak: f64) {
     let rate = o.iters as f64 / secs / 1e6;
     let peak = peak.max(avg);
     if o.json {
-        println!("{{\"test\":\"send_bw\",\"bytes\":{size},\"iterations\":{},\"bw_peak\":{peak:.2},\"bw_avg\":{avg:.2},\"msg_rate\":{rate:.6}}}", o.iters);
+        println!("{{\"test\":\"{}\",\"bytes\":{size},\"iterations\":{},\"bw_peak\":{peak:.2},\"bw_avg\":{avg:.2},\"msg_rate\":{rate:.6}}}", &o.test.name()[5..], o.iters);
     } else {
         println!(
             " {:<10} {:<10}       {:<7.2}            {:<7.2}              {:<.6}",

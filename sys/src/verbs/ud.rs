@@ -210,15 +210,7 @@ impl QpHandle {
         imm: Option<u32>,
         to: &UdDest,
     ) -> Result<(), i32> {
-        if data.len() > self.max_inline as usize {
-            return Err(libc::EINVAL);
-        }
-        let mut sge = Sge {
-            addr: data.as_ptr() as u64,
-            length: data.len() as u32,
-            lkey: 0,
-        };
-        let n = usize::from(!data.is_empty());
+        let (mut sge, n) = self.inline_sge(data)?;
         self.post_send_to(
             wr_id,
             &mut sge,
@@ -240,11 +232,7 @@ impl QpHandle {
     ) -> Result<(), i32> {
         let mut sges = [Sge::default(); MAX_IOV];
         let (n, total) = fill_sges(&mut sges, iov, self.max_send_sge)?;
-        let flags = if total <= self.max_inline as usize {
-            flags | send_flags::INLINE
-        } else {
-            flags & !send_flags::INLINE
-        };
+        let flags = self.inline_if_fits(flags, total);
         self.post_send_to(wr_id, sges.as_mut_ptr(), n, flags, imm, Some(to))
     }
 }
