@@ -143,6 +143,14 @@ const LAYOUT: &[(&str, &[&str])] = &[
         "fi_eq_attr",
         &["size", "flags", "wait_obj", "signaling_vector", "wait_set"],
     ),
+    ("fi_cntr_attr", &["events", "wait_obj", "wait_set", "flags"]),
+    (
+        "fi_ops_cntr",
+        &[
+            "size", "read", "readerr", "add", "set", "wait", "adderr", "seterr",
+        ],
+    ),
+    ("fid_cntr", &["fid", "ops"]),
     (
         "fi_cq_tagged_entry",
         &["op_context", "flags", "len", "buf", "data", "tag"],

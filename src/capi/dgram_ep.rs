@@ -8,6 +8,7 @@ use std::sync::Arc;
 use rfabric_sys::fabric as fi;
 
 use crate::capi::av::CAv;
+use crate::capi::cntr::CCntr;
 use crate::capi::cq::CCq;
 use crate::capi::ep::{
     endpoint_opt, not_passive_listen, not_passive_reject, on_buf, on_inject, on_iov, on_msg,
@@ -123,7 +124,10 @@ unsafe extern "C" fn dgram_bind(f: *mut fi::fid, b: *mut fi::fid, flags: u64) ->
                     Flags::from_bits_retain(flags),
                 ),
                 fi::FI_CLASS_AV => g.bind_av(&CAv::from_c(b.cast(), "av")?.inner),
-                fi::FI_CLASS_CNTR => Err(enosys("counters")),
+                fi::FI_CLASS_CNTR => g.bind_cntr(
+                    &CCntr::from_c(b.cast(), "cntr")?.inner,
+                    Flags::from_bits_retain(flags),
+                ),
                 c => Err(Error::new(
                     errno::EINVAL,
                     format!("an endpoint cannot be bound to a fid of class {c}"),

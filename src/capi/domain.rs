@@ -34,7 +34,7 @@ pub(crate) static DOMAIN_OPS: fi::fi_ops_domain = fi::fi_ops_domain {
     cq_open: Some(cq_open),
     endpoint: Some(endpoint_open),
     scalable_ep: Some(n4i),
-    cntr_open: Some(n4i),
+    cntr_open: Some(cntr_open),
     poll_open: Some(n3i),
     stx_ctx: Some(n4i),
     srx_ctx: Some(srx_open),
@@ -203,6 +203,21 @@ unsafe extern "C" fn cq_open(
         // SAFETY: forwarded as received.
         Ok(d) => unsafe { cq::open(&d.inner, attr, cq, context) },
         Err(e) => guarded("fi_cq_open", || Err(e)),
+    }
+}
+
+/// `fi_cntr_open` on this domain.
+unsafe extern "C" fn cntr_open(
+    domain: *mut fi::fid_domain,
+    attr: *mut fi::fi_cntr_attr,
+    cntr: *mut *mut fi::fid_cntr,
+    context: *mut c_void,
+) -> i32 {
+    // SAFETY: the application's domain handle (its ops are checked).
+    match unsafe { CDomain::from_c(domain, "domain") } {
+        // SAFETY: forwarded as received.
+        Ok(d) => unsafe { crate::capi::cntr::open(&d.inner, attr, cntr, context) },
+        Err(e) => guarded("fi_cntr_open", || Err(e)),
     }
 }
 

@@ -16,6 +16,7 @@
 
 pub(crate) mod av;
 pub(crate) mod avset;
+pub(crate) mod cntr;
 pub(crate) mod cq;
 pub(crate) mod dgram_ep;
 pub(crate) mod domain;

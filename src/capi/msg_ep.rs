@@ -6,13 +6,14 @@ use std::mem::size_of;
 
 use rfabric_sys::fabric as fi;
 
+use crate::capi::cntr::CCntr;
 use crate::capi::cq::CCq;
 use crate::capi::ep::{
     endpoint_opt, not_passive_listen, not_passive_reject, on_buf, on_inject, on_iov, on_msg,
     on_msg_rma, opt_value, put_opt, sockaddr_bytes,
 };
 use crate::capi::eq::{CConnReq, CEq};
-use crate::capi::fid::{bytes, bytes_mut, enosys, fi_ops_of, fid, guarded, ops, Class, Obj};
+use crate::capi::fid::{bytes, bytes_mut, fi_ops_of, fid, guarded, ops, Class, Obj};
 use crate::capi::nosys::{self, n1, n2, n5i};
 use crate::capi::srx::CSrx;
 use crate::core::addr::parse_sockaddr;
@@ -145,7 +146,10 @@ unsafe extern "C" fn msg_bind(f: *mut fi::fid, b: *mut fi::fid, flags: u64) -> i
                     errno::EINVAL,
                     "MSG endpoints are connected: they take no address vector",
                 )),
-                fi::FI_CLASS_CNTR => Err(enosys("counters")),
+                fi::FI_CLASS_CNTR => m.bind_cntr(
+                    &CCntr::from_c(b.cast(), "cntr")?.inner,
+                    Flags::from_bits_retain(flags),
+                ),
                 c => Err(Error::new(
                     errno::EINVAL,
                     format!("an endpoint cannot be bound to a fid of class {c}"),

@@ -30,6 +30,7 @@ use crate::core::cq::{
 use crate::core::env;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{CqFormat, CqWaitCond, Flags, Threading, WaitObj};
+use crate::verbs::cntr::EpCounters;
 use crate::verbs::{os_err, wr_id, Domain};
 
 /// `fi_cq_attr`.
@@ -195,6 +196,10 @@ pub struct CompletionQueue {
     peer_fds: AtomicU32,
     /// Where the completions of peers' transfers go, by queue pair number.
     transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
+    /// The counters of endpoints that bound some, by queue pair number: each polled
+    /// completion of theirs counts there. `has_counters` keeps the lock off other reads.
+    counters: RwLock<HashMap<u32, Arc<EpCounters>, QpnHash>>,
+    has_counters: AtomicBool,
     _domain: Arc<Domain>,
 }
 
@@ -499,6 +504,8 @@ impl CompletionQueue {
             peer_fds: AtomicU32::new(0),
             has_peers: AtomicBool::new(false),
             transfers: RwLock::new(Vec::new()),
+            counters: RwLock::new(HashMap::default()),
+            has_counters: AtomicBool::new(false),
             _domain: domain.clone(),
         }))
     }
@@ -617,6 +624,9 @@ impl CompletionQueue {
             .cq
             .poll_batch(&mut batch, out.len())
             .map_err(os_err("ibv_poll_cq"))?;
+        if self.has_counters.load(Ordering::Relaxed) {
+            self.count(wcs);
+        }
         let (n, peers) = self.translate(wcs, out, src);
         drop(order);
         if peers {
@@ -945,7 +955,8 @@ impl CompletionQueue {
     }
 
     /// Moves every completion the device holds now into the software queue, in order.
-    /// Returns whether one of them was the work request `watch`.
+    /// Returns whether one of them was the work request `watch` (with no `watch`: whether
+    /// there were any).
     fn stage_device(&self, watch: Option<u64>) -> Result<bool> {
         let mut batch = WcBatch::<POLL_BATCH>::new();
         let mut seen = false;
@@ -958,7 +969,10 @@ impl CompletionQueue {
             if wcs.is_empty() {
                 return Ok(seen);
             }
-            seen |= watch.is_some_and(|m| wcs.iter().any(|w| w.wr_id() == m));
+            if self.has_counters.load(Ordering::Relaxed) {
+                self.count(wcs);
+            }
+            seen |= watch.is_none_or(|m| wcs.iter().any(|w| w.wr_id() == m));
             let peers = self.stage(wcs);
             drop(order);
             if peers {
@@ -974,6 +988,73 @@ impl CompletionQueue {
         if let Err(e) = self.stage_device(None) {
             crate::fi_warn!("cq", "{e}");
         }
+    }
+
+    /// Counts polled completions into the counters of the endpoints they belong to.
+    #[cold]
+    fn count(&self, wcs: &[WorkCompletion]) {
+        let m = self.counters.read().unwrap_or_else(|p| p.into_inner());
+        for w in wcs {
+            if let Some(c) = m.get(&w.qp_num()) {
+                c.count(w);
+            }
+        }
+    }
+
+    /// Counts the completions of queue pair `qp_num` into `cntrs` from now on.
+    pub(crate) fn register_counters(&self, qp_num: u32, cntrs: Arc<EpCounters>) {
+        let mut m = self.counters.write().unwrap_or_else(|p| p.into_inner());
+        m.insert(qp_num, cntrs);
+        self.has_counters.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn unregister_counters(&self, qp_num: u32) {
+        let mut m = self.counters.write().unwrap_or_else(|p| p.into_inner());
+        m.remove(&qp_num);
+        self.has_counters.store(!m.is_empty(), Ordering::SeqCst);
+    }
+
+    /// What a read of or a wait on a counter this CQ feeds does to it: drives its peers
+    /// and moves what the device holds into the software queue (counting it there).
+    /// Returns whether the device held anything.
+    pub(crate) fn drive_for_counters(&self) -> Result<bool> {
+        if self.has_peers.load(Ordering::Relaxed) {
+            self.progress_peers();
+        }
+        self.stage_device(None)
+    }
+
+    /// Whether blocking waits can sleep on this CQ (it has a wait object other than
+    /// `FI_WAIT_YIELD`).
+    pub(crate) fn has_wait_object(&self) -> bool {
+        self.waiter.is_some()
+    }
+
+    /// Sleeps up to `left` for the device (the CQ armed first): a counter's wait. Entries
+    /// already in the software queue, which a counter does not read, do not cut it short.
+    pub(crate) fn sleep_for_device(&self, left: Duration) -> Result<()> {
+        let Some(w) = &self.waiter else {
+            std::thread::yield_now();
+            return Ok(());
+        };
+        let r = match w {
+            Waiter::Fd { epoll, .. } => {
+                let t = EpollTimeout::try_from(left).unwrap_or(EpollTimeout::MAX);
+                match epoll.wait(&mut [EpollEvent::empty(); 4], t) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+                    Err(e) => Err(Error::os(e as i32, "epoll_wait on the CQ")),
+                }
+            }
+            Waiter::MutexCond { mc, pending, .. } => {
+                let mut g = mc.lock();
+                if !pending.swap(false, Ordering::SeqCst) {
+                    g.wait(Some(left));
+                }
+                Ok(())
+            }
+        };
+        self.drain_wakeups(w);
+        r
     }
 
     /// Software completions that can be inserted before the CQ overruns.

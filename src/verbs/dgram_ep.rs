@@ -32,7 +32,9 @@ use crate::verbs::ep_common::{
 use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
 use crate::verbs::eq::{CmJoin, Owner};
 use crate::verbs::wr_id::{self, Kind};
-use crate::verbs::{os_err, AddressVector, CompletionQueue, Domain, EventQueue, Iov, MemoryRegion};
+use crate::verbs::{
+    os_err, AddressVector, CompletionQueue, Counter, Domain, EventQueue, Iov, MemoryRegion,
+};
 
 #[derive(Debug, Default)]
 struct Control {
@@ -162,6 +164,19 @@ impl DgramEndpoint {
         let enabled = self.caps.get().is_some();
         let mut c = lock(&self.ctl);
         self.signalling.bind_cq(&mut c.cqs, cq, flags, enabled)
+    }
+
+    /// Binds a counter for `FI_SEND` and/or `FI_RECV` completions, before `enable`.
+    pub fn bind_cntr(&self, cntr: &Arc<Counter>, flags: Flags) -> Result<()> {
+        if flags.intersects(Flags::READ | Flags::WRITE) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "datagram endpoints have no RMA: bind counters for FI_SEND and/or FI_RECV",
+            ));
+        }
+        let enabled = self.caps.get().is_some();
+        let mut c = lock(&self.ctl);
+        self.signalling.bind_cntr(&mut c.cqs, cntr, flags, enabled)
     }
 
     /// Binds the address vector whose addresses sends name (`fi_ep_bind` of an AV).
@@ -304,6 +319,7 @@ impl DgramEndpoint {
             }
         };
         crate::fi_debug!("ep", "UD QP {} created: {:?}", qp.qp_num(), got);
+        c.cqs.count_on(qp.qp_num());
         let _ = self.av.set(av);
         let owner: Weak<dyn RecvOwner> = self.me.clone();
         rx.register_owner(qp.qp_num(), owner);

@@ -1,4 +1,4 @@
-//! What every verbs endpoint has: its CQ bindings, how its sends are signalled, and the
+//! What every verbs endpoint has: its CQ and counter bindings, how its sends are signalled, and the
 //! checks and translations of its data calls (flags, ranges, immediate data, full queues).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -12,6 +12,7 @@ use crate::core::cq::CqErrEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::info::Info;
+use crate::verbs::cntr::{Counter, EpCounters};
 use crate::verbs::{wr_id, CompletionQueue, Domain, MemoryRegion};
 
 /// The completion queues an endpoint is bound to, and the device entries it reserved in
@@ -21,6 +22,10 @@ pub(crate) struct CqBinding {
     pub(crate) tx_cq: Option<Arc<CompletionQueue>>,
     pub(crate) rx_cq: Option<Arc<CompletionQueue>>,
     pub(crate) reserved: (u32, u32),
+    /// Counters bound for each direction, and the queue pair whose completions the CQs
+    /// count into them once it exists (`count_on`).
+    cntrs: EpCounters,
+    counted_qp: Option<u32>,
 }
 
 impl CqBinding {
@@ -53,11 +58,35 @@ impl CqBinding {
     }
 }
 
+impl CqBinding {
+    /// Once queue pair `qp_num` exists: the CQs count its completions into the bound
+    /// counters, whose reads drive those CQs.
+    pub(crate) fn count_on(&mut self, qp_num: u32) {
+        if self.cntrs.is_empty() {
+            return;
+        }
+        let cntrs = Arc::new(self.cntrs.clone());
+        for cq in [&self.tx_cq, &self.rx_cq].into_iter().flatten() {
+            cq.register_counters(qp_num, cntrs.clone());
+            for c in self.cntrs.all() {
+                c.feed_from(cq);
+            }
+        }
+        self.counted_qp = Some(qp_num);
+    }
+}
+
 impl Drop for CqBinding {
     fn drop(&mut self) {
         self.unreserve();
         for cq in [&self.tx_cq, &self.rx_cq].into_iter().flatten() {
+            if let Some(q) = self.counted_qp {
+                cq.unregister_counters(q);
+            }
             cq.unbind();
+        }
+        for c in self.cntrs.all() {
+            c.unbind();
         }
     }
 }
@@ -70,6 +99,9 @@ pub(crate) struct Signalling {
     /// Unsignalled sends since the last signalled one: bounded, so that the send queue
     /// (whose entries a signalled completion frees) never fills with unsignalled work.
     unsignaled: AtomicU32,
+    /// A counter counts sends, reads or writes: every one is signalled (its completion
+    /// suppressed when no CQ entry is due), so the CQ can count it.
+    tx_counted: AtomicBool,
 }
 
 impl Signalling {
@@ -124,6 +156,27 @@ impl Signalling {
         Ok(())
     }
 
+    /// `fi_ep_bind` of a counter for the directions in `flags`, into `c`, on an endpoint
+    /// not yet `enabled`.
+    pub(crate) fn bind_cntr(
+        &self,
+        c: &mut CqBinding,
+        cntr: &Arc<Counter>,
+        flags: Flags,
+        enabled: bool,
+    ) -> Result<()> {
+        if enabled {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "bind counters before enabling the endpoint",
+            ));
+        }
+        c.cntrs.bind(cntr, flags)?;
+        self.tx_counted
+            .store(c.cntrs.counts_transmits(), Ordering::Release);
+        Ok(())
+    }
+
     pub(crate) fn rx_selective(&self) -> bool {
         self.rx_selective.load(Ordering::Relaxed)
     }
@@ -145,10 +198,20 @@ impl Signalling {
         }
     }
 
+    /// Whether every send and RMA operation must be signalled for a counter.
+    #[inline]
+    fn counted(&self) -> bool {
+        self.tx_counted.load(Ordering::Relaxed)
+    }
+
     /// The work request id and signalling of a send that reports no completion: every
-    /// `depth / 2`-th one is signalled anyway (its completion suppressed) to free the queue.
+    /// `depth / 2`-th one is signalled anyway (its completion suppressed) to free the queue,
+    /// and every one while a counter counts it.
     #[inline]
     pub(crate) fn unsignaled(&self, id: u64, depth: u32) -> (u64, u32) {
+        if self.counted() {
+            return (id | wr_id::SUPPRESSED, send_flags::SIGNALED);
+        }
         let every = (depth / 2).max(1);
         let n = self.unsignaled.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= every {

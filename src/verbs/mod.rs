@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod av;
+pub mod cntr;
 pub mod cq;
 pub mod dgram_ep;
 pub mod domain;
@@ -22,6 +23,7 @@ pub mod srx;
 pub(crate) mod wr_id;
 
 pub use av::{AddressVector, AvAttr, UdName};
+pub use cntr::{CntrAttr, Counter};
 pub use cq::{CompletionQueue, CqAttr};
 pub use dgram_ep::{DgramEndpoint, Multicast};
 pub use domain::Domain;

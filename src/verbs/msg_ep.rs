@@ -22,7 +22,9 @@ use crate::verbs::eq::{encode_cm_data, CmEndpoint, ConnRequest, Owner, CM_DATA_S
 use crate::verbs::info::resolve_route;
 use crate::verbs::multi_recv::{MultiBuf, MultiRecvQueue, DEFAULT_MIN_MULTI_RECV};
 use crate::verbs::wr_id::{self, Kind};
-use crate::verbs::{os_err, CompletionQueue, Domain, EventQueue, MemoryRegion, SharedRxContext};
+use crate::verbs::{
+    os_err, CompletionQueue, Counter, Domain, EventQueue, MemoryRegion, SharedRxContext,
+};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 
 const IDLE: u8 = 0;
@@ -375,6 +377,16 @@ impl MsgEndpoint {
             .bind_cq(&mut c.cqs, cq, flags, enabled)
     }
 
+    /// Binds a counter for the directions in `flags` (`FI_SEND`, `FI_RECV`, `FI_READ`,
+    /// `FI_WRITE`), before `enable`; CQs must be bound too (fi_endpoint(3)).
+    pub fn bind_cntr(&self, cntr: &Arc<Counter>, flags: Flags) -> Result<()> {
+        let enabled = self.shared.caps.get().is_some();
+        let mut c = self.shared.ctl();
+        self.shared
+            .signalling
+            .bind_cntr(&mut c.cqs, cntr, flags, enabled)
+    }
+
     /// Takes receives from `srx` instead of a receive queue of its own (`fi_ep_bind` of a
     /// shared receive context), before `enable`. Receives are then posted to `srx`.
     pub fn bind_srx(&self, srx: &Arc<SharedRxContext>) -> Result<()> {
@@ -450,7 +462,9 @@ impl MsgEndpoint {
                 ));
             }
         };
-        crate::fi_debug!("ep", "RC QP {} created: {:?}", self.qp()?.qp_num(), got);
+        let qpn = self.qp()?.qp_num();
+        crate::fi_debug!("ep", "RC QP {qpn} created: {got:?}");
+        c.cqs.count_on(qpn);
         let _ = self.shared.caps.set(got);
         Ok(())
     }

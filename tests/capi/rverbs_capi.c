@@ -188,6 +188,10 @@ static void msg_env_close(struct msg_env *m)
 static enum fi_cq_format pair_format = FI_CQ_FORMAT_DATA;
 static uint64_t pair_rx_op_flags;
 static uint64_t pair_caps = FI_MSG; /* the client's hints caps */
+static uint64_t pair_cq_flags;      /* added to FI_TRANSMIT | FI_RECV on both sides */
+/* Counters the next pair binds (client, server) before enabling, with their bind flags. */
+static struct fid_cntr *pair_cntr[2];
+static uint64_t pair_cntr_flags[2];
 
 static void open_cq(struct fid_domain *d, struct fid_cq **cq)
 {
@@ -214,7 +218,9 @@ static void connect_pair(struct msg_env *m, struct side *s, struct side *c, stru
 	open_cq(m->domain, &c->cq);
 	OK(fi_endpoint(m->domain, ci, &c->ep, c));
 	OK(fi_ep_bind(c->ep, &c->eq->fid, 0));
-	OK(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV));
+	OK(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV | pair_cq_flags));
+	if (pair_cntr[0])
+		OK(fi_ep_bind(c->ep, &pair_cntr[0]->fid, pair_cntr_flags[0]));
 	OK(fi_enable(c->ep));
 	OK(fi_connect(c->ep, &m->addr, "hello", 5));
 
@@ -242,7 +248,9 @@ static void connect_pair(struct msg_env *m, struct side *s, struct side *c, stru
 	cm->info->rx_attr->op_flags |= pair_rx_op_flags;
 	OK(fi_endpoint(m->domain, cm->info, &s->ep, s));
 	OK(fi_ep_bind(s->ep, &m->peq->fid, 0));
-	OK(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV));
+	OK(fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV | pair_cq_flags));
+	if (pair_cntr[1])
+		OK(fi_ep_bind(s->ep, &pair_cntr[1]->fid, pair_cntr_flags[1]));
 	if (srx)
 		OK(fi_ep_bind(s->ep, &srx->fid, 0));
 	OK(fi_enable(s->ep));
@@ -649,7 +657,11 @@ static void bad_section(void)
 	EXPECT(fi_cq_readerr(cq, &err, 0), -FI_EAGAIN);
 	EXPECT(fi_cq_sread(cq, buf, 1, NULL, 0), -FI_EINVAL); /* FI_WAIT_NONE: no blocking */
 	EXPECT(fi_domain(fabric, NULL, &domain, NULL), -FI_EINVAL);
-	EXPECT(fi_cntr_open(domain, NULL, &cntr, NULL), -FI_ENOSYS);
+	EXPECT(fi_cntr_open(domain, NULL, NULL, NULL), -FI_EINVAL);
+	{
+		struct fi_cntr_attr set = {.wait_obj = FI_WAIT_SET};
+		EXPECT(fi_cntr_open(domain, &set, &cntr, NULL), -FI_ENOSYS);
+	}
 	EXPECT(fi_open_ops(&domain->fid, "nothing", 0, NULL, NULL), -FI_ENOSYS);
 	/* Sizes from C that no allocation holds: an error, never an aborted process. */
 	{
@@ -1921,6 +1933,107 @@ static void rma_section(void)
 	printf("ok rma\n");
 }
 
+/* fi_cntr(3) on a connected pair: counters count every send and receive, including those
+ * selective completion keeps off the CQ and injects; fi_cntr_wait drives progress; the
+ * value calls; bad attributes and binds are refused; a bound counter does not close. */
+static void cntr_section(void)
+{
+	struct msg_env m = {0};
+	struct side s = {0}, c = {0};
+	struct fi_info *h = hints_for(FI_EP_MSG);
+	struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC};
+	struct fid_cntr *tx, *rx, *none, *bad;
+	struct fi_cq_data_entry e;
+	enum fi_wait_obj wo;
+	size_t len;
+	int i;
+
+	msg_env_open(&m, h);
+	len = sizeof m.addr;
+	OK(fi_getname(&m.pep->fid, &m.addr, &len));
+	OK(fi_cntr_open(m.domain, &ca, &tx, NULL));
+	OK(fi_cntr_open(m.domain, NULL, &rx, NULL)); /* NULL attributes: the defaults */
+	OK(fi_control(&rx->fid, FI_GETWAITOBJ, &wo));
+	EXPECT(wo, FI_WAIT_NONE);
+	OK(fi_close(&rx->fid));
+	OK(fi_cntr_open(m.domain, &ca, &rx, NULL));
+
+	/* The value calls, on a counter nothing feeds yet. */
+	EXPECT(fi_cntr_read(tx), 0);
+	OK(fi_cntr_add(tx, 5));
+	EXPECT(fi_cntr_read(tx), 5);
+	OK(fi_cntr_wait(tx, 5, 0));
+	EXPECT(fi_cntr_wait(tx, 6, 20), -FI_ETIMEDOUT);
+	OK(fi_cntr_set(tx, 0));
+	OK(fi_cntr_adderr(tx, 2));
+	EXPECT(fi_cntr_readerr(tx), 2);
+	OK(fi_cntr_seterr(tx, 0));
+	EXPECT(fi_cntr_readerr(tx), 0);
+	ca.wait_obj = FI_WAIT_NONE;
+	OK(fi_cntr_open(m.domain, &ca, &none, NULL));
+	EXPECT(fi_cntr_wait(none, 0, 0), -FI_EINVAL); /* fi_cntr(3): invalid with FI_WAIT_NONE */
+	OK(fi_close(&none->fid));
+	ca.flags = 1;
+	EXPECT(fi_cntr_open(m.domain, &ca, &bad, NULL), -FI_EINVAL);
+	ca.flags = 0;
+	ca.events = 7;
+	EXPECT(fi_cntr_open(m.domain, &ca, &bad, NULL), -FI_EINVAL);
+	ca.events = FI_CNTR_EVENTS_COMP;
+
+	/* Sends and receives that make no CQ entry still count. */
+	pair_cq_flags = FI_SELECTIVE_COMPLETION;
+	pair_cntr[0] = tx;
+	pair_cntr[1] = rx;
+	pair_cntr_flags[0] = FI_SEND;
+	pair_cntr_flags[1] = FI_RECV;
+	connect_pair(&m, &s, &c, NULL);
+	for (i = 0; i < 16; i++)
+		OK(fi_recv(s.ep, m.buf + 64 * i, 64, m.desc, 0, NULL));
+	for (i = 0; i < 8; i++) {
+		fill(m.buf + 4096 + 64 * i, 64, (uint8_t)i);
+		OK(fi_send(c.ep, m.buf + 4096 + 64 * i, 64, m.desc, 0, NULL));
+	}
+	for (i = 8; i < 16; i++) {
+		fill(m.buf + 4096 + 64 * i, 64, (uint8_t)i);
+		OK(fi_inject(c.ep, m.buf + 4096 + 64 * i, 64, 0));
+	}
+	OK(fi_cntr_wait(tx, 16, 5000));
+	EXPECT(fi_cntr_read(tx), 16);
+	OK(fi_cntr_wait(rx, 16, 5000));
+	EXPECT(fi_cntr_read(rx), 16);
+	EXPECT(fi_cntr_readerr(tx) + fi_cntr_readerr(rx), 0);
+	for (i = 0; i < 16; i++)
+		check(m.buf + 64 * i, 64, (uint8_t)i);
+	EXPECT(fi_cq_read(c.cq, &e, 1), -FI_EAGAIN);
+	EXPECT(fi_cq_read(s.cq, &e, 1), -FI_EAGAIN);
+	/* One asked for with FI_COMPLETION reaches the CQ too. */
+	OK(fi_recv(s.ep, m.buf, 64, m.desc, 0, NULL));
+	struct iovec iov = {m.buf + 4096, 8};
+	struct fi_msg msg = {.msg_iov = &iov, .desc = &m.desc, .iov_count = 1, .context = &e};
+	OK(fi_sendmsg(c.ep, &msg, FI_COMPLETION));
+	OK(fi_cntr_wait(tx, 17, 5000));
+	cq_expect(c.cq, &e, FI_SEND, 0, NULL);
+	OK(fi_cntr_wait(rx, 17, 5000));
+
+	/* Binds the man pages refuse. */
+	EXPECT(fi_ep_bind(c.ep, &rx->fid, FI_RECV), -FI_EOPBADSTATE); /* enabled */
+	EXPECT(fi_close(&tx->fid), -FI_EBUSY);
+	close_side(&c, 1);
+	close_side(&s, 0);
+	pair_cq_flags = 0;
+	pair_cntr[0] = pair_cntr[1] = NULL;
+	OK(fi_close(&tx->fid));
+	OK(fi_close(&rx->fid));
+	/* A closed counter answers as one: a read is 0, the rest -FI_EINVAL. */
+	EXPECT(fi_cntr_read(tx), 0);
+	EXPECT(fi_cntr_add(tx, 1), -FI_EINVAL);
+	EXPECT(fi_cntr_wait(tx, 0, 0), -FI_EINVAL);
+	EXPECT(fi_close(&tx->fid), -FI_EINVAL);
+	msg_env_close(&m);
+	fi_freeinfo(h);
+	printf("ok cntr\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
@@ -1939,6 +2052,8 @@ int main(int argc, char **argv)
 		rdm_section();
 	if (!only || !strcmp(only, "rma"))
 		rma_section();
+	if (!only || !strcmp(only, "cntr"))
+		cntr_section();
 	if (only && !strcmp(only, "peer"))
 		peer_section(argv[0]);
 	if (only && !strcmp(only, "shm-send") && argc > 2)

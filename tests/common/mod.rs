@@ -100,6 +100,9 @@ pub struct Pair {
     pub client: MsgEndpoint,
     pub accept_data: Vec<u8>,
     pub connreq_data: Vec<u8>,
+    /// The counters `PairOpts::cntr` had each side bind.
+    pub client_cntr: Option<Arc<Counter>>,
+    pub server_cntr: Option<Arc<Counter>>,
 }
 
 pub const SERVER_FID: u64 = 0x5e;
@@ -194,6 +197,8 @@ pub struct PairOpts {
     pub rx_op_flags: Flags,
     /// Capabilities of both endpoints' infos (`None`: what fi_getinfo answered).
     pub caps: Option<Flags>,
+    /// A counter (`FI_WAIT_UNSPEC`) for each side, bound with these flags (client, server).
+    pub cntr: Option<(Flags, Flags)>,
 }
 
 pub fn connect_pair_full(
@@ -226,6 +231,16 @@ pub fn connect_pair_full(
         client.setname(a).unwrap();
     }
     client.bind_cq(&client_cq, bind).unwrap();
+    let cntr_attr = CntrAttr {
+        wait_obj: WaitObj::Unspec,
+        ..Default::default()
+    };
+    let bind_cntr = |ep: &MsgEndpoint, flags: Flags| {
+        let c = Counter::open(&domain, &cntr_attr).unwrap();
+        ep.bind_cntr(&c, flags).unwrap();
+        c
+    };
+    let client_cntr = opts.cntr.map(|(f, _)| bind_cntr(&client, f));
     client.enable().unwrap();
 
     // The server endpoint exists only once the request arrives; `before` gets both after that.
@@ -248,6 +263,7 @@ pub fn connect_pair_full(
     let server = MsgEndpoint::open(&domain, &sinfo, SERVER_FID).unwrap();
     server.bind_eq(&server_eq).unwrap();
     server.bind_cq(&server_cq, bind).unwrap();
+    let server_cntr = opts.cntr.map(|(_, f)| bind_cntr(&server, f));
     server.enable().unwrap();
     before(&domain, &server, &client);
     server.accept(accept_data).unwrap();
@@ -290,6 +306,8 @@ pub fn connect_pair_full(
         client,
         accept_data: got_accept.unwrap(),
         connreq_data,
+        client_cntr,
+        server_cntr,
     }
 }
 

@@ -1,0 +1,341 @@
+//! Completion counters (`fi_cntr`) fed by the endpoints bound to them.
+//!
+//! A counter keeps no queue. The CQs of its endpoints count each completion of a bound
+//! direction as they poll it from the device, whether or not it makes a CQ entry
+//! (fi_cntr(3): counters increment on all completions, separately from the CQ), and a read
+//! of or a wait on the counter drives those CQs, as a CQ read does (manual progress). An
+//! endpoint with a transmit counter signals every send and RMA operation, so none passes
+//! uncounted; the CQ drops the entries selective completion did not ask for.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use rfabric_sys::verbs::{wc_opcode as op, wc_status as st, WorkCompletion};
+
+use crate::core::cq::Waitable;
+use crate::core::error::{errno, Error, Result};
+use crate::core::flags::{Flags, WaitObj};
+use crate::verbs::{wr_id, CompletionQueue, Domain};
+
+/// `fi_cntr_attr` (`events` is always `FI_CNTR_EVENTS_COMP`, the only kind).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CntrAttr {
+    pub wait_obj: WaitObj,
+    /// Reserved by fi_cntr(3): must be 0.
+    pub flags: Flags,
+}
+
+/// How long a blocked `wait` sleeps before looking again: a value another thread sets
+/// (`add`, `set`) and completions of a second CQ are seen within this.
+const WAIT_SLICE: Duration = Duration::from_millis(1);
+
+/// A completion counter (`fi_cntr`): a success count and an error count.
+#[derive(Debug)]
+pub struct Counter {
+    value: AtomicU64,
+    err: AtomicU64,
+    wait_obj: WaitObj,
+    /// The CQs whose completions count here: reads and waits drive them.
+    feeds: RwLock<Vec<Weak<CompletionQueue>>>,
+    /// Endpoint bindings (a direction each); `close` refuses while any remain.
+    bound: AtomicUsize,
+    closed: AtomicBool,
+    _domain: Arc<Domain>,
+}
+
+impl Counter {
+    /// `fi_cntr_open`.
+    pub fn open(domain: &Arc<Domain>, attr: &CntrAttr) -> Result<Arc<Self>> {
+        if !attr.flags.is_empty() {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "counter flags {:#x}: fi_cntr(3) reserves them, pass 0",
+                    attr.flags.bits()
+                ),
+            ));
+        }
+        match attr.wait_obj {
+            WaitObj::None | WaitObj::Unspec | WaitObj::Fd | WaitObj::MutexCond | WaitObj::Yield => {
+            }
+            w => {
+                return Err(Error::new(
+                    errno::ENOSYS,
+                    format!(
+                        "counter wait object {w:?}: wait sets and poll sets are not implemented"
+                    ),
+                ))
+            }
+        }
+        Ok(Arc::new(Counter {
+            value: AtomicU64::new(0),
+            err: AtomicU64::new(0),
+            wait_obj: attr.wait_obj,
+            feeds: RwLock::new(Vec::new()),
+            bound: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            _domain: domain.clone(),
+        }))
+    }
+
+    pub fn wait_obj(&self) -> WaitObj {
+        self.wait_obj
+    }
+
+    /// `fi_cntr_read`: the successes so far, after driving the CQs that feed the counter.
+    pub fn read(&self) -> u64 {
+        self.progress();
+        self.value.load(Ordering::Acquire)
+    }
+
+    /// `fi_cntr_readerr`: the failures so far, after driving progress.
+    pub fn readerr(&self) -> u64 {
+        self.progress();
+        self.err.load(Ordering::Acquire)
+    }
+
+    /// `fi_cntr_add`.
+    pub fn add(&self, v: u64) {
+        self.value.fetch_add(v, Ordering::AcqRel);
+    }
+
+    /// `fi_cntr_set`.
+    pub fn set(&self, v: u64) {
+        self.value.store(v, Ordering::Release);
+    }
+
+    /// `fi_cntr_adderr`.
+    pub fn adderr(&self, v: u64) {
+        self.err.fetch_add(v, Ordering::AcqRel);
+    }
+
+    /// `fi_cntr_seterr`.
+    pub fn seterr(&self, v: u64) {
+        self.err.store(v, Ordering::Release);
+    }
+
+    /// `fi_cntr_wait`: returns once the count reaches `threshold`; `EAVAIL` when the error
+    /// count changes first, `ETIMEDOUT` after `timeout_ms` (negative: no limit). Drives
+    /// progress meanwhile and sleeps on a feeding CQ's wait object between looks.
+    pub fn wait(&self, threshold: u64, timeout_ms: i32) -> Result<()> {
+        if self.wait_obj == WaitObj::None {
+            return Err(Error::new(
+                errno::EINVAL,
+                "fi_cntr_wait on a counter opened with FI_WAIT_NONE (fi_cntr(3) forbids it): open it with FI_WAIT_UNSPEC",
+            ));
+        }
+        let deadline =
+            (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+        let err0 = self.err.load(Ordering::Acquire);
+        loop {
+            self.progress();
+            if self.value.load(Ordering::Acquire) >= threshold {
+                return Ok(());
+            }
+            if self.err.load(Ordering::Acquire) != err0 {
+                return Err(Error::new(
+                    errno::EAVAIL,
+                    "an operation completed in error: fi_cntr_readerr counts it",
+                ));
+            }
+            let left = match deadline {
+                None => WAIT_SLICE,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => l.min(WAIT_SLICE),
+                    _ => {
+                        return Err(Error::new(
+                            errno::ETIMEDOUT,
+                            format!("the counter stayed below {threshold} for {timeout_ms} ms"),
+                        ))
+                    }
+                },
+            };
+            self.sleep(left)?;
+        }
+    }
+
+    /// Sleeps up to `left` on the first feeding CQ that has a wait object (a completion
+    /// wakes it), else yields.
+    fn sleep(&self, left: Duration) -> Result<()> {
+        let cq = self.feeding_cqs().into_iter().find(|q| q.has_wait_object());
+        let Some(cq) = cq.filter(|_| self.wait_obj != WaitObj::Yield) else {
+            std::thread::yield_now();
+            return Ok(());
+        };
+        cq.arm()?;
+        // Completions polled before the arm would never wake the sleep.
+        if cq.drive_for_counters()? {
+            return Ok(());
+        }
+        cq.sleep_for_device(left)
+    }
+
+    /// `fi_close`: `EBUSY` while endpoints are bound to it.
+    pub fn close(&self) -> Result<()> {
+        let n = self.bound.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                errno::EBUSY,
+                format!("{n} endpoint bindings still use this counter: close the endpoints first"),
+            ));
+        }
+        self.closed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn bind(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::new(errno::EINVAL, "this counter was closed"));
+        }
+        self.bound.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    pub(crate) fn unbind(&self) {
+        self.bound.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Reads and waits drive `cq` from now on (once, however many endpoints share it).
+    pub(crate) fn feed_from(&self, cq: &Arc<CompletionQueue>) {
+        let mut v = self.feeds.write().unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        if !v.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cq))) {
+            v.push(Arc::downgrade(cq));
+        }
+    }
+
+    fn feeding_cqs(&self) -> Vec<Arc<CompletionQueue>> {
+        let v = self.feeds.read().unwrap_or_else(|p| p.into_inner());
+        v.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    fn progress(&self) {
+        for cq in self.feeding_cqs() {
+            if let Err(e) = cq.drive_for_counters() {
+                crate::fi_warn!("cntr", "{e}");
+            }
+        }
+    }
+}
+
+/// The counters one endpoint bound, by direction; a CQ counts the endpoint's completions
+/// into them (found by queue pair number).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct EpCounters {
+    pub(crate) send: Option<Arc<Counter>>,
+    pub(crate) recv: Option<Arc<Counter>>,
+    pub(crate) read: Option<Arc<Counter>>,
+    pub(crate) write: Option<Arc<Counter>>,
+}
+
+/// The directions a counter may count: `FI_REMOTE_READ`/`FI_REMOTE_WRITE` need
+/// `FI_RMA_EVENT`, which rverbs does not offer (a plain RDMA write leaves no completion
+/// at its target).
+const CNTR_DIRS: Flags = Flags::SEND
+    .union(Flags::RECV)
+    .union(Flags::READ)
+    .union(Flags::WRITE);
+
+impl EpCounters {
+    /// `fi_ep_bind` of `cntr` for the directions in `flags`.
+    pub(crate) fn bind(&mut self, cntr: &Arc<Counter>, flags: Flags) -> Result<()> {
+        if flags.intersects(Flags::REMOTE_READ | Flags::REMOTE_WRITE) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "FI_REMOTE_READ/FI_REMOTE_WRITE counters need FI_RMA_EVENT, which rverbs does not offer",
+            ));
+        }
+        if flags.is_empty() || !(flags - CNTR_DIRS).is_empty() {
+            return Err(Error::new(
+                errno::EBADFLAGS,
+                format!(
+                    "counter bind flags {flags:?}: use FI_SEND, FI_RECV, FI_READ and/or FI_WRITE"
+                ),
+            ));
+        }
+        let slots = [
+            (Flags::SEND, &self.send),
+            (Flags::RECV, &self.recv),
+            (Flags::READ, &self.read),
+            (Flags::WRITE, &self.write),
+        ];
+        if slots.iter().any(|(f, s)| flags.contains(*f) && s.is_some()) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "a counter is already bound for one of those directions (fi_endpoint(3): one each)",
+            ));
+        }
+        for f in CNTR_DIRS.iter().filter(|f| flags.contains(*f)) {
+            cntr.bind()?;
+            *self.slot(f) = Some(cntr.clone());
+        }
+        Ok(())
+    }
+
+    fn slot(&mut self, f: Flags) -> &mut Option<Arc<Counter>> {
+        if f == Flags::SEND {
+            &mut self.send
+        } else if f == Flags::RECV {
+            &mut self.recv
+        } else if f == Flags::READ {
+            &mut self.read
+        } else {
+            &mut self.write
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.all().next().is_none()
+    }
+
+    /// Whether operations the endpoint initiates are counted (each must then be signalled).
+    pub(crate) fn counts_transmits(&self) -> bool {
+        self.send.is_some() || self.read.is_some() || self.write.is_some()
+    }
+
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Counter>> {
+        [&self.send, &self.recv, &self.read, &self.write]
+            .into_iter()
+            .flatten()
+    }
+
+    /// Counts one device completion of the endpoint's: a success by its opcode, a failure
+    /// by the operation its work request id names (verbs leaves a failure's opcode undefined).
+    pub(crate) fn count(&self, w: &WorkCompletion) {
+        let id = w.wr_id();
+        if wr_id::is_marker(id) || wr_id::is_peer(id) {
+            return; // shutdown's own, or a peer provider's transfer
+        }
+        let ok = w.status() == st::IBV_WC_SUCCESS;
+        let cntr = if ok {
+            match w.opcode() {
+                op::IBV_WC_SEND => &self.send,
+                op::IBV_WC_RECV => &self.recv,
+                op::IBV_WC_RDMA_READ => &self.read,
+                op::IBV_WC_RDMA_WRITE => &self.write,
+                _ => return, // a write with immediate data: FI_REMOTE_WRITE
+            }
+        } else {
+            let f = wr_id::flags(id);
+            if f.contains(Flags::SEND) {
+                &self.send
+            } else if f.contains(Flags::RECV) {
+                &self.recv
+            } else if f.contains(Flags::READ) {
+                &self.read
+            } else if f.contains(Flags::WRITE) {
+                &self.write
+            } else {
+                return;
+            }
+        };
+        if let Some(c) = cntr {
+            if ok {
+                c.value.fetch_add(1, Ordering::AcqRel);
+            } else {
+                c.err.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
