@@ -147,6 +147,9 @@ fn rx_iov_limit(dev: &Device) -> usize {
     }
 }
 
+/// Counters a domain offers (`domain_attr.cntr_cnt`) on MSG and DGRAM infos.
+const CNTR_CNT: usize = 1 << 16;
+
 /// What RMA adds to an MSG endpoint's capabilities.
 const RMA_CAPS: Flags = Flags::RMA
     .union(Flags::READ)
@@ -239,7 +242,8 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         max_ep_rx_ctx: 1,
         max_ep_stx_ctx: 0,
         max_ep_srx_ctx: 0,
-        cntr_cnt: 0,
+        // Counters are software (the CQs count into them): no device limit.
+        cntr_cnt: CNTR_CNT,
         mr_iov_limit: 1,
         caps: Flags::LOCAL_COMM | Flags::REMOTE_COMM,
         mode: Mode::empty(),
@@ -295,6 +299,8 @@ pub const TAG_GENERIC: u64 = 0xaaaa_aaaa_aaaa_aaaa;
 /// application).
 pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     let mut i = msg_info(dev)?;
+    // RDM endpoints do not bind counters yet.
+    i.domain_attr.cntr_cnt = 0;
     let eager = crate::verbs::rdm_ep::eager_size()?;
     let recv = Flags::MSG
         | Flags::TAGGED
