@@ -26,8 +26,8 @@ use crate::core::info::Info;
 use crate::verbs::av::{UdName, DGRAM_QKEY};
 use crate::verbs::cq::{to_entry, to_err_entry, Owned, RecvOwner};
 use crate::verbs::ep_common::{
-    check_inject, check_recv_flags, check_sendmsg, cq_data, iov_slices, lock, post_error,
-    region_sge, send_imm,
+    check_domain, check_inject, check_recv_flags, check_sendmsg, cq_data, iov_slices, lock,
+    post_error, region_sge, send_imm,
 };
 use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
 use crate::verbs::eq::{CmJoin, Owner};
@@ -498,27 +498,35 @@ impl DgramEndpoint {
         let imm = send_imm(flags, data)?;
         let kind = wr_id::send_kind(imm);
         let qp = self.qp()?;
-        let (slices, n) = iov_slices(&self.domain, iov)?;
         let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
         let (id, vflags) = self
             .signalling
             .send(wr_id::encode(context, kind, false), flags, depth);
         let cq = || lock(&self.ctl).cqs.tx_cq.clone();
         if let [(mr, off, len)] = iov {
-            if flags.contains(Flags::MORE) || self.sends.is_open() {
-                // An inject's buffer is free on return: it ends the batch.
-                let more = flags.contains(Flags::MORE) && !flags.contains(Flags::INJECT);
-                return self.to_peer(dest, |to| {
-                    self.sends.add(qp, more, &cq, |ch| {
-                        qp.chain_send(ch, id, mr.sys(), *off, *len, vflags, imm, Some(to))
-                            .map_err(|e| match e {
-                                libc::EINVAL => mr.range_error(*off, *len),
-                                e => post_error(e, "send"),
-                            })
-                    })
-                })?;
+            check_domain(mr, &self.domain)?;
+            let post_err = |e| match e {
+                libc::EINVAL => mr.range_error(*off, *len),
+                e => post_error(e, "send"),
+            };
+            if !flags.contains(Flags::MORE) && !self.sends.is_open() {
+                // One range, nothing chained: one element, posted straight away.
+                return self
+                    .to_peer(dest, |to| {
+                        qp.post_ud_mr(id, mr.sys(), *off, *len, vflags, imm, to)
+                    })?
+                    .map_err(post_err);
             }
+            // An inject's buffer is free on return: it ends the batch.
+            let more = flags.contains(Flags::MORE) && !flags.contains(Flags::INJECT);
+            return self.to_peer(dest, |to| {
+                self.sends.add(qp, more, &cq, |ch| {
+                    qp.chain_send(ch, id, mr.sys(), *off, *len, vflags, imm, Some(to))
+                        .map_err(post_err)
+                })
+            })?;
         }
+        let (slices, n) = iov_slices(&self.domain, iov)?;
         self.sends.ring(qp, &cq)?;
         self.to_peer(dest, |to| qp.post_ud_iov(id, &slices[..n], vflags, imm, to))?
             .map_err(|e| match e {
@@ -595,6 +603,21 @@ impl DgramEndpoint {
     }
 
     fn recvv_flags(&self, iov: &[Iov<'_>], context: u64, flags: Flags) -> Result<()> {
+        // A receive takes a GRH slot, its ranges and an overflow element: most fit in 4,
+        // whose array is cheaper to set up than one of MAX_IOV.
+        if iov.len() + 2 <= 4 {
+            self.post_recv_sges::<4>(iov, context, flags)
+        } else {
+            self.post_recv_sges::<MAX_IOV>(iov, context, flags)
+        }
+    }
+
+    fn post_recv_sges<const N: usize>(
+        &self,
+        iov: &[Iov<'_>],
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
         wr_id::check(context)?;
         let qp = self.qp()?;
         let suppressed = self.signalling.recv_suppressed(flags);
@@ -610,13 +633,13 @@ impl DgramEndpoint {
         let slots = usize::from(self.grh.get().is_some());
         let capacity = iov.iter().map(|v| v.2).sum::<usize>() - self.prefix_size();
         let short = capacity < self.max_msg_size;
-        if iov.len() + slots + usize::from(short) > MAX_IOV {
+        if iov.len() + slots + usize::from(short) > N {
             return Err(Error::new(
                 errno::EINVAL,
                 format!("{} ranges exceed the iov limit", iov.len()),
             ));
         }
-        let mut sges = [Sge::default(); MAX_IOV];
+        let mut sges = [Sge::default(); N];
         for (g, (mr, off, len)) in sges[slots..].iter_mut().zip(iov) {
             *g = region_sge(mr, &self.domain, *off, *len)?;
         }

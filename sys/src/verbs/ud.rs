@@ -221,6 +221,24 @@ impl QpHandle {
         )
     }
 
+    /// Sends a datagram from one range of a registered region (inline when it fits): the
+    /// common case, with one element and no array to fill.
+    pub fn post_ud_mr(
+        &self,
+        wr_id: u64,
+        mr: &super::MemoryRegion,
+        offset: usize,
+        len: usize,
+        flags: u32,
+        imm: Option<u32>,
+        to: &UdDest,
+    ) -> Result<(), i32> {
+        let mut sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
+        // Inline is sound here: the element names memory of a live MemoryRegion.
+        let flags = self.inline_if_fits(flags, len);
+        self.post_send_to(wr_id, &mut sge, usize::from(len != 0), flags, imm, Some(to))
+    }
+
     /// Sends a datagram gathered from ranges of registered regions (inline when it fits).
     pub fn post_ud_iov(
         &self,
