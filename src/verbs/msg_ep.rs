@@ -195,7 +195,9 @@ fn rd_atomic(domain: &Domain, caps: Flags) -> u8 {
         return 0;
     }
     let a = &domain.device().attr;
-    a.max_qp_rd_atom.min(a.max_qp_init_rd_atom).clamp(1, u8::MAX.into()) as u8
+    a.max_qp_rd_atom
+        .min(a.max_qp_init_rd_atom)
+        .clamp(1, u8::MAX.into()) as u8
 }
 
 impl MsgEndpoint {
