@@ -12,15 +12,17 @@ fn addr() -> Option<String> {
 /// Runs a server and a client of `tool` on `port`; returns the client's stdout.
 fn run_pair(tool: &str, port: u16, args: &[&str], server_ip: &str) -> String {
     let port_s = port.to_string();
+    // A server of a one-sided test hears nothing from its client while a size runs (8 MiB
+    // reads take seconds under TCG): a generous limit, reached only on failure.
     let server = Command::new(tool)
-        .args(["-p", &port_s, "-T", "30"])
+        .args(["-p", &port_s, "-T", "120"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let client = Command::new(tool)
-        .args(["-p", &port_s, "-T", "30"])
+        .args(["-p", &port_s, "-T", "120"])
         .args(args)
         .arg(server_ip)
         .output()

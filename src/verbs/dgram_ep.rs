@@ -26,8 +26,8 @@ use crate::core::info::Info;
 use crate::verbs::av::{UdName, DGRAM_QKEY};
 use crate::verbs::cq::{to_entry, to_err_entry, Owned, RecvOwner};
 use crate::verbs::ep_common::{
-    check_domain, check_inject, check_recv_flags, check_sendmsg, cq_data, iov_slices, lock,
-    post_error, region_sge, send_imm,
+    check_domain, check_inject, check_recv_flags, check_sendmsg, cq_data, lock, post_error,
+    region_sge, send_imm, with_slices,
 };
 use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
 use crate::verbs::eq::{CmJoin, Owner};
@@ -526,17 +526,20 @@ impl DgramEndpoint {
                 })
             })?;
         }
-        let (slices, n) = iov_slices(&self.domain, iov)?;
-        self.sends.ring(qp, &cq)?;
-        self.to_peer(dest, |to| qp.post_ud_iov(id, &slices[..n], vflags, imm, to))?
-            .map_err(|e| match e {
-                libc::E2BIG => Error::new(
-                    errno::EINVAL,
-                    format!("{} ranges exceed the iov limit", iov.len()),
-                ),
-                libc::EINVAL => Error::new(errno::EINVAL, "a range lies outside its memory region"),
-                e => post_error(e, "send"),
-            })
+        with_slices(&self.domain, iov, |slices| {
+            self.sends.ring(qp, &cq)?;
+            self.to_peer(dest, |to| qp.post_ud_iov(id, slices, vflags, imm, to))?
+                .map_err(|e| match e {
+                    libc::E2BIG => Error::new(
+                        errno::EINVAL,
+                        format!("{} ranges exceed the iov limit", iov.len()),
+                    ),
+                    libc::EINVAL => {
+                        Error::new(errno::EINVAL, "a range lies outside its memory region")
+                    }
+                    e => post_error(e, "send"),
+                })
+        })
     }
 
     /// `fi_inject`: sends `data` inline to `dest` with no completion; the buffer is free on return.

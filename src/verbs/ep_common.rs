@@ -414,26 +414,43 @@ pub(crate) fn check_domain(mr: &MemoryRegion, domain: &Arc<Domain>) -> Result<()
     Ok(())
 }
 
-/// The `rfabric-sys` view of an iov, with every region checked to be `domain`'s.
-pub(crate) fn iov_slices<'a>(
+/// Runs `f` on the `rfabric-sys` view of an iov, every region checked to be `domain`'s.
+/// The view is built on this frame and never moved: in an array of 4 when it fits (most
+/// iovs name one range), else of `MAX_IOV`, whose copying alone costs more than a post.
+#[inline(always)]
+pub(crate) fn with_slices<'a, R>(
     domain: &Arc<Domain>,
     iov: &[Iov<'a>],
-) -> Result<([MrSlice<'a>; MAX_IOV], usize)> {
+    f: impl FnOnce(&[MrSlice<'a>]) -> Result<R>,
+) -> Result<R> {
     if iov.len() > MAX_IOV {
         return Err(Error::new(
             errno::EINVAL,
             format!("{} ranges exceed the iov limit {MAX_IOV}", iov.len()),
         ));
     }
+    if iov.len() <= 4 {
+        let a: [MrSlice<'a>; 4] = fill_slices(domain, iov)?;
+        f(&a[..iov.len()])
+    } else {
+        let a: [MrSlice<'a>; MAX_IOV] = fill_slices(domain, iov)?;
+        f(&a[..iov.len()])
+    }
+}
+
+#[inline(always)]
+fn fill_slices<'a, const N: usize>(
+    domain: &Arc<Domain>,
+    iov: &[Iov<'a>],
+) -> Result<[MrSlice<'a>; N]> {
+    let first = iov
+        .first()
+        .ok_or_else(|| Error::new(errno::EINVAL, "an empty iov"))?;
     let mut out = [MrSlice {
-        mr: iov
-            .first()
-            .ok_or_else(|| Error::new(errno::EINVAL, "an empty iov"))?
-            .0
-            .sys(),
+        mr: first.0.sys(),
         offset: 0,
         len: 0,
-    }; MAX_IOV];
+    }; N];
     for (o, (mr, offset, len)) in out.iter_mut().zip(iov) {
         check_domain(mr, domain)?;
         *o = MrSlice {
@@ -442,7 +459,7 @@ pub(crate) fn iov_slices<'a>(
             len: *len,
         };
     }
-    Ok((out, iov.len()))
+    Ok(out)
 }
 
 /// One range of a vectored operation: a region, an offset in it and a length.

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
-use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, Sge, WorkCompletion, MAX_IOV};
+use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, Sge, WorkCompletion};
 
 use crate::core::addr::{fill_name, sockaddr_bytes};
 use crate::core::cq::CqErrEntry;
@@ -15,7 +15,7 @@ use crate::core::info::Info;
 use crate::verbs::cq::{Owned, PeerTransferSink, RecvOwner};
 use crate::verbs::ep_common::{
     check_domain, check_inject, check_recv_flags, check_send_flags, check_sendmsg, cq_data,
-    iov_error, iov_slices, lock, post_error, region_sge, send_imm, wanted_caps, CqBinding, Iov,
+    iov_error, lock, post_error, region_sge, send_imm, wanted_caps, with_slices, CqBinding, Iov,
     RecvBatch, SendBatch, Signalling,
 };
 use crate::verbs::eq::{encode_cm_data, CmEndpoint, ConnRequest, Owner, CM_DATA_SIZE};
@@ -878,20 +878,21 @@ impl MsgEndpoint {
     /// `fi_sendmsg` with several ranges: `flags` and `data` as in [`Self::sendmsg`]. The
     /// message is posted at once, behind any `FI_MORE` chain.
     pub fn sendmsgv(&self, iov: &[Iov<'_>], context: u64, data: u64, flags: Flags) -> Result<()> {
-        let slices = iov_slices(&self.shared.domain, iov)?;
-        let total: usize = iov.iter().map(|v| v.2).sum();
-        self.check_len(total)?;
-        check_sendmsg(flags, total, self.inject_size())?;
-        let imm = send_imm(flags, data)?;
-        wr_id::check(context)?;
-        let (id, vflags) = self.signalling(
-            wr_id::encode(context, wr_id::send_kind(imm), false) | self.peer,
-            flags,
-        );
-        let qp = self.qp()?;
-        self.ring_sends(qp)?;
-        qp.post_send_iov(id, &slices.0[..slices.1], vflags, imm)
-            .map_err(|e| iov_error(e, "send", iov.len()))
+        with_slices(&self.shared.domain, iov, |slices| {
+            let total: usize = iov.iter().map(|v| v.2).sum();
+            self.check_len(total)?;
+            check_sendmsg(flags, total, self.inject_size())?;
+            let imm = send_imm(flags, data)?;
+            wr_id::check(context)?;
+            let (id, vflags) = self.signalling(
+                wr_id::encode(context, wr_id::send_kind(imm), false) | self.peer,
+                flags,
+            );
+            let qp = self.qp()?;
+            self.ring_sends(qp)?;
+            qp.post_send_iov(id, slices, vflags, imm)
+                .map_err(|e| iov_error(e, "send", iov.len()))
+        })
     }
 
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
@@ -902,7 +903,12 @@ impl MsgEndpoint {
     /// `FI_MORE` (posted at once); an `FI_MULTI_RECV` buffer is one range (`EINVAL`).
     pub fn recvmsgv(&self, iov: &[Iov<'_>], context: u64, flags: Flags) -> Result<()> {
         check_recv_flags(flags, Flags::empty())?;
-        let slices = iov_slices(&self.shared.domain, iov)?;
+        with_slices(&self.shared.domain, iov, |slices| {
+            self.post_recvv(slices, context, flags)
+        })
+    }
+
+    fn post_recvv(&self, slices: &[MrSlice<'_>], context: u64, flags: Flags) -> Result<()> {
         let id = self.recv_id(context, flags)?;
         let qp = self.qp()?;
         if self.shared.multi_active.load(Ordering::Acquire) {
@@ -912,8 +918,8 @@ impl MsgEndpoint {
             ));
         }
         self.ring_recvs(qp)?;
-        qp.post_recv_iov(id, &slices.0[..slices.1])
-            .map_err(|e| iov_error(e, "receive", iov.len()))
+        qp.post_recv_iov(id, slices)
+            .map_err(|e| iov_error(e, "receive", slices.len()))
     }
 
     /// The work request id of a receive. Verbs completes every receive: under selective
@@ -1090,10 +1096,12 @@ impl MsgEndpoint {
         let imm = send_imm(flags, data)?;
         let total: usize = iov.iter().map(|v| v.2).sum();
         check_sendmsg(flags, total, self.inject_size())?;
-        let (slices, rkey, id, vflags, qp) =
-            self.rma_prepare(iov, total, rma, Kind::Write, context, flags)?;
-        qp.post_write(id, &slices.0[..slices.1], rma.addr, rkey, vflags, imm)
-            .map_err(|e| iov_error(e, "write", iov.len()))
+        with_slices(&self.shared.domain, iov, |slices| {
+            let (rkey, id, vflags, qp) =
+                self.rma_prepare(total, rma, Kind::Write, context, flags)?;
+            qp.post_write(id, slices, rma.addr, rkey, vflags, imm)
+                .map_err(|e| iov_error(e, "write", iov.len()))
+        })
     }
 
     /// `fi_inject_write`: writes `data` inline with no completion; the buffer is free on
@@ -1150,10 +1158,12 @@ impl MsgEndpoint {
             ));
         }
         let total: usize = iov.iter().map(|v| v.2).sum();
-        let (slices, rkey, id, vflags, qp) =
-            self.rma_prepare(iov, total, rma, Kind::Read, context, flags)?;
-        qp.post_read_iov(id, &slices.0[..slices.1], rma.addr, rkey, vflags)
-            .map_err(|e| iov_error(e, "read", iov.len()))
+        with_slices(&self.shared.domain, iov, |slices| {
+            let (rkey, id, vflags, qp) =
+                self.rma_prepare(total, rma, Kind::Read, context, flags)?;
+            qp.post_read_iov(id, slices, rma.addr, rkey, vflags)
+                .map_err(|e| iov_error(e, "read", iov.len()))
+        })
     }
 
     /// Refuses an RMA operation the endpoint was not opened for (its info's caps name no
@@ -1176,22 +1186,19 @@ impl MsgEndpoint {
         ))
     }
 
-    /// What a write and a read check and prepare alike: the local ranges, the remote key,
-    /// the endpoint's caps and size limit, the work request id and verbs flags (`FI_FENCE`
-    /// waits for the reads and writes before it), and the queue pair with any `FI_MORE`
-    /// chain rung first.
+    /// What a write and a read check and prepare alike (the local ranges are checked
+    /// already): the remote key, the endpoint's caps and size limit, the work request id and
+    /// verbs flags (`FI_FENCE` waits for the reads and writes before it), and the queue pair
+    /// with any `FI_MORE` chain rung first.
     #[inline]
-    #[allow(clippy::type_complexity)]
-    fn rma_prepare<'a>(
+    fn rma_prepare(
         &self,
-        iov: &[Iov<'a>],
         total: usize,
         rma: &RmaIov,
         kind: Kind,
         context: u64,
         flags: Flags,
-    ) -> Result<(([MrSlice<'a>; MAX_IOV], usize), u32, u64, u32, &QpHandle)> {
-        let slices = iov_slices(&self.shared.domain, iov)?;
+    ) -> Result<(u32, u64, u32, &QpHandle)> {
         let rkey = rma.check(total)?;
         self.check_cap(if kind == Kind::Read {
             Flags::READ
@@ -1207,7 +1214,7 @@ impl MsgEndpoint {
         }
         let qp = self.qp()?;
         self.ring_sends(qp)?;
-        Ok((slices, rkey, id, vflags, qp))
+        Ok((rkey, id, vflags, qp))
     }
 
     /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`), with the

@@ -8,7 +8,7 @@ use rfabric_sys::verbs::{Srq, MAX_IOV};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
 use crate::core::info::RxAttr;
-use crate::verbs::ep_common::{check_recv_flags, iov_slices, region_sge};
+use crate::verbs::ep_common::{check_recv_flags, region_sge, with_slices};
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{os_err, Domain, Iov, MemoryRegion};
 
@@ -81,10 +81,11 @@ impl SharedRxContext {
     /// `fi_recvv` on the SRX: one receive scattered over `iov`.
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
         wr_id::check(context)?;
-        let (slices, n) = iov_slices(&self.domain, iov)?;
-        self.srq
-            .post_recv_iov(wr_id::encode(context, Kind::Recv, false), &slices[..n])
-            .map_err(|e| srq_error(e, iov.len()))
+        with_slices(&self.domain, iov, |slices| {
+            self.srq
+                .post_recv_iov(wr_id::encode(context, Kind::Recv, false), slices)
+                .map_err(|e| srq_error(e, iov.len()))
+        })
     }
 
     /// `fi_recvmsg` on the SRX. `FI_COMPLETION` and `FI_MORE` are accepted (every receive

@@ -862,12 +862,8 @@ pub struct MrSlice<'a> {
 }
 
 /// Checks each range against its region and writes the elements; returns (count, bytes).
-fn fill_sges(
-    sges: &mut [Sge; MAX_IOV],
-    iov: &[MrSlice<'_>],
-    max: u32,
-) -> Result<(usize, usize), i32> {
-    if iov.len() > max as usize || iov.len() > MAX_IOV {
+fn fill_sges(sges: &mut [Sge], iov: &[MrSlice<'_>], max: u32) -> Result<(usize, usize), i32> {
+    if iov.len() > max as usize || iov.len() > sges.len() {
         return Err(libc::E2BIG);
     }
     let mut total = 0usize;
@@ -876,6 +872,26 @@ fn fill_sges(
         total = total.checked_add(s.len).ok_or(libc::EINVAL)?;
     }
     Ok((iov.len(), total))
+}
+
+/// Fills the elements of `iov` (at most `max`) on the stack and runs `f` on them and their
+/// total length: in an array of 4 when they fit (most posts name one range), else of
+/// `MAX_IOV`, whose setting up alone costs more than a post's own work.
+#[inline(always)]
+pub(crate) fn with_sges<R>(
+    iov: &[MrSlice<'_>],
+    max: u32,
+    f: impl FnOnce(&mut [Sge], usize) -> Result<R, i32>,
+) -> Result<R, i32> {
+    if iov.len() <= 4 {
+        let mut sges = [Sge::default(); 4];
+        let (n, total) = fill_sges(&mut sges, iov, max)?;
+        f(&mut sges[..n], total)
+    } else {
+        let mut sges = [Sge::default(); MAX_IOV];
+        let (n, total) = fill_sges(&mut sges, iov, max)?;
+        f(&mut sges[..n], total)
+    }
 }
 
 /// A send work request (`struct ibv_send_wr`), built on the stack for each post.
@@ -1059,11 +1075,11 @@ impl QpHandle {
         flags: u32,
         imm: Option<u32>,
     ) -> Result<(), i32> {
-        let mut sges = [Sge::default(); MAX_IOV];
-        let (n, total) = fill_sges(&mut sges, iov, self.max_send_sge)?;
-        // Inline is sound here: every element names memory of a live MemoryRegion.
-        let flags = self.inline_if_fits(flags, total);
-        self.post_send_raw(wr_id, sges.as_mut_ptr(), n, flags, imm)
+        with_sges(iov, self.max_send_sge, |sges, total| {
+            // Inline is sound here: every element names memory of a live MemoryRegion.
+            let flags = self.inline_if_fits(flags, total);
+            self.post_send_raw(wr_id, sges.as_mut_ptr(), sges.len(), flags, imm)
+        })
     }
 
     /// Posts an RDMA write (with immediate data when `imm` is set) gathered from `iov` to
@@ -1078,12 +1094,12 @@ impl QpHandle {
         flags: u32,
         imm: Option<u32>,
     ) -> Result<(), i32> {
-        let mut sges = [Sge::default(); MAX_IOV];
-        let (n, total) = fill_sges(&mut sges, iov, self.max_send_sge)?;
-        // Inline is sound here: every element names memory of a live MemoryRegion.
-        let flags = self.inline_if_fits(flags, total);
-        let op = Rdma::Write(imm);
-        self.post_rdma(wr_id, sges.as_mut_ptr(), n, flags, op, remote_addr, rkey)
+        with_sges(iov, self.max_send_sge, |sges, total| {
+            // Inline is sound here: every element names memory of a live MemoryRegion.
+            let flags = self.inline_if_fits(flags, total);
+            let (p, n) = (sges.as_mut_ptr(), sges.len());
+            self.post_rdma(wr_id, p, n, flags, Rdma::Write(imm), remote_addr, rkey)
+        })
     }
 
     /// Posts an RDMA write of `data`, copied into the work request now (`fi_inject_write`).
@@ -1112,18 +1128,11 @@ impl QpHandle {
         rkey: u32,
         flags: u32,
     ) -> Result<(), i32> {
-        let mut sges = [Sge::default(); MAX_IOV];
-        let (n, _) = fill_sges(&mut sges, iov, self.max_send_sge)?;
-        let flags = flags & !send_flags::INLINE;
-        self.post_rdma(
-            wr_id,
-            sges.as_mut_ptr(),
-            n,
-            flags,
-            Rdma::Read,
-            remote_addr,
-            rkey,
-        )
+        with_sges(iov, self.max_send_sge, |sges, _| {
+            let flags = flags & !send_flags::INLINE;
+            let (p, n) = (sges.as_mut_ptr(), sges.len());
+            self.post_rdma(wr_id, p, n, flags, Rdma::Read, remote_addr, rkey)
+        })
     }
 
     /// Posts an RDMA read of `local.length` bytes from `remote_addr` (under `rkey`) of the
@@ -1194,9 +1203,9 @@ impl QpHandle {
 
     /// Posts one receive scattered over several ranges of registered regions (`fi_recvv`).
     pub fn post_recv_iov(&self, wr_id: u64, iov: &[MrSlice<'_>]) -> Result<(), i32> {
-        let mut sges = [Sge::default(); MAX_IOV];
-        let (n, _) = fill_sges(&mut sges, iov, self.max_recv_sge)?;
-        self.post_recv(wr_id, &sges[..n])
+        with_sges(iov, self.max_recv_sge, |sges, _| {
+            self.post_recv(wr_id, sges)
+        })
     }
 
     /// Posts one receive into the memory named by `sges` (checked by the device).
@@ -1502,9 +1511,7 @@ impl Srq {
 
     /// Posts one receive scattered over several ranges of registered regions.
     pub fn post_recv_iov(&self, wr_id: u64, iov: &[MrSlice<'_>]) -> Result<(), i32> {
-        let mut sges = [Sge::default(); MAX_IOV];
-        let (n, _) = fill_sges(&mut sges, iov, self.max_sge)?;
-        self.post_recv(wr_id, &sges[..n])
+        with_sges(iov, self.max_sge, |sges, _| self.post_recv(wr_id, sges))
     }
 
     pub(crate) fn as_ptr(&self) -> *mut r::ibv_srq {

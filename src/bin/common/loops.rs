@@ -370,6 +370,9 @@ pub(crate) fn run_write_lat(
     // of them takes longer than a timeout.
     let warmup = WARMUP.min(((64 << 20) / size).max(1));
     let mut wait_for = |round: u8, unreaped: &mut usize| -> Result<(), String> {
+        if let Some(d) = settle() {
+            std::thread::sleep(d);
+        }
         while c.rx.byte_at(last).map_err(e)? != round {
             let stalled =
                 || format!("the peer stopped writing ({size} bytes, waiting for round {round})");

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use rdma_sys as r;
 
 use super::{
-    destroyed, fill_sges, rc_result, send_flags, Cq, MrSlice, ProtectionDomain, QpCaps, QpHandle,
-    Sge, MAX_IOV,
+    destroyed, rc_result, send_flags, with_sges, Cq, MrSlice, ProtectionDomain, QpCaps, QpHandle,
 };
 use crate::last_errno;
 
@@ -249,9 +248,11 @@ impl QpHandle {
         imm: Option<u32>,
         to: &UdDest,
     ) -> Result<(), i32> {
-        let mut sges = [Sge::default(); MAX_IOV];
-        let (n, total) = fill_sges(&mut sges, iov, self.max_send_sge)?;
-        let flags = self.inline_if_fits(flags, total);
-        self.post_send_to(wr_id, sges.as_mut_ptr(), n, flags, imm, Some(to))
+        with_sges(iov, self.max_send_sge, |sges, total| {
+            // Inline is sound here: every element names memory of a live MemoryRegion.
+            let flags = self.inline_if_fits(flags, total);
+            let (p, n) = (sges.as_mut_ptr(), sges.len());
+            self.post_send_to(wr_id, p, n, flags, imm, Some(to))
+        })
     }
 }
