@@ -36,8 +36,9 @@ pub struct Counter {
     value: AtomicU64,
     err: AtomicU64,
     wait_obj: WaitObj,
-    /// The CQs whose completions count here: reads and waits drive them.
-    feeds: RwLock<Vec<Weak<CompletionQueue>>>,
+    /// The CQs whose completions count here: reads and waits drive them. A shared list a
+    /// read clones (one count) rather than copies: counter reads allocate nothing.
+    feeds: RwLock<Arc<[Weak<CompletionQueue>]>>,
     /// Endpoint bindings (a direction each); `close` refuses while any remain.
     bound: AtomicUsize,
     closed: AtomicBool,
@@ -72,7 +73,7 @@ impl Counter {
             value: AtomicU64::new(0),
             err: AtomicU64::new(0),
             wait_obj: attr.wait_obj,
-            feeds: RwLock::new(Vec::new()),
+            feeds: RwLock::new(Arc::from(Vec::new())),
             bound: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             _domain: domain.clone(),
@@ -158,7 +159,11 @@ impl Counter {
     /// Sleeps up to `left` on the first feeding CQ that has a wait object (a completion
     /// wakes it), else yields.
     fn sleep(&self, left: Duration) -> Result<()> {
-        let cq = self.feeding_cqs().into_iter().find(|q| q.has_wait_object());
+        let cq = self
+            .feeds()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|q| q.has_wait_object());
         let Some(cq) = cq.filter(|_| self.wait_obj != WaitObj::Yield) else {
             std::thread::yield_now();
             return Ok(());
@@ -199,19 +204,20 @@ impl Counter {
     /// Reads and waits drive `cq` from now on (once, however many endpoints share it).
     pub(crate) fn feed_from(&self, cq: &Arc<CompletionQueue>) {
         let mut v = self.feeds.write().unwrap_or_else(|p| p.into_inner());
-        v.retain(|w| w.strong_count() > 0);
-        if !v.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cq))) {
-            v.push(Arc::downgrade(cq));
+        if v.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cq))) {
+            return;
         }
+        let mut list: Vec<_> = v.iter().filter(|w| w.strong_count() > 0).cloned().collect();
+        list.push(Arc::downgrade(cq));
+        *v = Arc::from(list);
     }
 
-    fn feeding_cqs(&self) -> Vec<Arc<CompletionQueue>> {
-        let v = self.feeds.read().unwrap_or_else(|p| p.into_inner());
-        v.iter().filter_map(Weak::upgrade).collect()
+    fn feeds(&self) -> Arc<[Weak<CompletionQueue>]> {
+        Arc::clone(&self.feeds.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn progress(&self) {
-        for cq in self.feeding_cqs() {
+        for cq in self.feeds().iter().filter_map(Weak::upgrade) {
             if let Err(e) = cq.drive_for_counters() {
                 crate::fi_warn!("cntr", "{e}");
             }
