@@ -181,6 +181,11 @@ fn c_program_writes_and_reads_remote_memory_through_fi_rma() {
 }
 
 #[test]
+fn c_program_writes_and_reads_remote_memory_over_rdm_endpoints() {
+    run_capi_section("rdm-rma");
+}
+
+#[test]
 fn c_program_counts_completions_with_fi_cntr() {
     run_capi_section("cntr");
 }

@@ -2066,3 +2066,355 @@ fn remote_traffic_pays_for_an_idle_local_path_only_now_and_then() {
         "with a local route every read drives the path"
     );
 }
+
+// ---- fi_rma(3) on RDM endpoints -------------------------------------------------------
+
+fn rdm_rma_info() -> Option<Info> {
+    device_info()?;
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::MSG | Flags::RMA | Flags::SOURCE;
+    Some(
+        getinfo(None, None, Flags::empty(), Some(&hints))
+            .unwrap()
+            .remove(0),
+    )
+}
+
+/// Reads `n` bytes at `off` of `mr`.
+fn mr_bytes(mr: &MemoryRegion, off: usize, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    mr.read_at(off, &mut v).unwrap();
+    v
+}
+
+/// Node `who`'s next completion: an RMA one with `flags` and `context`.
+fn rma_done(v: &[Node], who: usize, flags: Flags, context: u64) {
+    let (e, _) = next_ok(v, who);
+    assert_eq!((e.op_context, e.flags()), (context, flags));
+}
+
+#[test]
+fn rdm_infos_offer_rma_only_when_asked_with_the_registration_modes_it_needs() {
+    let Some(plain) = rdm_info() else { return };
+    assert!(!plain
+        .caps
+        .intersects(Flags::RMA | Flags::READ | Flags::WRITE));
+    assert_eq!(
+        plain.domain_attr.mr_mode,
+        MrMode::empty(),
+        "messages ask nothing"
+    );
+    let i = rdm_rma_info().unwrap();
+    assert!(i.caps.contains(Flags::RMA | Flags::TAGGED));
+    assert_eq!(
+        i.domain_attr.mr_mode,
+        MrMode::VIRT_ADDR | MrMode::PROV_KEY,
+        "remote addresses are virtual addresses under device keys; no FI_MR_LOCAL"
+    );
+    assert_eq!(i.tx_attr.rma_iov_limit, 1);
+    // An application that cannot use device keys gets no RMA.
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::RMA;
+    hints.domain_attr.mr_mode = MrMode::VIRT_ADDR;
+    assert!(getinfo(None, None, Flags::empty(), Some(&hints)).is_err());
+    // Without RMA in its caps an endpoint refuses it.
+    let v = nodes(&plain, 2, false);
+    let e = v[0].ep.write(b"x", 1, 0, 0, 1).unwrap_err();
+    assert_eq!(e.errno(), errno::EOPNOTSUPP, "{e}");
+}
+
+#[test]
+fn rdm_writes_and_reads_of_every_size_connect_on_first_use_and_move_the_bytes() {
+    let Some(info) = rdm_rma_info() else { return };
+    let v = nodes(&info, 2, false);
+    const LEN: usize = 1 << 21;
+    let remote = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    let target = MemoryRegion::alloc(&v[1].domain, LEN, remote).unwrap();
+    let src = MemoryRegion::alloc(&v[0].domain, LEN, Flags::SEND).unwrap();
+    let back = MemoryRegion::alloc(&v[0].domain, LEN, Flags::RECV).unwrap();
+    // Read-only to the device: small reads land in a send buffer, larger ones register it.
+    let plain = MemoryRegion::alloc(&v[0].domain, LEN, Flags::SEND).unwrap();
+    let slot = v[0].ep.inject_size() + 32;
+    let sizes = [
+        0,
+        1,
+        64,
+        4096,
+        slot - 1,
+        slot,
+        slot + 1,
+        65536,
+        1 << 20,
+        LEN,
+    ];
+    let (mut posted, mut completed) = (0, 0);
+    for (k, &n) in sizes.iter().enumerate() {
+        let seed = k as u8 + 1;
+        let rma = RmaIov {
+            addr: target.addr(),
+            len: LEN,
+            key: target.key(),
+        };
+        let ctx = 100 + k as u64;
+        if n <= slot {
+            // Copied: the caller's slice is free on return.
+            let mut bytes = pattern(n, seed);
+            v[0].ep
+                .writemsg(&[&bytes], 1, &rma, None, ctx, Flags::empty())
+                .unwrap();
+            bytes.fill(0);
+        } else {
+            src.write_at(0, &pattern(n, seed)).unwrap();
+            v[0].ep
+                .write_region(&src, 0, n, 1, &rma, None, ctx, Flags::empty())
+                .unwrap();
+        }
+        posted += 1;
+        rma_done(&v, 0, Flags::RMA | Flags::WRITE, ctx);
+        completed += 1;
+        assert_eq!(mr_bytes(&target, 0, n), pattern(n, seed), "{n}-byte write");
+        // The target's CQ hears nothing of a plain write.
+        assert!(v[1]
+            .cq
+            .read(&mut [TaggedEntry::default(); 1])
+            .unwrap_err()
+            .is_again());
+        // Read it back, into writable memory and into memory the device may not write.
+        for (dst, what) in [(&back, "writable"), (&plain, "read-only")] {
+            dst.fill(0, n, 0).unwrap();
+            let buf = RecvBuf::region(dst, 0, n).unwrap();
+            v[0].ep
+                .read(buf, 1, target.addr(), target.key(), ctx + 50)
+                .unwrap();
+            posted += 1;
+            rma_done(&v, 0, Flags::RMA | Flags::READ, ctx + 50);
+            completed += 1;
+            assert_eq!(
+                mr_bytes(dst, 0, n),
+                pattern(n, seed),
+                "{n}-byte read into {what}"
+            );
+        }
+    }
+    assert_eq!((posted, completed), (3 * sizes.len(), 3 * sizes.len()));
+    assert_eq!(
+        v[0].ep.connections_opened(),
+        1,
+        "one connection, made by the first write"
+    );
+    let (free, all) = v[0].ep.send_buffers();
+    assert_eq!(free, all, "every send buffer came back");
+}
+
+#[test]
+fn rdm_vectored_rma_gathers_and_scatters_over_consecutive_remote_bytes() {
+    let Some(info) = rdm_rma_info() else { return };
+    let v = nodes(&info, 2, false);
+    let target = MemoryRegion::alloc(
+        &v[1].domain,
+        1 << 20,
+        Flags::REMOTE_READ | Flags::REMOTE_WRITE,
+    )
+    .unwrap();
+    let rma = |len| RmaIov {
+        addr: target.addr() + 100,
+        len,
+        key: target.key(),
+    };
+    // Small: gathered into one send buffer.
+    let (a, b, c) = (pattern(10, 1), pattern(300, 2), pattern(7, 3));
+    v[0].ep
+        .writemsg(&[&a, &b, &c], 1, &rma(317), None, 1, Flags::empty())
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 1);
+    let whole: Vec<u8> = [a, b, c].concat();
+    assert_eq!(mr_bytes(&target, 100, 317), whole);
+    // Large: one work request per range, from two regions.
+    let r1 = MemoryRegion::alloc(&v[0].domain, 200_000, Flags::SEND).unwrap();
+    let r2 = MemoryRegion::alloc(&v[0].domain, 50_000, Flags::SEND).unwrap();
+    r1.write_at(0, &pattern(200_000, 4)).unwrap();
+    r2.write_at(0, &pattern(50_000, 5)).unwrap();
+    v[0].ep
+        .write_region(&r1, 0, 200_000, 1, &rma(250_000), None, 2, Flags::empty())
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 2);
+    let rma2 = RmaIov {
+        addr: target.addr() + 100 + 200_000,
+        ..rma(50_000)
+    };
+    v[0].ep
+        .write_region(&r2, 0, 50_000, 1, &rma2, None, 3, Flags::empty())
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 3);
+    // Scattered back: a small range (send buffer), a large writable one, a small one.
+    let big = MemoryRegion::alloc(&v[0].domain, 250_000, Flags::RECV).unwrap();
+    let small = MemoryRegion::alloc(&v[0].domain, 4096, Flags::SEND).unwrap();
+    let bufs = [
+        RecvBuf::region(&small, 0, 1000).unwrap(),
+        RecvBuf::region(&big, 0, 248_000).unwrap(),
+        RecvBuf::region(&small, 2000, 1000).unwrap(),
+    ];
+    v[0].ep
+        .readmsg(&bufs, 1, &rma(250_000), 4, Flags::empty())
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::READ, 4);
+    let want: Vec<u8> = [pattern(200_000, 4), pattern(50_000, 5)].concat();
+    assert_eq!(mr_bytes(&small, 0, 1000), want[..1000]);
+    assert_eq!(mr_bytes(&big, 0, 248_000), want[1000..249_000]);
+    assert_eq!(mr_bytes(&small, 2000, 1000), want[249_000..]);
+    // Larger than a send buffer from a borrowed slice: refused, nothing posted.
+    let huge = vec![0u8; 100_000];
+    let e = v[0]
+        .ep
+        .write(&huge, 1, target.addr(), target.key(), 5)
+        .unwrap_err();
+    assert_eq!(e.errno(), errno::EMSGSIZE, "{e}");
+    let (free, all) = v[0].ep.send_buffers();
+    assert_eq!(free, all);
+}
+
+#[test]
+fn rdm_write_data_completes_at_the_target_with_64_bits_after_the_bytes() {
+    let Some(info) = rdm_rma_info() else { return };
+    let v = nodes(&info, 2, false);
+    let target = MemoryRegion::alloc(&v[1].domain, 1 << 18, Flags::REMOTE_WRITE).unwrap();
+    let src = MemoryRegion::alloc(&v[0].domain, 1 << 18, Flags::SEND).unwrap();
+    src.write_at(0, &pattern(1 << 18, 9)).unwrap();
+    let data = 0xfedc_ba98_7654_3210u64;
+    v[0].ep
+        .writedata(&pattern(500, 1), data, 1, target.addr(), target.key(), 1)
+        .unwrap();
+    let (e, from) = next_ok(&v, 1);
+    assert_eq!(
+        e.flags(),
+        Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA
+    );
+    assert_eq!((e.data, e.len, from), (data, 500, 0));
+    assert_eq!(mr_bytes(&target, 0, 500), pattern(500, 1));
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 1);
+    // Large, from a region: the data still follows the bytes.
+    let rma = RmaIov {
+        addr: target.addr(),
+        len: 1 << 18,
+        key: target.key(),
+    };
+    v[0].ep
+        .write_region(&src, 0, 1 << 18, 1, &rma, Some(7), 2, Flags::REMOTE_CQ_DATA)
+        .unwrap();
+    let (e, _) = next_ok(&v, 1);
+    assert_eq!((e.data, e.len), (7, 1 << 18));
+    assert_eq!(mr_bytes(&target, 0, 1 << 18), pattern(1 << 18, 9));
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 2);
+    // Injected: nothing at the initiator, the data at the target.
+    v[0].ep
+        .inject_writedata(&pattern(64, 3), 11, 1, target.addr(), target.key())
+        .unwrap();
+    let (e, _) = next_ok(&v, 1);
+    assert_eq!((e.data, e.len), (11, 64));
+    assert_eq!(mr_bytes(&target, 0, 64), pattern(64, 3));
+    v[0].ep
+        .inject_write(&pattern(64, 4), 1, target.addr() + 64, target.key())
+        .unwrap();
+    // A fenced read waits for the write before it, and sees its bytes.
+    let back = MemoryRegion::alloc(&v[0].domain, 128, Flags::RECV).unwrap();
+    let rma = RmaIov {
+        addr: target.addr(),
+        len: 128,
+        key: target.key(),
+    };
+    let e = v[0].ep.readmsg(
+        &[RecvBuf::region(&back, 0, 128).unwrap()],
+        1,
+        &rma,
+        3,
+        Flags::FENCE,
+    );
+    // The target region grants no remote read: the read fails, the write before it did not.
+    e.unwrap();
+    let err = next_err(&v, 0);
+    assert_eq!((err.op_context, err.err), (3, errno::EACCES));
+    assert_eq!(mr_bytes(&target, 64, 64), pattern(64, 4));
+    quiet(&v, 0);
+    let (free, all) = v[0].ep.send_buffers();
+    assert_eq!(free, all, "inject buffers came back");
+    let e = v[0].ep.inject_write(
+        &vec![0; v[0].ep.inject_size() + 1],
+        1,
+        target.addr(),
+        target.key(),
+    );
+    assert_eq!(e.unwrap_err().errno(), errno::EINVAL);
+    let e = v[0].ep.readmsg(
+        &[RecvBuf::region(&back, 0, 8).unwrap()],
+        1,
+        &rma,
+        4,
+        Flags::INJECT,
+    );
+    assert_eq!(e.unwrap_err().errno(), errno::EINVAL);
+}
+
+#[test]
+fn rdm_rma_access_violations_fail_at_the_initiator_write_nothing_and_the_peer_stays_reachable() {
+    let Some(info) = rdm_rma_info() else { return };
+    let v = nodes(&info, 2, false);
+    let ro = MemoryRegion::alloc(&v[1].domain, 4096, Flags::REMOTE_READ).unwrap();
+    let rw = MemoryRegion::alloc(&v[1].domain, 4096, Flags::REMOTE_WRITE).unwrap();
+    ro.fill(0, 4096, 0xee).unwrap();
+    rw.fill(0, 4096, 0xee).unwrap();
+    let stale = {
+        let gone = MemoryRegion::alloc(&v[1].domain, 4096, Flags::REMOTE_WRITE).unwrap();
+        (gone.addr(), gone.key())
+    };
+    let cases = [
+        ("a write to a read-only region", ro.addr(), ro.key()),
+        ("a write past the region's end", rw.addr() + 4000, rw.key()),
+        ("a write under a closed region's key", stale.0, stale.1),
+    ];
+    let (mut posted, mut failed, mut delivered) = (0, 0, 0);
+    for (k, (what, addr, key)) in cases.into_iter().enumerate() {
+        v[0].ep
+            .write(&pattern(200, 1), 1, addr, key, k as u64)
+            .unwrap();
+        posted += 1;
+        let e = next_err(&v, 0);
+        assert_eq!((e.op_context, e.err), (k as u64, errno::EACCES), "{what}");
+        failed += 1;
+        assert_eq!(mr_bytes(&ro, 0, 4096), vec![0xee; 4096], "{what}");
+        assert_eq!(mr_bytes(&rw, 0, 4096), vec![0xee; 4096], "{what}");
+        // The failed connection goes; the next message to the peer makes a new one.
+        retry(&v, || v[0].ep.tsend(b"still there", 5, 1, 1000 + k as u64));
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 64), ANY, 5, 0, 2000 + k as u64)
+            .unwrap();
+        let t = Instant::now();
+        loop {
+            match next(&v, 0) {
+                Ok((e, _)) if e.op_context == 1000 + k as u64 => break,
+                // Sends caught by the failed connection before it went fail cleanly.
+                Err(e) if e.errno() == errno::EAVAIL => {
+                    let e = v[0].cq.readerr().unwrap();
+                    assert_eq!(e.op_context, 1000 + k as u64);
+                    retry(&v, || v[0].ep.tsend(b"still there", 5, 1, 1000 + k as u64));
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(t.elapsed() < Duration::from_secs(20));
+        }
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!(e.op_context, 2000 + k as u64);
+        delivered += 1;
+    }
+    assert_eq!((posted, failed, delivered), (3, 3, 3));
+    // A good write still lands.
+    v[0].ep
+        .write(&pattern(100, 2), 1, rw.addr(), rw.key(), 9)
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 9);
+    assert_eq!(mr_bytes(&rw, 0, 100), pattern(100, 2));
+    // A key that is no verbs key is refused before anything is posted.
+    let e = v[0].ep.write(b"x", 1, rw.addr(), 1 << 40, 10).unwrap_err();
+    assert_eq!(e.errno(), errno::EINVAL);
+}

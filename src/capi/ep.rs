@@ -118,7 +118,10 @@ pub(crate) unsafe extern "C" fn not_passive_reject(
 /// # Safety
 /// `desc` is NULL or a descriptor from `fi_mr_desc`.
 #[inline]
-unsafe fn region<'a>(buf: *const c_void, desc: *mut c_void) -> Result<(&'a MemoryRegion, usize)> {
+pub(crate) unsafe fn region<'a>(
+    buf: *const c_void,
+    desc: *mut c_void,
+) -> Result<(&'a MemoryRegion, usize)> {
     // SAFETY: the caller's contract.
     let mr = unsafe { mr_of(desc) }?;
     let off = (buf as u64).checked_sub(mr.addr()).ok_or_else(|| {

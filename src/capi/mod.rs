@@ -36,5 +36,6 @@ pub(crate) mod peer;
 pub(crate) mod pep;
 pub mod provider;
 pub(crate) mod rdm_ep;
+pub(crate) mod rdm_rma;
 pub(crate) mod soft_srx;
 pub(crate) mod srx;

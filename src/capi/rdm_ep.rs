@@ -91,7 +91,7 @@ pub(crate) fn open(
         ops: ops(&RDM_EP_OPS),
         cm: ops(&RDM_EP_CM),
         msg: ops(&RDM_EP_MSG),
-        rma: ops(&nosys::RMA),
+        rma: ops(&crate::capi::rdm_rma::RDM_EP_RMA),
         tagged: ops(&RDM_EP_TAGGED),
         atomic: ops(&nosys::ATOMIC),
         collective: ops(&nosys::COLLECTIVE),
@@ -301,7 +301,7 @@ unsafe extern "C" fn rdm_join(
 /// # Safety
 /// `ep` is the application's endpoint handle.
 #[inline]
-unsafe fn rdm<'a>(ep: *mut fi::fid_ep) -> Result<&'a RdmEndpoint> {
+pub(crate) unsafe fn rdm<'a>(ep: *mut fi::fid_ep) -> Result<&'a RdmEndpoint> {
     // A peer's transfer endpoint shares these data calls (its handle marks them): told
     // apart by its ops table, so neither kind builds the other's error on the data path.
     // SAFETY: the caller's contract (ops_of checks for NULL).
@@ -358,7 +358,7 @@ unsafe extern "C" fn rdm_transfer_close(f: *mut fi::fid) -> i32 {
 ///
 /// # Safety
 /// `buf` has `len` writable bytes until the receive completes (fi_msg(3)).
-unsafe fn recv_buf(buf: *mut c_void, len: usize) -> Result<RecvBuf> {
+pub(crate) unsafe fn recv_buf(buf: *mut c_void, len: usize) -> Result<RecvBuf> {
     if buf.is_null() && len > 0 {
         return Err(Error::new(errno::EINVAL, "buf is NULL"));
     }
@@ -400,7 +400,7 @@ unsafe fn recv_iov(iov: *const libc::iovec, count: usize) -> Result<RecvBuf> {
 ///
 /// # Safety
 /// `buf` has `len` readable bytes, unchanged until the send completes.
-unsafe fn send_buf(buf: *const c_void, len: usize) -> Result<ForeignBuf> {
+pub(crate) unsafe fn send_buf(buf: *const c_void, len: usize) -> Result<ForeignBuf> {
     if buf.is_null() && len > 0 {
         return Err(Error::new(errno::EINVAL, "buf is NULL"));
     }

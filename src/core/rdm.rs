@@ -117,6 +117,10 @@ pub enum Op {
     SegTag = 7,
     /// A later segment: its bytes follow the segments before it on the same connection.
     Cont = 8,
+    /// The remote CQ data of an RDMA write just before it on the same connection
+    /// (`fi_writedata`): [`Header::data`], and the bytes written in [`Header::tag`]. RDM's
+    /// 8-byte `cq_data_size` does not fit a write's 4-byte immediate.
+    WriteData = 9,
 }
 
 impl Op {
@@ -258,6 +262,7 @@ impl Header {
             6 => Op::SegMsg,
             7 => Op::SegTag,
             8 => Op::Cont,
+            9 => Op::WriteData,
             o => return Err(bad(format!("operation {o}"))),
         };
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());

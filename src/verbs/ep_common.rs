@@ -486,6 +486,26 @@ const SEND_FLAGS: Flags = Flags::COMPLETION
     .union(Flags::TRANSMIT_COMPLETE)
     .union(Flags::DELIVERY_COMPLETE);
 
+/// Refuses an RMA operation in direction `dir` (`FI_READ` or `FI_WRITE`) to an endpoint
+/// whose info's `caps` name no `FI_RMA`, or name directions without this one: its queue
+/// pairs may not be set up for it.
+#[inline]
+pub(crate) fn check_rma_cap(caps: Flags, dir: Flags) -> Result<()> {
+    let dirs = Flags::READ | Flags::WRITE | Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    if caps.contains(Flags::RMA) && (caps.contains(dir) || !caps.intersects(dirs)) {
+        return Ok(());
+    }
+    let name = if dir == Flags::READ {
+        "FI_READ"
+    } else {
+        "FI_WRITE"
+    };
+    Err(Error::new(
+        errno::EOPNOTSUPP,
+        format!("the endpoint was opened without FI_RMA | {name} in its info's caps: ask fi_getinfo for them"),
+    ))
+}
+
 pub(crate) fn check_send_flags(flags: Flags) -> Result<()> {
     if flags.contains(Flags::MULTICAST) {
         return Err(Error::new(

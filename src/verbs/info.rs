@@ -162,10 +162,11 @@ const RMA_MR_MODE: MrMode = MrMode::LOCAL
     .union(MrMode::VIRT_ADDR)
     .union(MrMode::PROV_KEY);
 
-/// An MSG info without RMA, for applications that do not ask for it (their caps name
-/// none of it) or cannot register memory as it needs (their mr_mode lacks `FI_MR_VIRT_ADDR`
-/// or `FI_MR_PROV_KEY`): they keep the plain `FI_MR_LOCAL` answer.
-fn without_rma_unless_asked(i: &mut Info, hints: &Info) {
+/// An MSG or RDM info without RMA, for applications that do not ask for it (their caps
+/// name none of it) or cannot register memory as it needs (their mr_mode lacks
+/// `FI_MR_VIRT_ADDR` or `FI_MR_PROV_KEY`): they keep the plain answer, `plain` (MSG:
+/// `FI_MR_LOCAL`; RDM: nothing asked of them).
+fn without_rma_unless_asked(i: &mut Info, hints: &Info, plain: MrMode) {
     let asked = (hints.caps | hints.tx_attr.caps | hints.rx_attr.caps).intersects(RMA_CAPS);
     let mr_ok = hinted_mr_mode(hints).is_none_or(|m| m.contains(RMA_MR_MODE - MrMode::LOCAL));
     if asked || (hints.caps.is_empty() && mr_ok) {
@@ -174,7 +175,7 @@ fn without_rma_unless_asked(i: &mut Info, hints: &Info) {
     i.caps -= RMA_CAPS;
     i.tx_attr.caps -= RMA_CAPS;
     i.rx_attr.caps -= RMA_CAPS;
-    i.domain_attr.mr_mode = MrMode::LOCAL;
+    i.domain_attr.mr_mode = plain;
 }
 
 pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
@@ -308,10 +309,11 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
         | Flags::DIRECTED_RECV
         | Flags::SOURCE
         | Flags::MULTI_RECV;
-    i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv;
+    i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv | RMA_CAPS;
     i.addr_format = AddrFormat::Unspec;
-    i.tx_attr.caps = Flags::MSG | Flags::TAGGED | Flags::SEND;
-    i.rx_attr.caps = recv;
+    i.tx_attr.caps =
+        Flags::MSG | Flags::TAGGED | Flags::SEND | Flags::RMA | Flags::READ | Flags::WRITE;
+    i.rx_attr.caps = recv | Flags::RMA | Flags::REMOTE_READ | Flags::REMOTE_WRITE;
     i.tx_attr.msg_order = fi::FI_ORDER_SAS;
     i.rx_attr.msg_order = fi::FI_ORDER_SAS;
     i.tx_attr.comp_order = fi::FI_ORDER_NONE;
@@ -327,7 +329,9 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     i.ep_attr.max_order_war_size = 0;
     i.ep_attr.max_order_waw_size = 0;
     i.ep_attr.mem_tag_format = TAG_GENERIC;
-    i.domain_attr.mr_mode = MrMode::empty();
+    // Messages need no registration; RMA targets are virtual addresses under device keys
+    // (an info without RMA asks nothing: `without_rma_unless_asked`).
+    i.domain_attr.mr_mode = RMA_MR_MODE - MrMode::LOCAL;
     i.domain_attr.cq_data_size = 8;
     i.domain_attr.max_err_data = 0;
     Ok(i)
@@ -469,10 +473,12 @@ pub fn getinfo(
         let mut info = if dgram {
             dgram_info(dev)?
         } else if rdm {
-            rdm_info(dev)?
+            let mut i = rdm_info(dev)?;
+            without_rma_unless_asked(&mut i, hints, MrMode::empty());
+            i
         } else {
             let mut i = msg_info(dev)?;
-            without_rma_unless_asked(&mut i, hints);
+            without_rma_unless_asked(&mut i, hints, MrMode::LOCAL);
             i
         };
         if rdm {

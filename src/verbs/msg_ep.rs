@@ -14,9 +14,9 @@ use crate::core::flags::{EpOpt, EpType, Flags};
 use crate::core::info::Info;
 use crate::verbs::cq::{Owned, PeerTransferSink, RecvOwner};
 use crate::verbs::ep_common::{
-    check_domain, check_inject, check_recv_flags, check_send_flags, check_sendmsg, cq_data,
-    iov_error, lock, post_error, region_sge, send_imm, wanted_caps, with_slices, CqBinding, Iov,
-    RecvBatch, SendBatch, Signalling,
+    check_domain, check_inject, check_recv_flags, check_rma_cap, check_send_flags, check_sendmsg,
+    cq_data, iov_error, lock, post_error, region_sge, send_imm, wanted_caps, with_slices,
+    CqBinding, Iov, RecvBatch, SendBatch, Signalling,
 };
 use crate::verbs::eq::{encode_cm_data, CmEndpoint, ConnRequest, Owner, CM_DATA_SIZE};
 use crate::verbs::info::resolve_route;
@@ -239,7 +239,7 @@ pub struct RmaIov {
 
 impl RmaIov {
     /// The verbs rkey, once the range is known to hold the `len` bytes moved.
-    fn check(&self, len: usize) -> Result<u32> {
+    pub(crate) fn check(&self, len: usize) -> Result<u32> {
         if len > self.len {
             return Err(Error::new(
                 errno::EINVAL,
@@ -1170,20 +1170,7 @@ impl MsgEndpoint {
     /// `FI_RMA`, or name directions without this one): its QP may not be set up for it.
     #[inline]
     fn check_cap(&self, dir: Flags) -> Result<()> {
-        let caps = self.shared.info.caps;
-        let dirs = Flags::READ | Flags::WRITE | Flags::REMOTE_READ | Flags::REMOTE_WRITE;
-        if caps.contains(Flags::RMA) && (caps.contains(dir) || !caps.intersects(dirs)) {
-            return Ok(());
-        }
-        let name = if dir == Flags::READ {
-            "FI_READ"
-        } else {
-            "FI_WRITE"
-        };
-        Err(Error::new(
-            errno::EOPNOTSUPP,
-            format!("the endpoint was opened without FI_RMA | {name} in its info's caps: ask fi_getinfo for them"),
-        ))
+        check_rma_cap(self.shared.info.caps, dir)
     }
 
     /// What a write and a read check and prepare alike (the local ranges are checked

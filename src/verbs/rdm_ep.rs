@@ -36,6 +36,7 @@ use crate::verbs::{
 };
 
 mod local;
+mod rma;
 pub use local::{LocalEntry, LocalOwner, LocalPath, LocalSend};
 use local::{LocalLink, LOCAL_HOLDER};
 
@@ -272,6 +273,8 @@ struct TxMeta {
     seq: u64,
     /// A peer provider's transfer: its completion goes to the transfer link.
     peer: bool,
+    /// An RDMA write or read (its work request is `Inner::tx_rma`'s entry), not a message.
+    rma: bool,
 }
 
 /// Quiet sends (no completion wanted) left unsignalled per connection, at most: the next is
@@ -495,6 +498,8 @@ struct Inner {
     qpns: HashMap<u32, QpRoute, QpnHash>,
     tx_free: Vec<u32>,
     tx: Vec<TxMeta>,
+    /// The RDMA work request of each send buffer carrying one (`TxMeta::rma`).
+    tx_rma: Vec<Option<rma::RmaPiece>>,
     rx: Vec<RxMeta>,
     sends: Slab<RndvSend>,
     reads: Slab<RndvRead>,
@@ -853,7 +858,9 @@ impl RdmEndpoint {
                 },
             )?;
             let rx_pool = MemoryRegion::alloc(&self.sh.domain, rx_n * slot, Flags::RECV)?;
-            let tx_pool = MemoryRegion::alloc(&self.sh.domain, tx_n * slot, Flags::SEND)?;
+            // Writable by the device too: small RDMA reads land in a send buffer.
+            let tx_pool =
+                MemoryRegion::alloc(&self.sh.domain, tx_n * slot, Flags::SEND | Flags::RECV)?;
             let eq = EventQueue::open(self.sh.domain.fabric(), &EqAttr::default())?;
             let mut linfo = self.sh.msg_info()?;
             let ip = linfo.src_addr.map(|a| a.ip()).ok_or_else(|| {
@@ -901,6 +908,7 @@ impl RdmEndpoint {
                     local_from: HashMap::default(),
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
+                    tx_rma: (0..tx_n).map(|_| None).collect(),
                     rx: vec![RxMeta::default(); rx_n],
                 }),
                 pep,
@@ -1225,6 +1233,7 @@ impl RdmEndpoint {
             part: false,
             seq: 0,
             peer: self.peer,
+            rma: false,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
         // the receiver once matched. A region that already grants remote read needs no
@@ -1363,6 +1372,19 @@ impl RdmEndpoint {
             drop(regs);
             return Err(e);
         }
+        self.dispatch(en, g, peer, slots)
+    }
+
+    /// Sends the staged send buffers `slots` to `peer`, in order: posted on its connection,
+    /// queued while one is being made, or queued behind a connection this starts.
+    #[inline]
+    fn dispatch(
+        &self,
+        en: &Enabled,
+        mut g: std::sync::MutexGuard<'_, Inner>,
+        peer: u32,
+        slots: &[u32],
+    ) -> Result<()> {
         match g.peers[peer as usize].link.send_path() {
             SendPath::Post(c) => {
                 for (i, s) in slots.iter().enumerate() {
@@ -1893,8 +1915,13 @@ fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
 #[inline]
 fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     let m = &g.tx[slot as usize];
-    let quiet = m.quiet && m.rndv == NONE && !m.part;
+    let quiet = m.quiet && m.rndv == NONE && !m.part && !m.rma;
     let wire = m.wire as usize;
+    let rdma = if m.rma {
+        g.tx_rma[slot as usize].as_ref().map(|p| p.wr)
+    } else {
+        None
+    };
     let room = (g.unsignaled as usize) < g.tx.len() / 4;
     let Some(conn) = open_conn_mut(g, c) else {
         return Err(Error::new(errno::EIO, "the peer's connection is gone"));
@@ -1904,8 +1931,12 @@ fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     let wr = wr_id::keyed(slot, en.key, Kind::RdmSend);
     let off = slot as usize * en.slot;
     let flags = if unsignaled { 0 } else { send_flags::SIGNALED };
-    qp.post_send_mr(wr, en.tx_pool.sys(), off, wire, flags, None)
-        .map_err(|e| Error::os(e, "ibv_post_send"))?;
+    match rdma {
+        Some(w) => rma::post_wr(en, qp, wr, off, &w, flags)?,
+        None => qp
+            .post_send_mr(wr, en.tx_pool.sys(), off, wire, flags, None)
+            .map_err(|e| Error::os(e, "ibv_post_send"))?,
+    }
     conn.in_flight += 1;
     let seq = conn.seq;
     conn.seq += 1;
@@ -1987,15 +2018,21 @@ fn post_bounce(en: &Enabled, i: u32) -> Result<()> {
         .map_err(|e| Error::os(e, "ibv_post_srq_recv"))
 }
 
-/// Frees send buffer `slot`, and the rendezvous send it announced (returned, to drop once
-/// the lock is released: dropping it deregisters the application's buffer).
-fn release_tx(g: &mut Inner, slot: u32) -> Option<RndvSend> {
+/// Frees send buffer `slot`, and the rendezvous send it announced or the RDMA work request
+/// it carried (returned, to drop once the lock is released: dropping them deregisters the
+/// application's buffer).
+fn release_tx(g: &mut Inner, slot: u32) -> (Option<RndvSend>, Option<rma::RmaPiece>) {
     g.tx_free.push(slot);
+    let piece = if std::mem::take(&mut g.tx[slot as usize].rma) {
+        g.tx_rma[slot as usize].take()
+    } else {
+        None
+    };
     let r = std::mem::replace(&mut g.tx[slot as usize].rndv, NONE);
     if r == NONE {
-        None
+        (None, piece)
     } else {
-        g.sends.take(r)
+        (g.sends.take(r), piece)
     }
 }
 
@@ -2814,18 +2851,35 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
     let mut g = lock(&en.inner);
     let m = g.tx[id as usize];
     retire_unsignaled(&mut g, m.conn, m.seq);
+    let qp_failed = !ok && status != sv::wc_status::IBV_WC_WR_FLUSH_ERR;
+    // A read that landed in the buffer is copied out before the buffer is free again.
+    let status = match m.rma && ok {
+        true => rma::land(en, &mut g, id),
+        false => status,
+    };
+    let ok = status == sv::wc_status::IBV_WC_SUCCESS;
     // An announcement's send waits for the receiver's notice; a failed one fails it.
-    let rndv = if ok {
+    let held = if ok {
         g.tx[id as usize].rndv = NONE;
+        let piece = match std::mem::take(&mut g.tx[id as usize].rma) {
+            true => g.tx_rma[id as usize].take(),
+            false => None,
+        };
         g.tx_free.push(id);
-        None
+        (None, piece)
     } else {
         release_tx(&mut g, id)
     };
+    if qp_failed {
+        // The queue pair is in error: the connection goes (a later send makes a new one).
+        if let Some(conn) = open_conn_mut(&mut g, m.conn).filter(|c| !c.down) {
+            conn.ep.disconnect();
+        }
+    }
     let gone = conn_done(&mut g, m.conn);
     flush_fins(en, &mut g);
     drop(g);
-    drop((gone, rndv));
+    drop((gone, held));
     if m.part {
         return None;
     }
@@ -2946,6 +3000,10 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     let conn = route.map_or(NONE, |r| r.conn);
     if h.peer && !en.transfer_open.load(Ordering::Acquire) {
         return peer_gone(en, g, id, &h, rts, conn);
+    }
+    if h.op == Op::WriteData {
+        drop(g);
+        return rma::remote_write(en, id, &h, addr);
     }
     if matches!(h.op, Op::SegMsg | Op::SegTag | Op::Cont) {
         return segment(en, &mut g, wc.qp_num(), id, &h, addr, conn);

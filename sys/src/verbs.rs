@@ -1149,6 +1149,21 @@ impl QpHandle {
         self.post_rdma(wr_id, &mut local, 1, flags, Rdma::Read, remote_addr, rkey)
     }
 
+    /// Posts an RDMA write of `local` (registered memory, checked by the device under its
+    /// lkey) to `remote_addr` under `rkey`. Never inline: the CPU would read `local` unchecked.
+    pub fn post_write_sge(
+        &self,
+        wr_id: u64,
+        mut local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+        flags: u32,
+    ) -> Result<(), i32> {
+        let flags = flags & !send_flags::INLINE;
+        let op = Rdma::Write(None);
+        self.post_rdma(wr_id, &mut local, 1, flags, op, remote_addr, rkey)
+    }
+
     /// `flags` with `INLINE` when `total` bytes fit the inline size, without it otherwise.
     #[inline(always)]
     fn inline_if_fits(&self, flags: u32, total: usize) -> u32 {

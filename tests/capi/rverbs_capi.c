@@ -1933,6 +1933,149 @@ static void rma_section(void)
 	printf("ok rma\n");
 }
 
+/* fi_rma(3) on RDM endpoints: writes and reads connect on first use, from and into
+ * unregistered memory (copied when small, registered for the operation when large) or
+ * registered memory named by its descriptor; remote CQ data keeps 64 bits and reaches the
+ * target's CQ with the writer's fi_addr_t; bad input is refused, a denied access fails. */
+static void rdm_rma_section(void)
+{
+	struct fi_info *h = fi_allocinfo(), *info;
+	struct rdm_pair p;
+	struct fid_cq **cq = p.cq;
+	struct fid_ep **ep = p.ep;
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err = {0};
+	struct fid_mr *tmr, *lmr, *romr;
+	size_t big = (1 << 20) + 3;
+	uint8_t *target = aligned_alloc(4096, 2 << 20), *local = malloc(big);
+	uint8_t *reg = aligned_alloc(4096, 2 << 20), *ro = aligned_alloc(4096, 4096);
+	fi_addr_t src;
+
+	TRUE(h && target && local && reg && ro);
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_MSG | FI_TAGGED | FI_RMA;
+	h->mode = 0;
+	h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	TRUE(info->caps & FI_RMA); /* no direction named: both (fi_getinfo(3)) */
+	EXPECT(info->domain_attr->mr_mode, FI_MR_VIRT_ADDR | FI_MR_PROV_KEY);
+	rdm_pair_open(info, &p, 0);
+	OK(fi_mr_reg(p.domain, target, 2 << 20, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 0, 0, &tmr,
+		     NULL));
+	OK(fi_mr_reg(p.domain, reg, 2 << 20, FI_WRITE | FI_READ, 0, 0, 0, &lmr, NULL));
+	uint64_t key = fi_mr_key(tmr), t = (uintptr_t)target;
+	memset(target, 0, 2 << 20);
+
+	/* Small from unregistered memory: copied, the first operation connects. */
+	fill(local, 300, 1);
+	RDM_POST(cq[0], cq[1], fi_write(ep[0], local, 300, NULL, 1, t + 8, key, (void *)1));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	TRUE(e.op_context == (void *)1 && e.flags == (FI_RMA | FI_WRITE));
+	check(target + 8, 300, 1);
+	TRUE(target[7] == 0 && target[308] == 0);
+	/* Large from unregistered memory (registered for the operation) and from a region. */
+	fill(local, big, 2);
+	RDM_POST(cq[0], cq[1], fi_write(ep[0], local, big, NULL, 1, t, key, (void *)2));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	EXPECT(e.op_context, (void *)2);
+	check(target, big, 2);
+	fill(reg, big, 3);
+	RDM_POST(cq[0], cq[1],
+		 fi_write(ep[0], reg, big, fi_mr_desc(lmr), 1, t + 100, key, (void *)3));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	EXPECT(e.op_context, (void *)3);
+	check(target + 100, big, 3);
+	/* Reads back, small and large, into unregistered memory and into the region. */
+	memset(local, 0, big);
+	RDM_POST(cq[0], cq[1], fi_read(ep[0], local, 64, NULL, 1, t + 100, key, (void *)4));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	TRUE(e.op_context == (void *)4 && e.flags == (FI_RMA | FI_READ));
+	check(local, 64, 3);
+	RDM_POST(cq[0], cq[1], fi_read(ep[0], local, big, NULL, 1, t + 100, key, (void *)5));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	EXPECT(e.op_context, (void *)5);
+	check(local, big, 3);
+	memset(reg, 0, big);
+	RDM_POST(cq[0], cq[1],
+		 fi_read(ep[0], reg, big, fi_mr_desc(lmr), 1, t + 100, key, (void *)6));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	check(reg, big, 3);
+
+	/* Remote CQ data: at the target, with 64 bits, the length and the writer's address. */
+	fill(local, 40, 4);
+	RDM_POST(cq[1], cq[0],
+		 fi_writedata(ep[1], local, 40, NULL, 0x8877665544332211ULL, 0,
+			      (uintptr_t)target, key, (void *)7));
+	EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+	EXPECT(e.op_context, (void *)7);
+	/* ep[1] wrote to its own domain's region through ep[0]'s address 0: loopback target. */
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	TRUE(e.flags == (FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA) &&
+	     e.data == 0x8877665544332211ULL && e.len == 40 && e.op_context == NULL);
+	EXPECT(src, 1);
+	check(target, 40, 4);
+
+	/* Injected, vectored and msg forms. */
+	RDM_POST(cq[0], cq[1], fi_inject_write(ep[0], "inject!", 8, 1, t + 5000, key));
+	RDM_POST(cq[0], cq[1], fi_inject_writedata(ep[0], "data", 4, 5, 1, t + 6000, key));
+	EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+	TRUE(e.data == 5 && e.len == 4 && (e.flags & FI_REMOTE_CQ_DATA));
+	TRUE(!memcmp(target + 5000, "inject!", 8) && !memcmp(target + 6000, "data", 4));
+	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+	struct iovec iov[2] = {{local, 10}, {local + 100, 20}};
+	struct fi_rma_iov rio = {.addr = t + 7000, .len = 30, .key = key};
+	struct fi_msg_rma msg = {.msg_iov = iov, .iov_count = 2, .addr = 1, .rma_iov = &rio,
+				 .rma_iov_count = 1, .context = (void *)8};
+	fill(local, 10, 5);
+	fill(local + 100, 20, 6);
+	RDM_POST(cq[0], cq[1], fi_writemsg(ep[0], &msg, FI_COMPLETION));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	EXPECT(e.op_context, (void *)8);
+	check(target + 7000, 10, 5);
+	check(target + 7010, 20, 6);
+	memset(local, 0, 200);
+	RDM_POST(cq[0], cq[1], fi_readv(ep[0], iov, NULL, 2, 1, t + 7000, key, (void *)9));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	EXPECT(e.op_context, (void *)9);
+	check(local, 10, 5);
+	check(local + 100, 20, 6);
+
+	/* Bad input: refused, nothing posted. */
+	msg.rma_iov_count = 2;
+	EXPECT(fi_writemsg(ep[0], &msg, 0), -FI_EINVAL);
+	msg.rma_iov_count = 1;
+	EXPECT(fi_readmsg(ep[0], &msg, FI_INJECT), -FI_EINVAL);
+	EXPECT(fi_write(ep[0], local, 8, NULL, 1, t, 1ULL << 40, NULL), -FI_EINVAL);
+	EXPECT(fi_inject_write(ep[0], local, info->tx_attr->inject_size + 1, 1, t, key), -FI_EINVAL);
+	EXPECT(fi_write(ep[0], local, 8, (void *)ro, 1, t, key, NULL), -FI_EINVAL); /* not a desc */
+	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+
+	/* A region registered for remote read only is no write target. */
+	OK(fi_mr_reg(p.domain, ro, 4096, FI_REMOTE_READ, 0, 0, 0, &romr, NULL));
+	memset(ro, 0x11, 4096);
+	RDM_POST(cq[0], cq[1],
+		 fi_write(ep[0], local, 64, NULL, 1, (uintptr_t)ro, fi_mr_key(romr), (void *)10));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(cq[0], &err, 0), 1);
+	TRUE(err.op_context == (void *)10 && (err.flags & FI_WRITE));
+	EXPECT(err.err, FI_EACCES);
+	for (int i = 0; i < 4096; i++)
+		TRUE(ro[i] == 0x11);
+
+	EXPECT(fi_close(&romr->fid), 0);
+	EXPECT(fi_close(&lmr->fid), 0);
+	EXPECT(fi_close(&tmr->fid), 0);
+	rdm_pair_close(&p);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	free(target);
+	free(local);
+	free(reg);
+	free(ro);
+	printf("ok rdm-rma\n");
+}
+
 /* fi_cntr(3) on a connected pair: counters count every send and receive, including those
  * selective completion keeps off the CQ and injects; fi_cntr_wait drives progress; the
  * value calls; bad attributes and binds are refused; a bound counter does not close. */
@@ -2052,6 +2195,8 @@ int main(int argc, char **argv)
 		rdm_section();
 	if (!only || !strcmp(only, "rma"))
 		rma_section();
+	if (!only || !strcmp(only, "rdm-rma"))
+		rdm_rma_section();
 	if (!only || !strcmp(only, "cntr"))
 		cntr_section();
 	if (only && !strcmp(only, "peer"))
