@@ -2418,3 +2418,160 @@ fn rdm_rma_access_violations_fail_at_the_initiator_write_nothing_and_the_peer_st
     let e = v[0].ep.write(b"x", 1, rw.addr(), 1 << 40, 10).unwrap_err();
     assert_eq!(e.errno(), errno::EINVAL);
 }
+
+// ---- fi_cntr(3) on RDM endpoints ------------------------------------------------------
+
+#[test]
+fn rdm_counters_count_every_protocol_injects_and_rma_and_their_errors() {
+    let Some(info) = rdm_rma_info() else { return };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let attr = CntrAttr {
+        wait_obj: WaitObj::Unspec,
+        ..Default::default()
+    };
+    let (tx, rx, rd, wr) = (
+        Counter::open(&domain, &attr).unwrap(),
+        Counter::open(&domain, &attr).unwrap(),
+        Counter::open(&domain, &attr).unwrap(),
+        Counter::open(&domain, &attr).unwrap(),
+    );
+    let mut eps = Vec::new();
+    let mut cqs = Vec::new();
+    let av = AddressVector::open(
+        &domain,
+        &AvAttr {
+            av_type: AvType::Table,
+            count: 2,
+        },
+    )
+    .unwrap();
+    for i in 0..2 {
+        let cq = CompletionQueue::open(
+            &domain,
+            &CqAttr {
+                format: CqFormat::Tagged,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let ep = RdmEndpoint::open(&domain, &info).unwrap();
+        // Selective completion on both: the counters see what the CQs do not.
+        ep.bind_cq(
+            &cq,
+            Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION,
+        )
+        .unwrap();
+        ep.bind_av(&av).unwrap();
+        if i == 0 {
+            ep.bind_cntr(&tx, Flags::SEND).unwrap();
+            ep.bind_cntr(&rd, Flags::READ).unwrap();
+            ep.bind_cntr(&wr, Flags::WRITE).unwrap();
+            let e = ep.bind_cntr(&tx, Flags::SEND).unwrap_err();
+            assert_eq!(e.errno(), errno::EINVAL, "one counter per direction");
+            let e = ep.bind_cntr(&rx, Flags::REMOTE_WRITE).unwrap_err();
+            assert_eq!(e.errno(), errno::EINVAL, "no FI_RMA_EVENT");
+        } else {
+            ep.bind_cntr(&rx, Flags::RECV).unwrap();
+        }
+        ep.enable().unwrap();
+        let e = ep.bind_cntr(&rx, Flags::RECV).unwrap_err();
+        assert_eq!(e.errno(), errno::EOPBADSTATE);
+        eps.push(ep);
+        cqs.push(cq);
+    }
+    for ep in &eps {
+        av.insert(&ep.getname().unwrap().to_bytes()).unwrap();
+    }
+    let eager = eps[0].inject_size();
+    let dst = MemoryRegion::alloc(&domain, 1 << 20, Flags::RECV).unwrap();
+    let src = MemoryRegion::alloc(&domain, 1 << 20, Flags::SEND).unwrap();
+    src.write_at(0, &pattern(1 << 20, 3)).unwrap();
+    // Every protocol: inline-sized, eager, segmented, rendezvous; plain, injected and with
+    // delivery complete; none asks for a CQ entry.
+    let sizes = [8, eager, eager + 1, 60_000, 1 << 20];
+    let mut n = 0u64;
+    for (k, &len) in sizes.iter().enumerate() {
+        let tag = k as u64;
+        eps[1]
+            .trecv(RecvBuf::region(&dst, 0, len).unwrap(), ANY, tag, 0, tag)
+            .unwrap();
+        let f = match k % 3 {
+            0 => Flags::empty(),
+            1 => Flags::INJECT,
+            _ => Flags::DELIVERY_COMPLETE,
+        };
+        if len <= eager {
+            eps[0]
+                .sendmsg(&[&pattern(len, 3)], 1, Some(tag), None, 0, f)
+                .unwrap();
+        } else {
+            eps[0]
+                .send_region(&src, 0, len, 1, Some(tag), 0, f - Flags::INJECT)
+                .unwrap();
+        }
+        n += 1;
+        // Both sides progress (connection setup needs both): reading a counter drives its
+        // endpoint.
+        let t = Instant::now();
+        loop {
+            let (r, t2) = (rx.read(), tx.read());
+            if r >= n && t2 >= n {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{len} bytes: received {r} and sent {t2} of {n}"
+            );
+        }
+        let want = match len <= eager {
+            true => pattern(len, 3),
+            false => pattern(1 << 20, 3)[..len].to_vec(),
+        };
+        assert!(mr_bytes(&dst, 0, len) == want, "{len} bytes differ");
+    }
+    assert!(cqs.iter().all(|cq| cq
+        .read(&mut [TaggedEntry::default(); 1])
+        .unwrap_err()
+        .is_again()));
+    // RMA: writes and reads, injected or not, and a failing write.
+    let target =
+        MemoryRegion::alloc(&domain, 4096, Flags::REMOTE_READ | Flags::REMOTE_WRITE).unwrap();
+    let ro = MemoryRegion::alloc(&domain, 4096, Flags::REMOTE_READ).unwrap();
+    eps[0]
+        .write(&pattern(100, 1), 1, target.addr(), target.key(), 1)
+        .unwrap();
+    eps[0]
+        .inject_write(&pattern(100, 2), 1, target.addr() + 100, target.key())
+        .unwrap();
+    wr.wait(2, 20_000).unwrap();
+    eps[0]
+        .read(
+            RecvBuf::region(&dst, 0, 200).unwrap(),
+            1,
+            target.addr(),
+            target.key(),
+            2,
+        )
+        .unwrap();
+    rd.wait(1, 20_000).unwrap();
+    assert_eq!(mr_bytes(&dst, 0, 100), pattern(100, 1));
+    assert_eq!(mr_bytes(&dst, 100, 100), pattern(100, 2));
+    eps[0]
+        .write(&pattern(8, 1), 1, ro.addr(), ro.key(), 3)
+        .unwrap();
+    let e = wr.wait(3, 20_000).unwrap_err();
+    assert_eq!(e.errno(), errno::EAVAIL, "the failed write ends the wait");
+    assert_eq!((wr.read(), wr.readerr()), (2, 1));
+    assert_eq!((tx.read(), tx.readerr()), (n, 0));
+    assert_eq!((rx.read(), rx.readerr()), (n, 0));
+    assert_eq!((rd.read(), rd.readerr()), (1, 0));
+    // The failed write's error entry is on the CQ; nothing else is.
+    let mut got = [TaggedEntry::default(); 1];
+    assert_eq!(cqs[0].read(&mut got).unwrap_err().errno(), errno::EAVAIL);
+    assert_eq!(cqs[0].readerr().unwrap().op_context, 3);
+    drop(eps);
+    for c in [&tx, &rx, &rd, &wr] {
+        c.close().unwrap();
+    }
+}

@@ -127,7 +127,10 @@ unsafe extern "C" fn rdm_bind(f: *mut fi::fid, b: *mut fi::fid, flags: u64) -> i
                 // Connection events are the endpoint's own business; an EQ bound for
                 // asynchronous errors is proven ours and receives none yet.
                 fi::FI_CLASS_EQ => crate::capi::eq::CEq::from_c(b.cast(), "eq").map(|_| ()),
-                fi::FI_CLASS_CNTR => Err(enosys("counters")),
+                fi::FI_CLASS_CNTR => g.bind_cntr(
+                    &crate::capi::cntr::CCntr::from_c(b.cast(), "cntr")?.inner,
+                    Flags::from_bits_retain(flags),
+                ),
                 c => Err(Error::new(
                     errno::EINVAL,
                     format!("an endpoint cannot be bound to a fid of class {c}"),

@@ -80,6 +80,10 @@ impl Counter {
         }))
     }
 
+    pub(crate) fn domain(&self) -> &Arc<Domain> {
+        &self._domain
+    }
+
     pub fn wait_obj(&self) -> WaitObj {
         self.wait_obj
     }
@@ -298,6 +302,29 @@ impl EpCounters {
     /// Whether operations the endpoint initiates are counted (each must then be signalled).
     pub(crate) fn counts_transmits(&self) -> bool {
         self.send.is_some() || self.read.is_some() || self.write.is_some()
+    }
+
+    /// Counts one operation an endpoint finished in software (an RDM endpoint's), by its
+    /// completion flags: `FI_READ`, `FI_WRITE`, `FI_SEND` or `FI_RECV`.
+    pub(crate) fn done(&self, flags: Flags, ok: bool) {
+        let cntr = if flags.contains(Flags::READ) {
+            &self.read
+        } else if flags.contains(Flags::WRITE) {
+            &self.write
+        } else if flags.contains(Flags::SEND) {
+            &self.send
+        } else if flags.contains(Flags::RECV) {
+            &self.recv
+        } else {
+            return;
+        };
+        if let Some(c) = cntr {
+            if ok {
+                c.value.fetch_add(1, Ordering::AcqRel);
+            } else {
+                c.err.fetch_add(1, Ordering::AcqRel);
+            }
+        }
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Counter>> {

@@ -59,6 +59,16 @@ impl CqBinding {
 }
 
 impl CqBinding {
+    /// `fi_ep_bind` of a counter for the directions in `flags`.
+    pub(crate) fn bind_cntr(&mut self, cntr: &Arc<Counter>, flags: Flags) -> Result<()> {
+        self.cntrs.bind(cntr, flags)
+    }
+
+    /// The counters bound so far.
+    pub(crate) fn cntrs(&self) -> &EpCounters {
+        &self.cntrs
+    }
+
     /// Once queue pair `qp_num` exists: the CQs count its completions into the bound
     /// counters, whose reads drive those CQs.
     pub(crate) fn count_on(&mut self, qp_num: u32) {
@@ -171,7 +181,7 @@ impl Signalling {
                 "bind counters before enabling the endpoint",
             ));
         }
-        c.cntrs.bind(cntr, flags)?;
+        c.bind_cntr(cntr, flags)?;
         self.tx_counted
             .store(c.cntrs.counts_transmits(), Ordering::Release);
         Ok(())

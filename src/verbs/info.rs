@@ -300,8 +300,6 @@ pub const TAG_GENERIC: u64 = 0xaaaa_aaaa_aaaa_aaaa;
 /// application).
 pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     let mut i = msg_info(dev)?;
-    // RDM endpoints do not bind counters yet.
-    i.domain_attr.cntr_cnt = 0;
     let eager = crate::verbs::rdm_ep::eager_size()?;
     let recv = Flags::MSG
         | Flags::TAGGED

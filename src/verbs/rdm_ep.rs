@@ -26,6 +26,7 @@ use crate::core::flags::{EpType, Flags};
 use crate::core::info::{Info, RxAttr};
 use crate::core::rdm::{host_id, Fin, Header, Op, PeerLink, RdmName, Request, Rts, SendPath};
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
+use crate::verbs::cntr::{Counter, EpCounters};
 use crate::verbs::cq::{Owned, PeerProgress, PeerTransferSink, QpnHash, RecvOwner};
 use crate::verbs::ep_common::{check_send_flags, lock, CqBinding};
 use crate::verbs::eq::ConnRequest;
@@ -569,6 +570,10 @@ struct Enabled {
     directed: bool,
     /// `FI_MULTI_RECV` in `rx_attr.op_flags`: every untagged receive is a multi-receive.
     multi_recv_default: bool,
+    /// Counters bound to it; with one counting transmits, every send is signalled (an
+    /// unsignalled one would complete uncounted).
+    cntrs: EpCounters,
+    tx_counted: bool,
     /// Peers on this host go over it (`RdmEndpoint::set_local_path`).
     local: OnceLock<LocalLink>,
     /// A peer provider's transfers over it (`FI_PEER_TRANSFER`): where their completions
@@ -819,6 +824,26 @@ impl RdmEndpoint {
         Ok(())
     }
 
+    /// `fi_ep_bind` of a counter for `FI_SEND`, `FI_RECV`, `FI_READ` and/or `FI_WRITE`,
+    /// before the endpoint is enabled. The endpoint counts each operation as it finishes
+    /// (selective completion and injects included), and reads of the counter drive it.
+    pub fn bind_cntr(&self, cntr: &Arc<Counter>, flags: Flags) -> Result<()> {
+        let mut c = lock(&self.sh.ctl);
+        if self.sh.on.get().is_some() {
+            return Err(Error::new(
+                errno::EOPBADSTATE,
+                "bind counters before enabling the endpoint",
+            ));
+        }
+        if !Arc::ptr_eq(cntr.domain(), &self.sh.domain) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the counter belongs to another domain",
+            ));
+        }
+        c.cqs.bind_cntr(cntr, flags)
+    }
+
     /// Starts the endpoint (`fi_enable`): its listener, SRQ and buffers.
     pub fn enable(&self) -> Result<()> {
         let mut c = lock(&self.sh.ctl);
@@ -935,6 +960,8 @@ impl RdmEndpoint {
                 key: crate::verbs::cq::new_owner_key(),
                 directed: (info.caps | info.rx_attr.caps).contains(Flags::DIRECTED_RECV),
                 multi_recv_default: info.rx_attr.op_flags.contains(Flags::MULTI_RECV),
+                cntrs: c.cqs.cntrs().clone(),
+                tx_counted: c.cqs.cntrs().counts_transmits(),
                 local: OnceLock::new(),
                 transfers: Mutex::default(),
                 transfer_open: AtomicBool::new(false),
@@ -976,6 +1003,11 @@ impl RdmEndpoint {
             en.tx_cq.unregister_keyed_owner(en.key);
             c.cqs.unreserve();
             return Err(e);
+        }
+        // Counter reads drive the endpoint through its CQs, as CQ reads do.
+        for cntr in en.cntrs.all() {
+            cntr.feed_from(&en.tx_cq);
+            cntr.feed_from(&en.rx_cq);
         }
         // With one CQ, a read blocked on it also wakes for a new peer's connection request.
         let mut en = en;
@@ -1915,7 +1947,7 @@ fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
 #[inline]
 fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     let m = &g.tx[slot as usize];
-    let quiet = m.quiet && m.rndv == NONE && !m.part && !m.rma;
+    let quiet = m.quiet && m.rndv == NONE && !m.part && !m.rma && !en.tx_counted;
     let wire = m.wire as usize;
     let rdma = if m.rma {
         g.tx_rma[slot as usize].as_ref().map(|p| p.wr)
@@ -2043,6 +2075,9 @@ fn tx_failed(m: &TxMeta, err: i32) -> (bool, CqErrEntry) {
 
 /// Reports a failed send: on the send CQ, or to the transfer link for a peer's.
 fn write_tx_err(en: &Enabled, (peer, e): (bool, CqErrEntry)) {
+    if !peer {
+        en.cntrs.done(Flags::from_bits_retain(e.flags), false);
+    }
     if peer {
         to_transfer(en, Err(e), FI_ADDR_NOTAVAIL);
     } else if let Err(err) = en.tx_cq.writeerr(e) {
@@ -2063,6 +2098,17 @@ fn tx_error(m: &TxMeta, err: i32) -> CqErrEntry {
 
 /// A receive's completion and its source, or its error entry.
 type Done = std::result::Result<(CqEntry, u64), CqErrEntry>;
+
+/// Counts a receive that finished with `d` (`None`: a success selective completion keeps
+/// off the CQ) on the endpoint's receive counter; a peer's transfer is not the
+/// application's to count.
+#[inline]
+fn counted_rx(en: &Enabled, peer: bool, d: Option<Done>) -> Option<Done> {
+    if !peer {
+        en.cntrs.done(Flags::RECV, !matches!(d, Some(Err(_))));
+    }
+    d
+}
 
 /// What a receive of `size` bytes, `n` of which its buffer took, completes with: `failed`
 /// (a positive errno), truncation (`FI_ETRUNC` with `olen`), success, or nothing when its
@@ -2198,16 +2244,17 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
             let status = failed.unwrap_or(0);
             queue_fin(en, g, m.conn, Fin { id, status });
         }
-        return recv_done(
+        let d = recv_done(
             e.context, flags, e.tag, m.data, e.addr, e.size, n, buf, quiet, failed,
         );
+        return counted_rx(en, e.kind.peer(), d);
     };
     // Rendezvous: read what fits, then tell the sender.
     let fin = |g: &mut Inner, status| queue_fin(en, g, m.conn, Fin { id: rts.id, status });
     let failed = |g: &mut Inner, err: Error| {
         crate::fi_warn!("rdm", "rendezvous read of {} bytes: {err}", n);
         fin(g, errno::EIO);
-        recv_done(
+        let d = recv_done(
             e.context,
             flags,
             e.tag,
@@ -2218,13 +2265,15 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
             buf,
             quiet,
             Some(errno::EIO),
-        )
+        );
+        counted_rx(en, e.kind.peer(), d)
     };
     if n == 0 {
         fin(g, 0);
-        return recv_done(
+        let d = recv_done(
             e.context, flags, e.tag, m.data, e.addr, e.size, 0, buf, quiet, None,
         );
+        return counted_rx(en, e.kind.peer(), d);
     }
     let (reg, sge) = match ebuf.as_ref().map(|b| b.expose(&en.domain, e.offset, n)) {
         Some(Ok(r)) => r,
@@ -2883,6 +2932,10 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
     if m.part {
         return None;
     }
+    // Done unless it waits for the receiver's notice (rendezvous, delivery complete).
+    if !m.peer && (!ok || m.rndv == NONE) {
+        en.cntrs.done(m.flags, ok);
+    }
     if m.peer {
         match ok {
             true if m.quiet => {}
@@ -2934,6 +2987,7 @@ fn read_completion(en: &Enabled, id: u32, wc_status: u32) -> Option<Owned> {
         r.quiet,
         (!ok).then_some(status),
     );
+    let done = counted_rx(en, r.peer, done);
     if r.peer {
         match done {
             Some(Ok((c, src))) => to_transfer(en, Ok(c), src),
@@ -3088,6 +3142,9 @@ fn notice(
     let s = g.sends.take(fin.id);
     drop(g);
     let s = s?;
+    if !s.meta.peer {
+        en.cntrs.done(s.meta.flags, fin.status == 0);
+    }
     if s.meta.peer {
         match fin.status {
             0 if s.meta.quiet => {}

@@ -324,6 +324,7 @@ impl LocalOwner {
             };
             let flags = c.flags & !Flags::COMPLETION.bits();
             let failed = err.or((c.len > m.cap).then_some(errno::ETRUNC));
+            en.cntrs.done(Flags::RECV, failed.is_none());
             if let Some(e) = failed {
                 let n = c.len.min(m.cap);
                 return en.rx_cq.writeerr(crate::core::cq::CqErrEntry {
@@ -369,6 +370,7 @@ impl LocalOwner {
             let held = release_tx(&mut g, slot);
             drop(g);
             drop(held);
+            en.cntrs.done(m.flags, err.is_none());
             match err {
                 None if m.quiet => Ok(()),
                 None => en.tx_cq.write(
@@ -499,6 +501,7 @@ pub(super) fn post_local(
             },
         )?;
         l.sent.fetch_add(1, Ordering::Relaxed);
+        en.cntrs.done(user.flags, true);
         if !user.quiet {
             en.tx_cq.write(
                 CqEntry {
@@ -581,6 +584,7 @@ pub(super) fn start_all(en: &Enabled, starts: &[(u32, LocalEntry)]) {
         if let Err(err) = l.path.hand_back(*id, e, false) {
             crate::fi_warn!("rdm", "the local path refused a matched message: {err}");
             let _ = lock(&en.inner).engine.free(*id);
+            en.cntrs.done(Flags::RECV, false);
             let _ = en.rx_cq.writeerr(crate::core::cq::CqErrEntry {
                 op_context: e.context,
                 flags: (Flags::RECV | if e.tagged { Flags::TAGGED } else { Flags::MSG }).bits(),
