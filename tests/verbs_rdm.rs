@@ -2575,3 +2575,41 @@ fn rdm_counters_count_every_protocol_injects_and_rma_and_their_errors() {
         c.close().unwrap();
     }
 }
+
+#[test]
+fn calls_without_flags_take_the_completion_flags_of_op_flags_under_selective_completion() {
+    // Open MPI's mtl ofi: CQ bound with FI_SELECTIVE_COMPLETION, FI_COMPLETION in the
+    // tx/rx op_flags, fi_tsend/fi_trecv (no flags argument) expecting completions, and
+    // fi_tinject none.
+    let Some(mut info) = rdm_info() else { return };
+    info.tx_attr.op_flags = Flags::COMPLETION;
+    info.rx_attr.op_flags = Flags::COMPLETION;
+    let v = nodes(&info, 2, true);
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), 0, 5, 0, 1).unwrap();
+    v[0].ep.tsend(b"counted", 5, 1, 2).unwrap();
+    let (e, src) = next_ok(&v, 1);
+    assert_eq!((e.op_context, e.len, src), (1, 7, 0));
+    assert_eq!(next_ok(&v, 0).0.op_context, 2);
+    v[1].ep.recv(recv_buf(&v[1], 1, 64), ANY, 3).unwrap();
+    v[0].ep.inject(b"quiet", 1).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 3);
+    quiet(&v, 0);
+    // A *msg call takes its own flags: without FI_COMPLETION, nothing.
+    v[1].ep
+        .recvmsg(
+            recv_buf(&v[1], 2, 64),
+            RxKind::Msg,
+            ANY,
+            0,
+            0,
+            4,
+            Flags::empty(),
+        )
+        .unwrap();
+    v[0].ep
+        .sendmsg(&[b"x"], 1, None, None, 5, Flags::empty())
+        .unwrap();
+    quiet(&v, 1);
+    quiet(&v, 0);
+    assert_eq!(read(&v[1], 2, 1), b"x");
+}

@@ -503,7 +503,7 @@ unsafe extern "C" fn rdm_sendv(
         context: context as u64,
     };
     // SAFETY: the application's handle and iov (fi_msg(3)).
-    unsafe { send_gather("fi_sendv", ep, m, Flags::empty()) }
+    unsafe { send_gather("fi_sendv", ep, m, None) }
 }
 
 /// One send of `len` bytes at `buf` (`fi_send`, `fi_senddata`, `fi_tsend`,
@@ -526,13 +526,14 @@ unsafe fn send_one(
     guarded_len(what, || {
         // SAFETY: the caller's contract.
         unsafe {
-            rdm(ep)?.send_foreign(
+            let e = rdm(ep)?;
+            e.send_foreign(
                 send_buf(buf, len)?,
                 dest,
                 tag,
                 data,
                 context as u64,
-                Flags::empty(),
+                e.tx_default(),
             )
         }
         .map(|()| 0)
@@ -550,16 +551,17 @@ struct Gather {
     context: u64,
 }
 
-/// Posts `m` with `flags`.
+/// Posts `m` with `flags` (`None`: the endpoint's defaults, for calls without flags).
 ///
 /// # Safety
 /// `ep` is the application's endpoint handle; `m.iov` is NULL or holds `m.count` readable
 /// elements, unchanged until the send completes.
-unsafe fn send_gather(what: &str, ep: *mut fi::fid_ep, m: Gather, flags: Flags) -> isize {
+unsafe fn send_gather(what: &str, ep: *mut fi::fid_ep, m: Gather, flags: Option<Flags>) -> isize {
     guarded_len(what, || {
         // SAFETY: the caller's contract.
         unsafe {
             let e = rdm(ep)?;
+            let flags = flags.unwrap_or_else(|| e.tx_default());
             send_any(
                 m.iov,
                 m.count,
@@ -595,7 +597,7 @@ unsafe fn send_msg_of<M>(
     };
     let g = gather(m, fl);
     // SAFETY: the caller's contract.
-    unsafe { send_gather(what, ep, g, fl) }
+    unsafe { send_gather(what, ep, g, Some(fl)) }
 }
 
 unsafe extern "C" fn rdm_sendmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, flags: u64) -> isize {
@@ -754,7 +756,7 @@ unsafe extern "C" fn rdm_tsendv(
         context: context as u64,
     };
     // SAFETY: the application's handle and iov (fi_tagged(3)).
-    unsafe { send_gather("fi_tsendv", ep, m, Flags::empty()) }
+    unsafe { send_gather("fi_tsendv", ep, m, None) }
 }
 
 unsafe extern "C" fn rdm_tsendmsg(

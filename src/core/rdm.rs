@@ -485,7 +485,7 @@ mod tests {
         };
         assert_eq!(Header::decode(&u.encode(), Header::LEN).unwrap(), u);
         let mut bad = u.encode();
-        bad[1] = 9;
+        bad[1] = 10;
         assert_eq!(
             Header::decode(&bad, Header::LEN).unwrap_err().errno(),
             errno::EIO

@@ -150,6 +150,10 @@ fn rx_iov_limit(dev: &Device) -> usize {
 /// Counters a domain offers (`domain_attr.cntr_cnt`) on MSG and DGRAM infos.
 const CNTR_CNT: usize = 1 << 16;
 
+/// Peers on this host and on others are both reachable (secondary capabilities Open MPI's
+/// `mtl ofi` asks for).
+const COMM_CAPS: Flags = Flags::LOCAL_COMM.union(Flags::REMOTE_COMM);
+
 /// What RMA adds to an MSG endpoint's capabilities.
 const RMA_CAPS: Flags = Flags::RMA
     .union(Flags::READ)
@@ -180,7 +184,7 @@ fn without_rma_unless_asked(i: &mut Info, hints: &Info, plain: MrMode) {
 
 pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
     let a = &dev.attr;
-    let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::MULTI_RECV | RMA_CAPS;
+    let caps = Flags::MSG | Flags::SEND | Flags::RECV | Flags::MULTI_RECV | RMA_CAPS | COMM_CAPS;
     let max_msg = dev.port.max_msg_sz as usize;
     let prefix = u64::from_be_bytes(dev.gid0[..8].try_into().expect("8 bytes"));
     let mut i = Info {
@@ -273,7 +277,8 @@ pub(crate) fn dgram_info(dev: &Device) -> Result<Info> {
         | Flags::RECV
         | Flags::MULTICAST
         | Flags::SOURCE
-        | Flags::SOURCE_ERR;
+        | Flags::SOURCE_ERR
+        | COMM_CAPS;
     i.addr_format = AddrFormat::IbUd;
     i.tx_attr.caps = Flags::MSG | Flags::SEND;
     i.rx_attr.caps = Flags::MSG | Flags::RECV;
@@ -307,7 +312,7 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
         | Flags::DIRECTED_RECV
         | Flags::SOURCE
         | Flags::MULTI_RECV;
-    i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv | RMA_CAPS;
+    i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv | RMA_CAPS | COMM_CAPS;
     i.addr_format = AddrFormat::Unspec;
     i.tx_attr.caps =
         Flags::MSG | Flags::TAGGED | Flags::SEND | Flags::RMA | Flags::READ | Flags::WRITE;

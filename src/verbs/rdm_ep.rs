@@ -1112,19 +1112,36 @@ impl RdmEndpoint {
         })
     }
 
+    /// The flags of sends made by calls without a flags argument (`fi_send`, `fi_tsend`, …):
+    /// the completion flags of `tx_attr.op_flags` (fi_endpoint(3)). Open MPI binds its CQ
+    /// with `FI_SELECTIVE_COMPLETION` and asks for `FI_COMPLETION` there.
+    pub fn tx_default(&self) -> Flags {
+        self.sh.info.tx_attr.op_flags
+            & (Flags::COMPLETION
+                | Flags::INJECT_COMPLETE
+                | Flags::TRANSMIT_COMPLETE
+                | Flags::DELIVERY_COMPLETE)
+    }
+
+    /// The flags of receives made by calls without a flags argument: `FI_COMPLETION` of
+    /// `rx_attr.op_flags` (its `FI_MULTI_RECV` applies to untagged receives in `recvmsg`).
+    pub fn rx_default(&self) -> Flags {
+        self.sh.info.rx_attr.op_flags & Flags::COMPLETION
+    }
+
     /// `fi_send`.
     pub fn send(&self, buf: &[u8], dest: u64, context: u64) -> Result<()> {
-        self.sendmsg(&[buf], dest, None, None, context, Flags::empty())
+        self.sendmsg(&[buf], dest, None, None, context, self.tx_default())
     }
 
     /// `fi_senddata`: with `FI_REMOTE_CQ_DATA`.
     pub fn senddata(&self, buf: &[u8], data: u64, dest: u64, context: u64) -> Result<()> {
-        self.sendmsg(&[buf], dest, None, Some(data), context, Flags::empty())
+        self.sendmsg(&[buf], dest, None, Some(data), context, self.tx_default())
     }
 
     /// `fi_tsend`.
     pub fn tsend(&self, buf: &[u8], tag: u64, dest: u64, context: u64) -> Result<()> {
-        self.sendmsg(&[buf], dest, Some(tag), None, context, Flags::empty())
+        self.sendmsg(&[buf], dest, Some(tag), None, context, self.tx_default())
     }
 
     /// `fi_tsenddata`.
@@ -1136,7 +1153,14 @@ impl RdmEndpoint {
         dest: u64,
         context: u64,
     ) -> Result<()> {
-        self.sendmsg(&[buf], dest, Some(tag), Some(data), context, Flags::empty())
+        self.sendmsg(
+            &[buf],
+            dest,
+            Some(tag),
+            Some(data),
+            context,
+            self.tx_default(),
+        )
     }
 
     /// `fi_inject`: the buffer is free at return and no completion is written.
@@ -1493,7 +1517,7 @@ impl RdmEndpoint {
 
     /// `fi_recv`: a receive from `from` (`FI_ADDR_UNSPEC`: anyone).
     pub fn recv(&self, buf: RecvBuf, from: u64, context: u64) -> Result<()> {
-        self.recvmsg(buf, RxKind::Msg, from, 0, 0, context, Flags::empty())
+        self.recvmsg(buf, RxKind::Msg, from, 0, 0, context, self.rx_default())
     }
 
     /// `fi_trecv`: a receive of tags equal to `tag` outside the `ignore` bits.
@@ -1505,7 +1529,15 @@ impl RdmEndpoint {
         ignore: u64,
         context: u64,
     ) -> Result<()> {
-        self.recvmsg(buf, RxKind::Tag, from, tag, ignore, context, Flags::empty())
+        self.recvmsg(
+            buf,
+            RxKind::Tag,
+            from,
+            tag,
+            ignore,
+            context,
+            self.rx_default(),
+        )
     }
 
     /// `fi_recvmsg` / `fi_trecvmsg`.
