@@ -2613,3 +2613,66 @@ fn calls_without_flags_take_the_completion_flags_of_op_flags_under_selective_com
     quiet(&v, 0);
     assert_eq!(read(&v[1], 2, 1), b"x");
 }
+
+#[test]
+fn a_peek_at_a_local_message_reports_its_length_data_and_source() {
+    // MPI_Probe and mpi4py's pickled receives: the length and CQ data (mtl ofi's source
+    // rank) of a message shm holds unexpected, which 1.17's get_tag does not carry.
+    let Some(info) = rdm_info() else { return };
+    let v = local_nodes(&info, 2);
+    for (k, len) in [(0u64, 100usize), (1, 5000), (2, 8000)] {
+        // Past shm's inject size too (4 KiB: it then copies from the sender's buffer).
+        let body = pattern(len, k as u8);
+        retry(&v, || {
+            v[0].ep.sendmsg(
+                &[&body],
+                1,
+                Some(0x500 + k),
+                Some(0xdada_0000 + k),
+                0,
+                Flags::empty(),
+            )
+        });
+        // Peek until shm's message is in (it arrives at a later progress call).
+        let t = Instant::now();
+        let e = loop {
+            peek_flags(&v[1], 0x500 + k, 10 + k, Flags::empty()).unwrap();
+            match next(&v, 1) {
+                Ok((e, src)) => {
+                    assert_eq!(src, 0, "the peek names the sender");
+                    break e;
+                }
+                Err(e) if e.errno() == errno::EAVAIL => {
+                    assert_eq!(v[1].cq.readerr().unwrap().err, errno::ENOMSG);
+                }
+                Err(e) => panic!("{e}"),
+            }
+            assert!(t.elapsed() < Duration::from_secs(10));
+        };
+        assert_eq!((e.op_context, e.len, e.tag), (10 + k, len, 0x500 + k));
+        assert_eq!(e.data, 0xdada_0000 + k, "{len} bytes: CQ data");
+        assert_ne!(e.flags & Flags::REMOTE_CQ_DATA.bits(), 0);
+        let dst = MemoryRegion::alloc(&v[1].domain, len, Flags::RECV).unwrap();
+        v[1].ep
+            .trecv(
+                RecvBuf::region(&dst, 0, len).unwrap(),
+                0,
+                0x500 + k,
+                0,
+                20 + k,
+            )
+            .unwrap();
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!(
+            (e.op_context, e.len, e.data),
+            (20 + k, len, 0xdada_0000 + k)
+        );
+        assert!(mr_bytes(&dst, 0, len) == body, "{len} bytes");
+        next_ok(&v, 0);
+    }
+    let (sent, arrived) = v[1].ep.local_messages();
+    assert!(
+        arrived >= 3 && sent == 0,
+        "over shm: {sent} sent, {arrived} arrived"
+    );
+}

@@ -529,6 +529,8 @@ struct Inner {
     local_rx: Vec<local::LocalRx>,
     /// The endpoint's address of each local path handle (its arrivals' sources).
     local_from: HashMap<u64, u64, QpnHash>,
+    /// Remote CQ data of unexpected local messages, by engine slot (`FI_PEEK` reports it).
+    local_data: HashMap<u32, u64, QpnHash>,
 }
 
 #[derive(Debug)]
@@ -931,6 +933,7 @@ impl RdmEndpoint {
                     unsignaled: 0,
                     local_rx: Vec::new(),
                     local_from: HashMap::default(),
+                    local_data: HashMap::default(),
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     tx_rma: (0..tx_n).map(|_| None).collect(),
@@ -1690,10 +1693,11 @@ impl RdmEndpoint {
             });
         };
         let e = g.engine.entry(id).clone();
-        // A local path's message: 1.17's peer API gives the owner no CQ data to report.
-        let data = (e.owner != LOCAL_HOLDER)
-            .then(|| g.rx[e.owner as usize].data)
-            .flatten();
+        // A local path's message: its data as the path queued it.
+        let data = match e.owner {
+            LOCAL_HOLDER => g.local_data.get(&id).copied(),
+            o => g.rx[o as usize].data,
+        };
         let mut dropped = Vec::new();
         if flags.intersects(Flags::CLAIM | Flags::DISCARD) {
             g.engine.take_unexpected(id)?;

@@ -289,9 +289,58 @@ unsafe extern "C" fn queue_entry(entry: *mut fi::fi_peer_rx_entry) -> i32 {
     guarded("local srx queue", || {
         // SAFETY: an entry handed out by get.
         let (s, id) = unsafe { owner_of(entry) }?;
-        // SAFETY: shm hands it back: ours again.
-        let size = unsafe { (*entry).size };
-        s.owner.queue(id, size)
+        // SAFETY: shm hands it back: ours again, with its peer_context set.
+        let (size, tag, ctx) = unsafe { ((*entry).size, (*entry).tag, (*entry).peer_context) };
+        // SAFETY: shm 1.17 queues an entry whose peer_context is its command context.
+        let (size, data) = match unsafe { shm_queued(ctx, tag) } {
+            Some((n, data)) if size == 0 => (n, data),
+            _ => (size, None),
+        };
+        s.owner.queue(id, size, data)
+    })
+}
+
+/// The size and remote CQ data of an unexpected message libfabric 1.17's shm queues. Its
+/// `get_tag` carries no size and the peer API no CQ data, yet `FI_PEEK` (MPI_Probe,
+/// mpi4py's pickled receives) must report both. shm's `peer_context` is then its
+/// `struct smr_cmd_ctx` (prov/shm/src/smr.h 1.17: a `dlist_entry`, the endpoint pointer,
+/// then the 16-byte-aligned `struct smr_cmd` whose `smr_msg_hdr` (include/ofi_shm.h) holds
+/// `op` at 16, `op_flags` at 22, `size` at 24, `data` at 40, `tag` at 48). Trusted only
+/// when the header names a message operation with the tag the entry carries; otherwise
+/// `None` (the owner reports what it knows).
+///
+/// # Safety
+/// `ctx` is NULL or the `peer_context` shm set on an entry it queues (an allocation of at
+/// least `sizeof(struct smr_cmd_ctx)`, 288 bytes).
+unsafe fn shm_queued(ctx: *mut c_void, tag: u64) -> Option<(usize, Option<u64>)> {
+    const CMD: usize = 32;
+    const OFI_OP_MSG: u32 = 0;
+    const OFI_OP_TAGGED: u32 = 1;
+    const SMR_REMOTE_CQ_DATA: u16 = 1;
+    if ctx.is_null() {
+        return None;
+    }
+    let b = ctx.cast::<u8>();
+    // SAFETY: within the command context (the caller's contract); unaligned reads.
+    let (op, flags, size, data, htag) = unsafe {
+        (
+            b.add(CMD + 16).cast::<u32>().read_unaligned(),
+            b.add(CMD + 22).cast::<u16>().read_unaligned(),
+            b.add(CMD + 24).cast::<u64>().read_unaligned(),
+            b.add(CMD + 40).cast::<u64>().read_unaligned(),
+            b.add(CMD + 48).cast::<u64>().read_unaligned(),
+        )
+    };
+    let ok = match op {
+        OFI_OP_TAGGED => htag == tag,
+        OFI_OP_MSG => true,
+        _ => false,
+    };
+    (ok && size <= isize::MAX as u64).then(|| {
+        (
+            size as usize,
+            (flags & SMR_REMOTE_CQ_DATA != 0).then_some(data),
+        )
     })
 }
 

@@ -271,8 +271,9 @@ impl LocalOwner {
         })
     }
 
-    /// The path queues an unexpected arrival it filled (`queue_*`); `size` if it knows it.
-    pub fn queue(&self, id: u32, size: usize) -> Result<()> {
+    /// The path queues an unexpected arrival it filled (`queue_*`): `size` if it knows it,
+    /// and its remote CQ data (what `FI_PEEK` reports of it).
+    pub fn queue(&self, id: u32, size: usize, data: Option<u64>) -> Result<()> {
         self.with(|en, _| {
             let mut g = lock(&en.inner);
             let e = g.engine.entry_mut(id);
@@ -282,6 +283,11 @@ impl LocalOwner {
             if size != 0 && e.state == crate::core::srx::State::Arriving {
                 e.size = size;
             }
+            // Every queued entry sets or clears its slot's data: none outlives its message.
+            match data {
+                Some(d) => g.local_data.insert(id, d),
+                None => g.local_data.remove(&id),
+            };
             g.engine.queue(id)
         })
     }
