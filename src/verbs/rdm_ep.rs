@@ -1278,6 +1278,7 @@ impl RdmEndpoint {
             context,
             flags: kind
                 | Flags::SEND
+                | (flags & Flags::INJECT)
                 | if data.is_some() {
                     Flags::REMOTE_CQ_DATA
                 } else {
@@ -2114,11 +2115,30 @@ fn write_tx_err(en: &Enabled, (peer, e): (bool, CqErrEntry)) {
     if !peer {
         en.cntrs.done(Flags::from_bits_retain(e.flags), false);
     }
+    if unreported(&e) {
+        return;
+    }
     if peer {
         to_transfer(en, Err(e), FI_ADDR_NOTAVAIL);
     } else if let Err(err) = en.tx_cq.writeerr(e) {
         crate::fi_warn!("rdm", "a send's error completion lost: {err}");
     }
+}
+
+/// A failed inject's error goes to the log and the error counter, not the CQ: it has no
+/// context to name it by, and applications read an error entry's context as theirs (Open
+/// MPI's mtl ofi dereferences it), as libfabric's verbs provider leaves such failures out.
+#[cold]
+fn unreported(e: &CqErrEntry) -> bool {
+    if !Flags::from_bits_retain(e.flags).contains(Flags::INJECT) {
+        return false;
+    }
+    crate::fi_warn!(
+        "rdm",
+        "an injected send failed ({}): injects have no completion to report it",
+        crate::core::error::strerror(e.err)
+    );
+    true
 }
 
 fn tx_error(m: &TxMeta, err: i32) -> CqErrEntry {
@@ -2989,7 +3009,7 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
     } else {
         let mut e = tx_error(&m, crate::verbs::cq::status_errno(status));
         e.prov_errno = status as i32;
-        Some(Owned::Errors(vec![e]))
+        (!unreported(&e)).then(|| Owned::Errors(vec![e]))
     }
 }
 
@@ -3192,7 +3212,8 @@ fn notice(
     let done = if fin.status == 0 {
         (!s.meta.quiet).then(|| send_entry(&s.meta))
     } else {
-        Some(Owned::Errors(vec![tx_error(&s.meta, fin.status)]))
+        let e = tx_error(&s.meta, fin.status);
+        (!unreported(&e)).then(|| Owned::Errors(vec![e]))
     };
     drop(s);
     // Polled from the receive CQ: the send's completion belongs to the send CQ.

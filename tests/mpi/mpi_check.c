@@ -108,6 +108,8 @@ static void probes(void)
 		MPI_Send(b, n, MPI_BYTE, 0, 50, MPI_COMM_WORLD);
 		MPI_Send(b, n, MPI_BYTE, 0, 60, MPI_COMM_WORLD);
 		free(b);
+		/* Later messages to rank 0 wait until its wildcard probes are done. */
+		MPI_Barrier(MPI_COMM_WORLD);
 		return;
 	}
 	int seen = 0;
@@ -139,6 +141,7 @@ static void probes(void)
 		      "mprobe from %d", st.MPI_SOURCE);
 		free(b);
 	}
+	MPI_Barrier(MPI_COMM_WORLD);
 }
 
 /* A synchronous send completes only once matched; a receive nobody sends to is cancelled. */

@@ -387,7 +387,10 @@ impl LocalOwner {
                     },
                     FI_ADDR_NOTAVAIL,
                 ),
-                Some(e) => en.tx_cq.writeerr(tx_error(&m, e)),
+                Some(e) => match tx_error(&m, e) {
+                    e if super::unreported(&e) => Ok(()),
+                    e => en.tx_cq.writeerr(e),
+                },
             }
         })
     }

@@ -399,7 +399,7 @@ impl RdmEndpoint {
         }
         let user = TxMeta {
             context,
-            flags: Flags::RMA | Flags::WRITE,
+            flags: Flags::RMA | Flags::WRITE | (flags & Flags::INJECT),
             data: data.unwrap_or(0),
             quiet: self.rma_quiet(en, flags),
             ..TxMeta::default()
