@@ -319,11 +319,8 @@ impl EpCounters {
             return;
         };
         if let Some(c) = cntr {
-            if ok {
-                c.value.fetch_add(1, Ordering::AcqRel);
-            } else {
-                c.err.fetch_add(1, Ordering::AcqRel);
-            }
+            let n = if ok { &c.value } else { &c.err };
+            n.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -350,25 +347,11 @@ impl EpCounters {
                 _ => return, // a write with immediate data: FI_REMOTE_WRITE
             }
         } else {
-            let f = wr_id::flags(id);
-            if f.contains(Flags::SEND) {
-                &self.send
-            } else if f.contains(Flags::RECV) {
-                &self.recv
-            } else if f.contains(Flags::READ) {
-                &self.read
-            } else if f.contains(Flags::WRITE) {
-                &self.write
-            } else {
-                return;
-            }
+            // The operation its work request id names (one direction each).
+            return self.done(wr_id::flags(id), false);
         };
         if let Some(c) = cntr {
-            if ok {
-                c.value.fetch_add(1, Ordering::AcqRel);
-            } else {
-                c.err.fetch_add(1, Ordering::AcqRel);
-            }
+            c.value.fetch_add(1, Ordering::AcqRel);
         }
     }
 }

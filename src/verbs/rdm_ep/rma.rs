@@ -126,6 +126,11 @@ pub(super) fn remote_write(en: &Enabled, id: u32, h: &Header, src: u64) -> Optio
 /// element, and what keeps it registered.
 type Exposure = (sv::Sge, Arc<Exposed>);
 
+/// The remote range of a one-buffer call: `len` bytes at `addr` under `key`.
+fn whole(len: usize, addr: u64, key: u64) -> RmaIov {
+    RmaIov { addr, len, key }
+}
+
 /// `len` bytes at `offset` of `mr`: the application's registration, held.
 fn region_sge(mr: &MemoryRegion, offset: usize, len: usize) -> Result<Exposure> {
     let m = mr.sys();
@@ -140,11 +145,7 @@ impl RdmEndpoint {
     /// the bytes are copied before the call returns; larger writes come from a registered
     /// region ([`Self::write_region`]).
     pub fn write(&self, buf: &[u8], dest: u64, addr: u64, key: u64, context: u64) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
+        let rma = whole(buf.len(), addr, key);
         self.writemsg(&[buf], dest, &rma, None, context, self.tx_op_flags())
     }
 
@@ -159,22 +160,14 @@ impl RdmEndpoint {
         key: u64,
         context: u64,
     ) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
+        let rma = whole(buf.len(), addr, key);
         let flags = self.tx_op_flags() | Flags::REMOTE_CQ_DATA;
         self.writemsg(&[buf], dest, &rma, Some(data), context, flags)
     }
 
     /// `fi_inject_write`: copied at once, no completion.
     pub fn inject_write(&self, buf: &[u8], dest: u64, addr: u64, key: u64) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
+        let rma = whole(buf.len(), addr, key);
         self.writemsg(&[buf], dest, &rma, None, 0, Flags::INJECT)
     }
 
@@ -187,11 +180,7 @@ impl RdmEndpoint {
         addr: u64,
         key: u64,
     ) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
+        let rma = whole(buf.len(), addr, key);
         let flags = Flags::INJECT | Flags::REMOTE_CQ_DATA;
         self.writemsg(&[buf], dest, &rma, Some(data), 0, flags)
     }
@@ -255,11 +244,7 @@ impl RdmEndpoint {
 
     /// `fi_read`: `buf.len()` bytes at `addr` under `key` of peer `src` into `buf`.
     pub fn read(&self, buf: RecvBuf, src: u64, addr: u64, key: u64, context: u64) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
+        let rma = whole(buf.len(), addr, key);
         self.readmsg(&[buf], src, &rma, context, self.tx_op_flags())
     }
 
