@@ -317,7 +317,13 @@ unsafe fn shm_queued(ctx: *mut c_void, tag: u64) -> Option<(usize, Option<u64>)>
     const OFI_OP_MSG: u32 = 0;
     const OFI_OP_TAGGED: u32 = 1;
     const SMR_REMOTE_CQ_DATA: u16 = 1;
-    if ctx.is_null() {
+    // The layout is 1.17's own (DESIGN.md decision 5: pin to 1.17, check fi_version()).
+    static IS_117: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: a plain query of the loaded libfabric.
+    let is_117 = *IS_117.get_or_init(
+        || unsafe { fi::fi_version() } >> 16 == 1 && unsafe { fi::fi_version() } & 0xffff == 17,
+    );
+    if ctx.is_null() || !is_117 {
         return None;
     }
     let b = ctx.cast::<u8>();
