@@ -270,24 +270,32 @@ where
     guarded_len(what, || {
         // SAFETY: the caller's contract.
         let (o, m) = unsafe { ep_and_msg::<T, _>(ep, msg) }?;
-        if m.rma_iov_count != 1 || m.rma_iov.is_null() {
-            return Err(Error::new(
-                errno::EINVAL,
-                format!(
-                    "{} remote ranges: rverbs moves one per operation (rma_iov_limit 1)",
-                    m.rma_iov_count
-                ),
-            ));
-        }
-        // SAFETY: rma_iov holds rma_iov_count (1) elements, per fi_rma(3).
-        let r = unsafe { &*m.rma_iov };
-        let rma = RmaIov {
-            addr: r.addr,
-            len: r.len,
-            key: r.key,
-        };
+        // SAFETY: the application's fi_msg_rma (fi_rma(3)).
+        let rma = unsafe { msg_range(m) }?;
         // SAFETY: msg_iov and desc hold iov_count elements, per fi_rma(3).
         unsafe { with_iov(m.msg_iov, m.desc, m.iov_count, |v| f(o, v, &rma, m)) }.map(|()| 0)
+    })
+}
+/// The one remote range of an `fi_msg_rma` (`rma_iov_limit` is 1).
+///
+/// # Safety
+/// `m.rma_iov` holds `m.rma_iov_count` elements (fi_rma(3)).
+pub(crate) unsafe fn msg_range(m: &fi::fi_msg_rma) -> Result<RmaIov> {
+    if m.rma_iov_count != 1 || m.rma_iov.is_null() {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!(
+                "{} remote ranges: rverbs moves one per operation (rma_iov_limit 1)",
+                m.rma_iov_count
+            ),
+        ));
+    }
+    // SAFETY: one element, per the caller's contract.
+    let r = unsafe { &*m.rma_iov };
+    Ok(RmaIov {
+        addr: r.addr,
+        len: r.len,
+        key: r.key,
     })
 }
 /// `fi_inject` / `fi_injectdata`: `len` bytes at `buf`, copied before the call returns.

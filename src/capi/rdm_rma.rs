@@ -10,7 +10,7 @@ use rfabric_sys::fabric as fi;
 use rfabric_sys::mem::ForeignBuf;
 use rfabric_sys::verbs::MAX_IOV;
 
-use crate::capi::ep::region;
+use crate::capi::ep::{msg_range, region};
 use crate::capi::fid::{bytes, guarded_len};
 use crate::capi::rdm_ep::{rdm, recv_buf, send_buf};
 use crate::core::error::{errno, Error, Result};
@@ -160,29 +160,6 @@ unsafe fn read_iov(
         let flags = flags.unwrap_or_else(|| ep.tx_op_flags());
         ep.readmsg(&v[..count], src, rma, context, flags)
     }
-}
-
-/// The one remote range of an `fi_msg_rma` (`rma_iov_limit` is 1).
-///
-/// # Safety
-/// `m.rma_iov` holds `m.rma_iov_count` elements (fi_rma(3)).
-unsafe fn msg_range(m: &fi::fi_msg_rma) -> Result<RmaIov> {
-    if m.rma_iov_count != 1 || m.rma_iov.is_null() {
-        return Err(Error::new(
-            errno::EINVAL,
-            format!(
-                "{} remote ranges: rverbs moves one per operation (rma_iov_limit 1)",
-                m.rma_iov_count
-            ),
-        ));
-    }
-    // SAFETY: one element, per the caller's contract.
-    let r = unsafe { &*m.rma_iov };
-    Ok(RmaIov {
-        addr: r.addr,
-        len: r.len,
-        key: r.key,
-    })
 }
 
 /// The total length of `count` iov elements (`iov` checked by the caller's use of it).
