@@ -1608,7 +1608,41 @@ fn rma_sizes(inline: usize) -> Vec<usize> {
 #[test]
 fn rma_writes_and_reads_move_the_bytes_and_complete_as_fi_rma_says() {
     let Some(info) = device_info() else { return };
+    assert!(info.domain_attr.mr_mode.contains(MrMode::VIRT_ADDR));
+    rma_round_trips(&info);
+}
+
+/// An application whose mr_mode lacks `FI_MR_VIRT_ADDR` names remote memory by offset
+/// into the region (fi_mr(3)); `FI_MR_ALLOCATED` it accepts is echoed.
+#[test]
+fn rma_by_offset_when_mr_mode_lacks_virt_addr() {
+    let Some(_) = device_info() else { return };
+    let mut h = Info::default();
+    h.ep_attr.ep_type = EpType::Msg;
+    h.caps = Flags::MSG | Flags::RMA;
+    h.domain_attr.mr_mode = MrMode::LOCAL | MrMode::PROV_KEY | MrMode::ALLOCATED;
+    let info = getinfo(None, None, Flags::empty(), Some(&h))
+        .unwrap()
+        .remove(0);
+    assert_eq!(info.domain_attr.mr_mode, h.domain_attr.mr_mode);
+    rma_round_trips(&info);
+    // A virtual address is no offset: out of the region's range, refused by the target.
     let p = connect_pair(&info);
+    let target = MemoryRegion::alloc(&p.domain, 4096, Flags::REMOTE_WRITE).unwrap();
+    assert_eq!(target.remote_addr(), 0);
+    let local = MemoryRegion::alloc(&p.domain, 4096, Flags::WRITE).unwrap();
+    p.client
+        .write(&local, 0, 8, target.addr(), target.key(), 1)
+        .unwrap();
+    let e = wait_err(&p.client_cq);
+    assert_eq!((e.op_context, e.err), (1, errno::EACCES));
+    // Registered twice, one region still: fi_close is not refused as busy.
+    assert!(!target.in_use());
+}
+
+/// Writes and reads of every size at the target's `remote_addr` plus an offset.
+fn rma_round_trips(info: &Info) {
+    let p = connect_pair(info);
     let max = 1 << 20;
     let target = MemoryRegion::alloc(
         &p.domain,
@@ -1617,7 +1651,7 @@ fn rma_writes_and_reads_move_the_bytes_and_complete_as_fi_rma_says() {
     )
     .unwrap();
     let local = MemoryRegion::alloc(&p.domain, max + 64, Flags::WRITE | Flags::READ).unwrap();
-    let (addr, key) = (target.addr(), target.key());
+    let (addr, key) = (target.remote_addr(), target.key());
     let inline = p.client.inject_size();
     let mut posted = 0;
     let mut completed = 0;

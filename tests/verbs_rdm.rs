@@ -45,10 +45,23 @@ fn nodes(info: &Info, n: usize, sel: bool) -> Vec<Node> {
 fn nodes_waiting_on(info: &Info, n: usize, sel: bool, wait_obj: WaitObj) -> Vec<Node> {
     let fabric = Fabric::open(&info.fabric_attr).unwrap();
     let domain = Domain::open(&fabric, info).unwrap();
+    nodes_built(&domain, &vec![info; n], sel, wait_obj, |_, _| {})
+}
+
+/// Node `i` made from `infos[i]` in `domain`, with `setup(i, ep)` before it is enabled.
+fn nodes_built(
+    domain: &Arc<Domain>,
+    infos: &[&Info],
+    sel: bool,
+    wait_obj: WaitObj,
+    setup: impl Fn(usize, &RdmEndpoint),
+) -> Vec<Node> {
+    let n = infos.len();
     let v: Vec<Node> = (0..n)
-        .map(|_| {
+        .map(|i| {
+            let info = infos[i];
             let cq = CompletionQueue::open(
-                &domain,
+                domain,
                 &CqAttr {
                     format: CqFormat::Tagged,
                     wait_obj,
@@ -57,14 +70,14 @@ fn nodes_waiting_on(info: &Info, n: usize, sel: bool, wait_obj: WaitObj) -> Vec<
             )
             .unwrap();
             let av = AddressVector::open(
-                &domain,
+                domain,
                 &AvAttr {
                     av_type: AvType::Table,
                     count: n,
                 },
             )
             .unwrap();
-            let ep = RdmEndpoint::open(&domain, info).unwrap();
+            let ep = RdmEndpoint::open(domain, info).unwrap();
             let f = if sel {
                 Flags::TRANSMIT | Flags::RECV | Flags::SELECTIVE_COMPLETION
             } else {
@@ -72,8 +85,9 @@ fn nodes_waiting_on(info: &Info, n: usize, sel: bool, wait_obj: WaitObj) -> Vec<
             };
             ep.bind_cq(&cq, f).unwrap();
             ep.bind_av(&av).unwrap();
+            setup(i, &ep);
             ep.enable().unwrap();
-            let mr = MemoryRegion::alloc(&domain, 1 << 16, Flags::RECV).unwrap();
+            let mr = MemoryRegion::alloc(domain, 1 << 16, Flags::RECV).unwrap();
             Node {
                 ep,
                 cq,
@@ -2081,6 +2095,31 @@ fn rdm_rma_info() -> Option<Info> {
     )
 }
 
+/// After an RMA failure broke node 0's connection to node 1: a message gets through on a
+/// new connection (sends posted before the old one was seen down fail cleanly; resent).
+fn send_after_failure(v: &[Node], k: u64) {
+    retry(v, || v[0].ep.tsend(b"still there", 5, 1, 1000 + k));
+    v[1].ep
+        .trecv(recv_buf(&v[1], 0, 64), ANY, 5, 0, 2000 + k)
+        .unwrap();
+    let t = Instant::now();
+    loop {
+        match next(v, 0) {
+            Ok((e, _)) if e.op_context == 1000 + k => break,
+            // Sends caught by the failed connection before it went fail cleanly.
+            Err(e) if e.errno() == errno::EAVAIL => {
+                let e = v[0].cq.readerr().unwrap();
+                assert_eq!(e.op_context, 1000 + k);
+                retry(v, || v[0].ep.tsend(b"still there", 5, 1, 1000 + k));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(20));
+    }
+    let (e, _) = next_ok(v, 1);
+    assert_eq!(e.op_context, 2000 + k);
+}
+
 /// Reads `n` bytes at `off` of `mr`.
 fn mr_bytes(mr: &MemoryRegion, off: usize, n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
@@ -2123,6 +2162,107 @@ fn rdm_infos_offer_rma_only_when_asked_with_the_registration_modes_it_needs() {
     let v = nodes(&plain, 2, false);
     let e = v[0].ep.write(b"x", 1, 0, 0, 1).unwrap_err();
     assert_eq!(e.errno(), errno::EOPNOTSUPP, "{e}");
+}
+
+#[test]
+fn rendezvous_from_a_region_that_grants_remote_read_is_read_under_its_own_key() {
+    let Some(info) = rdm_rma_info() else { return };
+    let v = nodes(&info, 2, false);
+    let remote = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    let src = MemoryRegion::alloc(&v[0].domain, 1 << 20, Flags::SEND | remote).unwrap();
+    src.write_at(0, &pattern(1 << 19, 2)).unwrap();
+    let dst = MemoryRegion::alloc(&v[1].domain, 1 << 20, Flags::RECV).unwrap();
+    retry(&v, || {
+        v[1].ep
+            .trecv(RecvBuf::region(&dst, 0, 1 << 19).unwrap(), ANY, 9, 0, 5)
+    });
+    retry(&v, || {
+        v[0].ep
+            .send_region(&src, 0, 1 << 19, 1, Some(9), 6, Flags::empty())
+    });
+    assert_eq!(next_ok(&v, 1).0.op_context, 5);
+    assert_eq!(next_ok(&v, 0).0.op_context, 6);
+    assert_eq!(mr_bytes(&dst, 0, 1 << 19), pattern(1 << 19, 2));
+}
+
+#[test]
+fn rdm_rma_by_offset_when_mr_mode_lacks_virt_addr_and_messages_keep_their_own_keys() {
+    let Some(_) = rdm_info() else { return };
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::RMA;
+    hints.domain_attr.mr_mode = MrMode::PROV_KEY;
+    let info = getinfo(None, None, Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    assert_eq!(info.domain_attr.mr_mode, MrMode::PROV_KEY);
+    let v = nodes(&info, 2, false);
+    assert!(v[0].domain.offset_rma());
+    let remote = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    let target = MemoryRegion::alloc(&v[1].domain, 1 << 20, remote).unwrap();
+    assert_eq!(target.remote_addr(), 0);
+    // Offsets name the target's bytes, small (copied) and large (from the caller's region).
+    v[0].ep
+        .write(&pattern(100, 1), 1, 100, target.key(), 1)
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 1);
+    assert_eq!(mr_bytes(&target, 100, 100), pattern(100, 1));
+    let src = MemoryRegion::alloc(&v[0].domain, 1 << 20, Flags::SEND | remote).unwrap();
+    src.write_at(0, &pattern(1 << 19, 2)).unwrap();
+    let rma = RmaIov {
+        addr: 1 << 19,
+        len: 1 << 19,
+        key: target.key(),
+    };
+    v[0].ep
+        .write_region(&src, 0, 1 << 19, 1, &rma, None, 2, Flags::empty())
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 2);
+    assert_eq!(mr_bytes(&target, 1 << 19, 1 << 19), pattern(1 << 19, 2));
+    let back = MemoryRegion::alloc(&v[0].domain, 4096, Flags::RECV).unwrap();
+    v[0].ep
+        .read(
+            RecvBuf::region(&back, 0, 100).unwrap(),
+            1,
+            100,
+            target.key(),
+            3,
+        )
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::READ, 3);
+    assert_eq!(mr_bytes(&back, 0, 100), pattern(100, 1));
+    // A rendezvous from a region with remote access: the receiver reads it under
+    // rverbs' own key and address, not the offset key.
+    let dst = MemoryRegion::alloc(&v[1].domain, 1 << 20, Flags::RECV).unwrap();
+    let rendezvous = |round: u64| {
+        dst.fill(0, 1 << 19, 0).unwrap();
+        retry(&v, || {
+            v[1].ep.trecv(
+                RecvBuf::region(&dst, 0, 1 << 19).unwrap(),
+                ANY,
+                9,
+                0,
+                5 + round,
+            )
+        });
+        retry(&v, || {
+            v[0].ep
+                .send_region(&src, 0, 1 << 19, 1, Some(9), 6 + round, Flags::empty())
+        });
+        assert_eq!(next_ok(&v, 1).0.op_context, 5 + round);
+        assert_eq!(next_ok(&v, 0).0.op_context, 6 + round);
+        assert_eq!(mr_bytes(&dst, 0, 1 << 19), pattern(1 << 19, 2));
+    };
+    rendezvous(0);
+    // A virtual address is past the region as an offset: refused, nothing written.
+    v[0].ep
+        .write(b"no", 1, target.addr(), target.key(), 4)
+        .unwrap();
+    let e = next_err(&v, 0);
+    assert_eq!((e.op_context, e.err), (4, errno::EACCES));
+    send_after_failure(&v, 10);
+    rendezvous(10);
+    assert!(!target.in_use() && !src.in_use());
 }
 
 #[test]
@@ -2385,26 +2525,7 @@ fn rdm_rma_access_violations_fail_at_the_initiator_write_nothing_and_the_peer_st
         assert_eq!(mr_bytes(&ro, 0, 4096), vec![0xee; 4096], "{what}");
         assert_eq!(mr_bytes(&rw, 0, 4096), vec![0xee; 4096], "{what}");
         // The failed connection goes; the next message to the peer makes a new one.
-        retry(&v, || v[0].ep.tsend(b"still there", 5, 1, 1000 + k as u64));
-        v[1].ep
-            .trecv(recv_buf(&v[1], 0, 64), ANY, 5, 0, 2000 + k as u64)
-            .unwrap();
-        let t = Instant::now();
-        loop {
-            match next(&v, 0) {
-                Ok((e, _)) if e.op_context == 1000 + k as u64 => break,
-                // Sends caught by the failed connection before it went fail cleanly.
-                Err(e) if e.errno() == errno::EAVAIL => {
-                    let e = v[0].cq.readerr().unwrap();
-                    assert_eq!(e.op_context, 1000 + k as u64);
-                    retry(&v, || v[0].ep.tsend(b"still there", 5, 1, 1000 + k as u64));
-                }
-                other => panic!("{other:?}"),
-            }
-            assert!(t.elapsed() < Duration::from_secs(20));
-        }
-        let (e, _) = next_ok(&v, 1);
-        assert_eq!(e.op_context, 2000 + k as u64);
+        send_after_failure(&v, k as u64);
         delivered += 1;
     }
     assert_eq!((posted, failed, delivered), (3, 3, 3));
@@ -2574,6 +2695,166 @@ fn rdm_counters_count_every_protocol_injects_and_rma_and_their_errors() {
     for c in [&tx, &rx, &rd, &wr] {
         c.close().unwrap();
     }
+}
+
+#[test]
+fn rma_events_count_remote_writes_and_reads_at_a_target_that_asked_for_them() {
+    let Some(plain) = rdm_rma_info() else { return };
+    assert!(
+        !plain.caps.contains(Flags::RMA_EVENT),
+        "not offered unasked"
+    );
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::RMA | Flags::RMA_EVENT;
+    let evinfo = getinfo(None, None, Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    assert!(evinfo.caps.contains(Flags::RMA_EVENT));
+    assert!(evinfo.rx_attr.caps.contains(Flags::RMA_EVENT));
+    let fabric = Fabric::open(&plain.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &plain).unwrap();
+    let attr = CntrAttr {
+        wait_obj: WaitObj::Unspec,
+        ..Default::default()
+    };
+    let (rr, rw) = (
+        Counter::open(&domain, &attr).unwrap(),
+        Counter::open(&domain, &attr).unwrap(),
+    );
+    // Node 0 initiates (no FI_RMA_EVENT); node 1, the target, counts.
+    let v = nodes_built(
+        &domain,
+        &[&plain, &evinfo],
+        false,
+        WaitObj::None,
+        |i, ep| {
+            if i == 1 {
+                ep.bind_cntr(&rr, Flags::REMOTE_READ).unwrap();
+                ep.bind_cntr(&rw, Flags::REMOTE_WRITE).unwrap();
+            }
+        },
+    );
+    let d = &v[1].domain;
+    let target = MemoryRegion::alloc(d, 4 << 20, Flags::REMOTE_READ | Flags::REMOTE_WRITE).unwrap();
+    let ro = MemoryRegion::alloc(d, 4096, Flags::REMOTE_READ).unwrap();
+    let local = MemoryRegion::alloc(d, 4 << 20, Flags::SEND | Flags::RECV).unwrap();
+    local.write_at(0, &pattern(2 << 20, 7)).unwrap();
+    // Writes of every path: copied, injected, from a region, with data.
+    let (mut writes, mut reads) = (0u64, 0u64);
+    v[0].ep
+        .write(&pattern(100, 1), 1, target.addr(), target.key(), 1)
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 1);
+    writes += 1;
+    v[0].ep
+        .inject_write(&pattern(64, 2), 1, target.addr() + 100, target.key())
+        .unwrap();
+    writes += 1;
+    v[0].ep
+        .write_region(
+            &local,
+            0,
+            2 << 20,
+            1,
+            &RmaIov {
+                addr: target.addr() + 4096,
+                len: 2 << 20,
+                key: target.key(),
+            },
+            None,
+            2,
+            Flags::empty(),
+        )
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 2);
+    writes += 1;
+    v[0].ep
+        .writedata(
+            &pattern(10, 3),
+            0xfeed,
+            1,
+            target.addr() + 200,
+            target.key(),
+            3,
+        )
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 3);
+    writes += 1;
+    // Reads, small (into a send buffer) and large (into the application's region).
+    v[0].ep
+        .read(
+            RecvBuf::region(&local, 0, 300).unwrap(),
+            1,
+            target.addr(),
+            target.key(),
+            4,
+        )
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::READ, 4);
+    reads += 1;
+    v[0].ep
+        .read(
+            RecvBuf::region(&local, 1 << 20, 1 << 20).unwrap(),
+            1,
+            target.addr() + 4096,
+            target.key(),
+            5,
+        )
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::READ, 5);
+    reads += 1;
+    // A write the target refuses: an error at the initiator, nothing counted there.
+    v[0].ep.write(b"no", 1, ro.addr(), ro.key(), 6).unwrap();
+    let e = next_err(&v, 0);
+    assert_eq!((e.op_context, e.err), (6, errno::EACCES));
+    // The target's counters see each operation; its CQ sees only the write's data.
+    let t = Instant::now();
+    while (rw.read(), rr.read()) != (writes, reads) {
+        v[0].ep.progress();
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "target counted {} writes and {} reads of {writes} and {reads}",
+            rw.read(),
+            rr.read()
+        );
+    }
+    let (e, src) = next_ok(&v, 1);
+    assert_eq!(
+        (e.flags(), e.data, e.len, src),
+        (
+            Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA,
+            0xfeed,
+            10,
+            0
+        )
+    );
+    quiet(&v, 1);
+    assert_eq!(
+        (rw.read(), rw.readerr(), rr.read(), rr.readerr()),
+        (writes, 0, reads, 0)
+    );
+    assert_eq!(mr_bytes(&target, 0, 100), pattern(100, 1));
+    assert_eq!(mr_bytes(&target, 100, 64), pattern(64, 2));
+    assert_eq!(mr_bytes(&target, 200, 10), pattern(10, 3));
+    assert_eq!(mr_bytes(&target, 4096, 2 << 20), pattern(2 << 20, 7));
+    assert_eq!(mr_bytes(&local, 0, 100), pattern(100, 1));
+    assert_eq!(
+        mr_bytes(&local, 1 << 20, 1 << 20),
+        pattern(2 << 20, 7)[..1 << 20]
+    );
+    // The other way, to a target that did not ask: no notices, so nothing counted.
+    let back = MemoryRegion::alloc(&v[0].domain, 4096, Flags::REMOTE_WRITE).unwrap();
+    retry(&v, || {
+        v[1].ep.write(b"plain", 0, back.addr(), back.key(), 7)
+    });
+    rma_done(&v, 1, Flags::RMA | Flags::WRITE, 7);
+    quiet(&v, 0);
+    assert_eq!(mr_bytes(&back, 0, 5), b"plain");
+    assert_eq!(rw.read(), writes);
+    drop(v);
+    rr.close().unwrap();
+    rw.close().unwrap();
 }
 
 #[test]

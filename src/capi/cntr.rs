@@ -2,6 +2,7 @@
 
 use std::ffi::c_void;
 use std::mem::size_of;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use rfabric_sys::fabric as fi;
@@ -96,9 +97,11 @@ unsafe extern "C" fn cntr_control(f: *mut fi::fid, cmd: i32, arg: *mut c_void) -
                 // SAFETY: FI_GETWAITOBJ writes an enum fi_wait_obj.
                 unsafe { put(arg.cast::<fi::fi_wait_obj>(), c.wait_obj().raw(), "arg") }
             }
-            fi::FI_GETWAIT => Err(enosys(
-                "FI_GETWAIT on a counter (fi_cntr_wait blocks on its CQs' wait objects)",
-            )),
+            fi::FI_GETWAIT => {
+                let fd = c.wait_fd()?.as_raw_fd();
+                // SAFETY: FI_GETWAIT on an FD wait object writes an int (fi_control(3)).
+                unsafe { put(arg.cast::<i32>(), fd, "arg") }
+            }
             _ => Err(Error::new(
                 errno::ENOSYS,
                 format!("fi_control command {cmd} is not supported on a counter"),

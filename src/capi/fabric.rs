@@ -11,7 +11,7 @@ use crate::capi::fid::{
 };
 use crate::capi::info::fabric_attr;
 use crate::capi::nosys::n3i;
-use crate::capi::{cq, domain, eq, pep};
+use crate::capi::{cntr, cq, domain, eq, pep};
 use crate::core::error::{errno, Error};
 use crate::verbs::Fabric;
 
@@ -74,7 +74,8 @@ unsafe extern "C" fn fabric_close(f: *mut fi::fid) -> i32 {
 unsafe extern "C" fn fabric_bind(_f: *mut fi::fid, _b: *mut fi::fid, _flags: u64) -> i32 {
     guarded("fi_fabric_bind", || Err(enosys("binding to a fabric")))
 }
-/// `fi_trywait`: each CQ is armed; an EQ with an event ready answers `EAGAIN`.
+/// `fi_trywait`: each CQ (and each counter's CQs) is armed; an EQ with an event ready,
+/// or a counter that moved, answers `EAGAIN`.
 unsafe extern "C" fn trywait(
     _fabric: *mut fi::fid_fabric,
     fids: *mut *mut fi::fid,
@@ -105,10 +106,18 @@ unsafe extern "C" fn trywait(
                     // SAFETY: class checked.
                     unsafe { eq::CEq::from_c(f.cast(), "eq") }?.trywait()?
                 }
+                fi::FI_CLASS_CNTR => {
+                    // SAFETY: class checked.
+                    unsafe { cntr::CCntr::from_c(f.cast(), "cntr") }?
+                        .inner
+                        .trywait()?
+                }
                 c => {
                     return Err(Error::new(
                         errno::EINVAL,
-                        format!("fi_trywait on a fid of class {c}: only CQs and EQs wait"),
+                        format!(
+                            "fi_trywait on a fid of class {c}: only CQs, EQs and counters wait"
+                        ),
                     ))
                 }
             }

@@ -63,7 +63,7 @@ pub(crate) unsafe fn register(
     // SAFETY: forwarded from the caller.
     let sys = unsafe { SysMr::register(d.pd(), buf.cast_mut().cast(), len, access) }
         .map_err(os_err("ibv_reg_mr"))?;
-    let mr = MemoryRegion::from_registered(d, sys);
+    let mr = MemoryRegion::from_registered(d, sys)?;
     let key = mr.key();
     let p = CMr::into_raw(
         fi::fid_mr {

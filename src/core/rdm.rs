@@ -18,6 +18,9 @@ pub struct RdmName {
     pub host: u64,
     /// Tells apart endpoints that reuse a listener's port over time.
     pub nonce: u32,
+    /// The endpoint counts RMA that targets it (`FI_RMA_EVENT`): an initiator follows each
+    /// write and read with a notice.
+    pub rma_event: bool,
 }
 
 const NAME_MAGIC: [u8; 2] = *b"rD";
@@ -36,6 +39,7 @@ impl RdmName {
             port: listener.port(),
             host,
             nonce,
+            rma_event: false,
         }
     }
 
@@ -52,6 +56,7 @@ impl RdmName {
         let mut b = [0u8; Self::LEN];
         b[0..2].copy_from_slice(&NAME_MAGIC);
         b[2] = NAME_VERSION;
+        b[3] = u8::from(self.rma_event);
         b[4..6].copy_from_slice(&self.port.to_be_bytes());
         b[8..24].copy_from_slice(&self.ip);
         b[24..32].copy_from_slice(&self.host.to_le_bytes());
@@ -77,6 +82,7 @@ impl RdmName {
             port: u16::from_be_bytes([b[4], b[5]]),
             host: u64::from_le_bytes(b[24..32].try_into().unwrap_or_default()),
             nonce: u32::from_le_bytes(b[32..36].try_into().unwrap_or_default()),
+            rma_event: b[3] & 1 != 0,
         })
     }
 
@@ -121,6 +127,9 @@ pub enum Op {
     /// (`fi_writedata`): [`Header::data`], and the bytes written in [`Header::tag`]. RDM's
     /// 8-byte `cq_data_size` does not fit a write's 4-byte immediate.
     WriteData = 9,
+    /// An RDMA read just before it on the same connection has been served (the target asked
+    /// for `FI_RMA_EVENT`: it counts `FI_REMOTE_READ`). No body.
+    ReadEvent = 10,
 }
 
 impl Op {
@@ -263,6 +272,7 @@ impl Header {
             7 => Op::SegTag,
             8 => Op::Cont,
             9 => Op::WriteData,
+            10 => Op::ReadEvent,
             o => return Err(bad(format!("operation {o}"))),
         };
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
@@ -449,6 +459,12 @@ mod tests {
             assert_eq!(RdmName::parse(&b).unwrap(), n);
             assert_eq!(n.sockaddr(), a.parse().unwrap());
             assert!(RdmName::parse(&b[..39]).is_err());
+            let ev = RdmName {
+                rma_event: true,
+                ..n
+            };
+            assert_eq!(RdmName::parse(&ev.to_bytes()).unwrap(), ev);
+            assert_ne!(ev.to_bytes(), b);
             let mut c = b;
             c[0] = 0;
             assert_eq!(RdmName::parse(&c).unwrap_err().errno(), errno::EINVAL);
@@ -485,7 +501,7 @@ mod tests {
         };
         assert_eq!(Header::decode(&u.encode(), Header::LEN).unwrap(), u);
         let mut bad = u.encode();
-        bad[1] = 10;
+        bad[1] = 11; // no such operation
         assert_eq!(
             Header::decode(&bad, Header::LEN).unwrap_err().errno(),
             errno::EIO

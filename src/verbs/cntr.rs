@@ -7,9 +7,13 @@
 //! endpoint with a transmit counter signals every send and RMA operation, so none passes
 //! uncounted; the CQ drops the entries selective completion did not ask for.
 
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
+
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use rfabric_sys::verbs::{wc_opcode as op, wc_status as st, WorkCompletion};
 
@@ -42,7 +46,45 @@ pub struct Counter {
     /// Endpoint bindings (a direction each); `close` refuses while any remain.
     bound: AtomicUsize,
     closed: AtomicBool,
+    /// `FI_WAIT_FD`: what `fi_control(FI_GETWAIT)` hands out.
+    fd: Option<CntrFd>,
     _domain: Arc<Domain>,
+}
+
+/// A counter's descriptor: one epoll over its feeding CQs' descriptors and an eventfd that
+/// `add`/`set` (and their error twins) write, so an application blocked on it wakes for a
+/// completion that may count and for a value another thread changed.
+#[derive(Debug)]
+struct CntrFd {
+    epoll: Epoll,
+    event: EventFd,
+    /// A feeding CQ has no descriptor to nest (`FI_WAIT_NONE`, `FI_WAIT_MUTEX_COND`): its
+    /// completions would never wake the descriptor, so `trywait` always says `EAGAIN`.
+    blind: AtomicBool,
+}
+
+impl CntrFd {
+    fn new() -> Result<Self> {
+        let os = |what: &'static str| move |e: nix::errno::Errno| Error::os(e as i32, what);
+        let event =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(os("eventfd for the counter"))?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(os("epoll_create"))?;
+        epoll
+            .add(event.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))
+            .map_err(os("epoll_ctl"))?;
+        Ok(CntrFd {
+            epoll,
+            event,
+            blind: AtomicBool::new(false),
+        })
+    }
+
+    fn wake(&self) {
+        if let Err(e) = self.event.write(1) {
+            crate::fi_warn!("cntr", "eventfd write: {e}");
+        }
+    }
 }
 
 impl Counter {
@@ -76,6 +118,10 @@ impl Counter {
             feeds: RwLock::new(Arc::from(Vec::new())),
             bound: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
+            fd: match attr.wait_obj {
+                WaitObj::Fd => Some(CntrFd::new()?),
+                _ => None,
+            },
             _domain: domain.clone(),
         }))
     }
@@ -103,21 +149,81 @@ impl Counter {
     /// `fi_cntr_add`.
     pub fn add(&self, v: u64) {
         self.value.fetch_add(v, Ordering::AcqRel);
+        self.changed();
     }
 
     /// `fi_cntr_set`.
     pub fn set(&self, v: u64) {
         self.value.store(v, Ordering::Release);
+        self.changed();
     }
 
     /// `fi_cntr_adderr`.
     pub fn adderr(&self, v: u64) {
         self.err.fetch_add(v, Ordering::AcqRel);
+        self.changed();
     }
 
     /// `fi_cntr_seterr`.
     pub fn seterr(&self, v: u64) {
         self.err.store(v, Ordering::Release);
+        self.changed();
+    }
+
+    /// An application changed a value: one blocked on the descriptor wakes to look.
+    fn changed(&self) {
+        if let Some(f) = &self.fd {
+            f.wake();
+        }
+    }
+
+    /// The descriptor of an `FI_WAIT_FD` counter (`fi_control(FI_GETWAIT)`), for poll or
+    /// epoll: readable when a feeding CQ has something to progress or a value was set.
+    /// Call [`Self::trywait`] before blocking on it, and read the counter after.
+    pub fn wait_fd(&self) -> Result<BorrowedFd<'_>> {
+        match &self.fd {
+            Some(f) => Ok(f.epoll.0.as_fd()),
+            None => Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "FI_GETWAIT needs a counter opened with FI_WAIT_FD; this one has {:?}",
+                    self.wait_obj
+                ),
+            )),
+        }
+    }
+
+    /// `fi_trywait` on an `FI_WAIT_FD` counter: arms its CQs and drives them once; `EAGAIN`
+    /// when that changed the counts (read them instead of blocking) or when a CQ it counts
+    /// from has no descriptor to wake it.
+    pub fn trywait(&self) -> Result<()> {
+        let Some(f) = &self.fd else {
+            return Err(Error::new(
+                errno::EINVAL,
+                "fi_trywait on a counter needs FI_WAIT_FD",
+            ));
+        };
+        let _ = f.event.read(); // EAGAIN when not written: nothing to consume.
+        let before = (
+            self.value.load(Ordering::Acquire),
+            self.err.load(Ordering::Acquire),
+        );
+        for cq in self.feeds().iter().filter_map(Weak::upgrade) {
+            cq.arm_for_counter()?;
+        }
+        // Completions that came before the arm would never wake the descriptor.
+        self.progress();
+        let after = (
+            self.value.load(Ordering::Acquire),
+            self.err.load(Ordering::Acquire),
+        );
+        if after != before || f.blind.load(Ordering::Acquire) {
+            return Err(Error::new(
+                errno::EAGAIN,
+                "the counter moved (or counts from a CQ without a descriptor): read it before waiting",
+            ));
+        }
+        Ok(())
     }
 
     /// `fi_cntr_wait`: returns once the count reaches `threshold`; `EAVAIL` when the error
@@ -214,6 +320,19 @@ impl Counter {
         let mut list: Vec<_> = v.iter().filter(|w| w.strong_count() > 0).cloned().collect();
         list.push(Arc::downgrade(cq));
         *v = Arc::from(list);
+        if let Some(f) = &self.fd {
+            let nested = cq
+                .epoll_fd()
+                .map(|fd| f.epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 1)));
+            match nested {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    crate::fi_warn!("cntr", "epoll_ctl nesting a CQ's descriptor: {e}");
+                    f.blind.store(true, Ordering::Release);
+                }
+                None => f.blind.store(true, Ordering::Release),
+            }
+        }
     }
 
     fn feeds(&self) -> Arc<[Weak<CompletionQueue>]> {
@@ -237,61 +356,69 @@ pub(crate) struct EpCounters {
     pub(crate) recv: Option<Arc<Counter>>,
     pub(crate) read: Option<Arc<Counter>>,
     pub(crate) write: Option<Arc<Counter>>,
+    /// RMA that targets the endpoint (`FI_RMA_EVENT` endpoints only).
+    pub(crate) remote_read: Option<Arc<Counter>>,
+    pub(crate) remote_write: Option<Arc<Counter>>,
 }
 
-/// The directions a counter may count: `FI_REMOTE_READ`/`FI_REMOTE_WRITE` need
-/// `FI_RMA_EVENT`, which rverbs does not offer (a plain RDMA write leaves no completion
-/// at its target).
-const CNTR_DIRS: Flags = Flags::SEND
-    .union(Flags::RECV)
-    .union(Flags::READ)
-    .union(Flags::WRITE);
+/// The directions a counter may count, in `EpCounters` order.
+const CNTR_DIRS: [Flags; 6] = [
+    Flags::SEND,
+    Flags::RECV,
+    Flags::READ,
+    Flags::WRITE,
+    Flags::REMOTE_READ,
+    Flags::REMOTE_WRITE,
+];
 
 impl EpCounters {
-    /// `fi_ep_bind` of `cntr` for the directions in `flags`.
-    pub(crate) fn bind(&mut self, cntr: &Arc<Counter>, flags: Flags) -> Result<()> {
-        if flags.intersects(Flags::REMOTE_READ | Flags::REMOTE_WRITE) {
+    /// `fi_ep_bind` of `cntr` for the directions in `flags`. `FI_REMOTE_READ` and
+    /// `FI_REMOTE_WRITE` need an endpoint made with `FI_RMA_EVENT` (`rma_event`).
+    pub(crate) fn bind(
+        &mut self,
+        cntr: &Arc<Counter>,
+        flags: Flags,
+        rma_event: bool,
+    ) -> Result<()> {
+        if flags.intersects(Flags::REMOTE_READ | Flags::REMOTE_WRITE) && !rma_event {
             return Err(Error::new(
                 errno::EINVAL,
-                "FI_REMOTE_READ/FI_REMOTE_WRITE counters need FI_RMA_EVENT, which rverbs does not offer",
+                "FI_REMOTE_READ/FI_REMOTE_WRITE counters need an endpoint made with FI_RMA_EVENT (fi_endpoint(3)); rverbs offers it on RDM endpoints",
             ));
         }
-        if flags.is_empty() || !(flags - CNTR_DIRS).is_empty() {
+        let all = CNTR_DIRS.iter().fold(Flags::empty(), |a, f| a | *f);
+        if flags.is_empty() || !(flags - all).is_empty() {
             return Err(Error::new(
                 errno::EBADFLAGS,
                 format!(
-                    "counter bind flags {flags:?}: use FI_SEND, FI_RECV, FI_READ and/or FI_WRITE"
+                    "counter bind flags {flags:?}: use FI_SEND, FI_RECV, FI_READ, FI_WRITE, FI_REMOTE_READ and/or FI_REMOTE_WRITE"
                 ),
             ));
         }
-        let slots = [
-            (Flags::SEND, &self.send),
-            (Flags::RECV, &self.recv),
-            (Flags::READ, &self.read),
-            (Flags::WRITE, &self.write),
-        ];
-        if slots.iter().any(|(f, s)| flags.contains(*f) && s.is_some()) {
+        if CNTR_DIRS
+            .iter()
+            .any(|f| flags.contains(*f) && self.slot(*f).is_some())
+        {
             return Err(Error::new(
                 errno::EINVAL,
                 "a counter is already bound for one of those directions (fi_endpoint(3): one each)",
             ));
         }
-        for f in CNTR_DIRS.iter().filter(|f| flags.contains(*f)) {
+        for f in CNTR_DIRS.iter().filter(|f| flags.contains(**f)) {
             cntr.bind()?;
-            *self.slot(f) = Some(cntr.clone());
+            *self.slot(*f) = Some(cntr.clone());
         }
         Ok(())
     }
 
     fn slot(&mut self, f: Flags) -> &mut Option<Arc<Counter>> {
-        if f == Flags::SEND {
-            &mut self.send
-        } else if f == Flags::RECV {
-            &mut self.recv
-        } else if f == Flags::READ {
-            &mut self.read
-        } else {
-            &mut self.write
+        match f {
+            Flags::SEND => &mut self.send,
+            Flags::RECV => &mut self.recv,
+            Flags::READ => &mut self.read,
+            Flags::WRITE => &mut self.write,
+            Flags::REMOTE_READ => &mut self.remote_read,
+            _ => &mut self.remote_write,
         }
     }
 
@@ -305,9 +432,14 @@ impl EpCounters {
     }
 
     /// Counts one operation an endpoint finished in software (an RDM endpoint's), by its
-    /// completion flags: `FI_READ`, `FI_WRITE`, `FI_SEND` or `FI_RECV`.
+    /// completion flags: `FI_REMOTE_READ`, `FI_REMOTE_WRITE`, `FI_READ`, `FI_WRITE`,
+    /// `FI_SEND` or `FI_RECV`.
     pub(crate) fn done(&self, flags: Flags, ok: bool) {
-        let cntr = if flags.contains(Flags::READ) {
+        let cntr = if flags.contains(Flags::REMOTE_READ) {
+            &self.remote_read
+        } else if flags.contains(Flags::REMOTE_WRITE) {
+            &self.remote_write
+        } else if flags.contains(Flags::READ) {
             &self.read
         } else if flags.contains(Flags::WRITE) {
             &self.write
@@ -325,9 +457,16 @@ impl EpCounters {
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Counter>> {
-        [&self.send, &self.recv, &self.read, &self.write]
-            .into_iter()
-            .flatten()
+        [
+            &self.send,
+            &self.recv,
+            &self.read,
+            &self.write,
+            &self.remote_read,
+            &self.remote_write,
+        ]
+        .into_iter()
+        .flatten()
     }
 
     /// Counts one device completion of the endpoint's: a success by its opcode, a failure

@@ -836,6 +836,24 @@ impl CompletionQueue {
         Ok(true)
     }
 
+    /// The descriptor a counter's `FI_WAIT_FD` nests (its readiness is this CQ's: device
+    /// completions once armed, software ones, connection events), if the CQ has one.
+    pub(crate) fn epoll_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.waiter {
+            Some(Waiter::Fd { epoll, .. }) => Some(epoll.0.as_fd()),
+            _ => None,
+        }
+    }
+
+    /// Before a counter's application blocks on its descriptor: the wake-ups seen so far
+    /// are consumed and the CQ is armed for the next device completion.
+    pub(crate) fn arm_for_counter(&self) -> Result<()> {
+        if let Some(w) = &self.waiter {
+            self.drain_wakeups(w);
+        }
+        self.arm()
+    }
+
     /// Undoes [`Self::add_wait_fd`].
     pub(crate) fn remove_wait_fd(&self, fd: BorrowedFd<'_>) {
         if let Some(Waiter::Fd { epoll, .. }) = &self.waiter {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use rfabric_sys::verbs::ProtectionDomain;
 
 use crate::core::error::{errno, Error, Result};
+use crate::core::flags::{Flags, MrMode};
 use crate::core::info::Info;
 use crate::verbs::info::{devices, Device};
 use crate::verbs::{os_err, Fabric};
@@ -16,6 +17,8 @@ pub struct Domain {
     device: Device,
     info: Info,
     fabric: Arc<Fabric>,
+    /// RMA addresses are offsets into regions (`mr_mode` without `FI_MR_VIRT_ADDR`).
+    offset_rma: bool,
 }
 
 impl Domain {
@@ -37,7 +40,15 @@ impl Domain {
             device,
             info: info.clone(),
             fabric: fabric.clone(),
+            offset_rma: info.caps.contains(Flags::RMA)
+                && !info.domain_attr.mr_mode.contains(MrMode::VIRT_ADDR),
         }))
+    }
+
+    /// Whether peers address RMA by offset into a region (`mr_mode` without
+    /// `FI_MR_VIRT_ADDR`, in a domain opened for `FI_RMA`) rather than by virtual address.
+    pub fn offset_rma(&self) -> bool {
+        self.offset_rma
     }
 
     pub fn info(&self) -> &Info {

@@ -60,8 +60,13 @@ impl CqBinding {
 
 impl CqBinding {
     /// `fi_ep_bind` of a counter for the directions in `flags`.
-    pub(crate) fn bind_cntr(&mut self, cntr: &Arc<Counter>, flags: Flags) -> Result<()> {
-        self.cntrs.bind(cntr, flags)
+    pub(crate) fn bind_cntr(
+        &mut self,
+        cntr: &Arc<Counter>,
+        flags: Flags,
+        rma_event: bool,
+    ) -> Result<()> {
+        self.cntrs.bind(cntr, flags, rma_event)
     }
 
     /// The counters bound so far.
@@ -181,7 +186,8 @@ impl Signalling {
                 "bind counters before enabling the endpoint",
             ));
         }
-        c.bind_cntr(cntr, flags)?;
+        // RMA events are RDM's only (an RC write leaves its target no trace to count).
+        c.bind_cntr(cntr, flags, false)?;
         self.tx_counted
             .store(c.cntrs.counts_transmits(), Ordering::Release);
         Ok(())

@@ -168,18 +168,41 @@ const RMA_MR_MODE: MrMode = MrMode::LOCAL
 
 /// An MSG or RDM info without RMA, for applications that do not ask for it (their caps
 /// name none of it) or cannot register memory as it needs (their mr_mode lacks
-/// `FI_MR_VIRT_ADDR` or `FI_MR_PROV_KEY`): they keep the plain answer, `plain` (MSG:
-/// `FI_MR_LOCAL`; RDM: nothing asked of them).
+/// `FI_MR_PROV_KEY`): they keep the plain answer, `plain` (MSG: `FI_MR_LOCAL`; RDM:
+/// nothing asked of them). With RMA, an mr_mode without `FI_MR_VIRT_ADDR` gets offset
+/// addressing (`Domain::offset_rma`).
 fn without_rma_unless_asked(i: &mut Info, hints: &Info, plain: MrMode) {
     let asked = (hints.caps | hints.tx_attr.caps | hints.rx_attr.caps).intersects(RMA_CAPS);
-    let mr_ok = hinted_mr_mode(hints).is_none_or(|m| m.contains(RMA_MR_MODE - MrMode::LOCAL));
+    let hinted = hinted_mr_mode(hints);
+    let mr_ok = hinted.is_none_or(|m| m.contains(MrMode::PROV_KEY));
     if asked || (hints.caps.is_empty() && mr_ok) {
+        if hinted.is_some_and(|m| !m.contains(MrMode::VIRT_ADDR)) {
+            i.domain_attr.mr_mode -= MrMode::VIRT_ADDR;
+        }
         return;
     }
     i.caps -= RMA_CAPS;
     i.tx_attr.caps -= RMA_CAPS;
     i.rx_attr.caps -= RMA_CAPS;
     i.domain_attr.mr_mode = plain;
+}
+
+/// `FI_MR_ALLOCATED` echoed to an application that accepts it where it registers memory:
+/// verbs registers only memory that is mapped.
+fn allocated_if_accepted(i: &mut Info, hints: &Info) {
+    let registers = i.domain_attr.mr_mode.contains(MrMode::LOCAL) || i.caps.contains(Flags::RMA);
+    if registers && hinted_mr_mode(hints).is_some_and(|m| m.contains(MrMode::ALLOCATED)) {
+        i.domain_attr.mr_mode |= MrMode::ALLOCATED;
+    }
+}
+
+/// `FI_RMA_EVENT` on an RDM info only for applications that ask for it: a secondary
+/// capability that costs performance is not reported unasked (fi_getinfo(3)).
+fn without_rma_event_unless_asked(i: &mut Info, hints: &Info) {
+    if !(hints.caps | hints.rx_attr.caps).contains(Flags::RMA_EVENT) {
+        i.caps -= Flags::RMA_EVENT;
+        i.rx_attr.caps -= Flags::RMA_EVENT;
+    }
 }
 
 pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
@@ -313,10 +336,14 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
         | Flags::SOURCE
         | Flags::MULTI_RECV;
     i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv | RMA_CAPS | COMM_CAPS;
+    // Targets count RMA on notices initiators send after each operation: offered where
+    // asked only (`without_rma_event_unless_asked`), as it costs every write a message.
+    i.caps |= Flags::RMA_EVENT;
     i.addr_format = AddrFormat::Unspec;
     i.tx_attr.caps =
         Flags::MSG | Flags::TAGGED | Flags::SEND | Flags::RMA | Flags::READ | Flags::WRITE;
-    i.rx_attr.caps = recv | Flags::RMA | Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    i.rx_attr.caps =
+        recv | Flags::RMA | Flags::REMOTE_READ | Flags::REMOTE_WRITE | Flags::RMA_EVENT;
     i.tx_attr.msg_order = fi::FI_ORDER_SAS;
     i.rx_attr.msg_order = fi::FI_ORDER_SAS;
     i.tx_attr.comp_order = fi::FI_ORDER_NONE;
@@ -478,12 +505,14 @@ pub fn getinfo(
         } else if rdm {
             let mut i = rdm_info(dev)?;
             without_rma_unless_asked(&mut i, hints, MrMode::empty());
+            without_rma_event_unless_asked(&mut i, hints);
             i
         } else {
             let mut i = msg_info(dev)?;
             without_rma_unless_asked(&mut i, hints, MrMode::LOCAL);
             i
         };
+        allocated_if_accepted(&mut info, hints);
         if rdm {
             // RDM names come from fi_getname (RdmName), not from IP addresses.
             info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));

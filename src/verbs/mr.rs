@@ -12,6 +12,10 @@ use crate::verbs::{os_err, Domain};
 #[derive(Clone, Debug)]
 pub struct MemoryRegion {
     mr: Arc<sv::MemoryRegion>,
+    /// Under offset addressing (`mr_mode` without `FI_MR_VIRT_ADDR`), the same memory
+    /// registered again from address 0: its key is the one peers use (`fi_mr_key`), so
+    /// their addresses are offsets into the region. rverbs' own use keeps `mr`'s.
+    remote: Option<Arc<sv::MemoryRegion>>,
     domain: Arc<Domain>,
 }
 
@@ -60,24 +64,33 @@ impl MemoryRegion {
     pub fn alloc(domain: &Arc<Domain>, len: usize, access: Flags) -> Result<Self> {
         let access = verbs_access_checked(access)?;
         let mr = sv::MemoryRegion::alloc(domain.pd(), len, access).map_err(os_err("ibv_reg_mr"))?;
-        Ok(MemoryRegion {
-            mr: Arc::new(mr),
-            domain: domain.clone(),
-        })
+        Self::from_registered(domain, mr)
     }
 
-    /// Wraps a registration made through `rfabric-sys` (the C ABI registers caller memory).
-    pub fn from_registered(domain: &Arc<Domain>, mr: sv::MemoryRegion) -> Self {
-        MemoryRegion {
-            mr: Arc::new(mr),
+    /// Wraps a registration made through `rfabric-sys` (the C ABI registers caller memory),
+    /// registering it again for peers when the domain uses offset addressing.
+    pub fn from_registered(domain: &Arc<Domain>, mr: sv::MemoryRegion) -> Result<Self> {
+        let remote_access = access::REMOTE_READ | access::REMOTE_WRITE;
+        let mr = Arc::new(mr);
+        let remote = if domain.offset_rma() && mr.access() & remote_access != 0 {
+            let r = sv::MemoryRegion::register_iova(&mr, 0)
+                .map_err(os_err("ibv_reg_mr_iova2 (offset addressing)"))?;
+            Some(Arc::new(r))
+        } else {
+            None
+        };
+        Ok(MemoryRegion {
+            mr,
+            remote,
             domain: domain.clone(),
-        }
+        })
     }
 
     /// Whether posted work still holds this registration (a multi-receive buffer, a
     /// receive whose `FI_SOURCE` header lands in it): the device may still write there.
     pub fn in_use(&self) -> bool {
-        Arc::strong_count(&self.mr) > 1
+        // The offset registration holds the memory too.
+        Arc::strong_count(&self.mr) > 1 + usize::from(self.remote.is_some())
     }
 
     pub fn addr(&self) -> u64 {
@@ -89,9 +102,20 @@ impl MemoryRegion {
     pub fn is_empty(&self) -> bool {
         self.mr.is_empty()
     }
-    /// The remote key (`fi_mr_key`).
+    /// The remote key (`fi_mr_key`): peers address the region by virtual address under
+    /// it, or by offset under offset addressing.
     pub fn key(&self) -> u64 {
-        u64::from(self.mr.rkey())
+        u64::from(self.remote.as_ref().unwrap_or(&self.mr).rkey())
+    }
+
+    /// The address peers name its first byte by: its virtual address, or 0 under offset
+    /// addressing.
+    pub fn remote_addr(&self) -> u64 {
+        if self.remote.is_some() {
+            0
+        } else {
+            self.addr()
+        }
     }
 
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {

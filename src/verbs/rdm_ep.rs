@@ -276,6 +276,12 @@ struct TxMeta {
     peer: bool,
     /// An RDMA write or read (its work request is `Inner::tx_rma`'s entry), not a message.
     rma: bool,
+    /// A part of an RMA operation: the slot of its last work request, which reports the
+    /// operation (and the part's failure, below).
+    last: Option<u32>,
+    /// The last work request's: how an earlier part failed (a work completion status; 0
+    /// for none). The parts after it are flushed, so it, not the flush, is the cause.
+    failed: u32,
 }
 
 /// Quiet sends (no completion wanted) left unsignalled per connection, at most: the next is
@@ -843,7 +849,8 @@ impl RdmEndpoint {
                 "the counter belongs to another domain",
             ));
         }
-        c.cqs.bind_cntr(cntr, flags)
+        let rma_event = self.sh.info.caps.contains(Flags::RMA_EVENT);
+        c.cqs.bind_cntr(cntr, flags, rma_event)
     }
 
     /// Starts the endpoint (`fi_enable`): its listener, SRQ and buffers.
@@ -908,7 +915,10 @@ impl RdmEndpoint {
             let at = pep
                 .getname()
                 .ok_or_else(|| Error::new(errno::EADDRNOTAVAIL, "the listener has no address"))?;
-            let name = RdmName::new(at, this_host(), nonce());
+            let name = RdmName {
+                rma_event: info.caps.contains(Flags::RMA_EVENT),
+                ..RdmName::new(at, this_host(), nonce())
+            };
             let mut engine = RxEngine::new(rx_n + info.rx_attr.size.max(1));
             if let Some(n) = c.min_multi_recv {
                 engine.set_min_multi_recv(n);
@@ -977,7 +987,6 @@ impl RdmEndpoint {
                 return Err(e);
             }
         };
-        // Reads of its CQs drive it; until it is enabled, that does nothing.
         // Reads of its CQs drive it; until it is enabled, that does nothing. With separate
         // CQs each read drives the other CQ too, so both need every read.
         let me: Weak<dyn PeerProgress> = self.sh.me.clone();
@@ -1294,6 +1303,8 @@ impl RdmEndpoint {
             seq: 0,
             peer: self.peer,
             rma: false,
+            last: None,
+            failed: 0,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
         // the receiver once matched. A region that already grants remote read needs no
@@ -2980,6 +2991,9 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
         if let Some(conn) = open_conn_mut(&mut g, m.conn).filter(|c| !c.down) {
             conn.ep.disconnect();
         }
+        if let Some(last) = m.last {
+            g.tx[last as usize].failed = status;
+        }
     }
     let gone = conn_done(&mut g, m.conn);
     flush_fins(en, &mut g);
@@ -2988,6 +3002,11 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
     if m.part {
         return None;
     }
+    let status = match m.failed {
+        0 => status,
+        cause => cause, // flushed after an earlier part of the operation failed
+    };
+    let ok = status == sv::wc_status::IBV_WC_SUCCESS;
     // Done unless it waits for the receiver's notice (rendezvous, delivery complete).
     if !m.peer && (!ok || m.rndv == NONE) {
         en.cntrs.done(m.flags, ok);
@@ -3082,6 +3101,10 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     let body = &hdr[Header::LEN..got];
     if h.op == Op::Fin {
         return notice(en, g, id, body);
+    }
+    if h.op == Op::ReadEvent {
+        drop(g);
+        return rma::remote_read(en, id);
     }
     let rts = match h.op {
         Op::RtsMsg | Op::RtsTag => match Rts::decode(body) {

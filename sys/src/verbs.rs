@@ -372,6 +372,33 @@ impl MemoryRegion {
         unsafe { Self::register_inner(pd, addr, len, access) }
     }
 
+    /// Registers `other`'s memory again, addressed by remote peers from `iova` (libfabric's
+    /// offset addressing: `iova` 0, so a remote address is an offset into the region). The
+    /// new registration holds `other`, so the memory stays allocated while it exists. Only
+    /// its rkey is for use: local elements address `other`.
+    pub fn register_iova(other: &Arc<MemoryRegion>, iova: u64) -> Result<Self, i32> {
+        // SAFETY: `other`'s memory, which stays allocated while the new region holds it;
+        // valid PD.
+        let mr = unsafe {
+            r::ibv_reg_mr_iova2(
+                other._pd.as_ptr(),
+                other.addr as *mut std::ffi::c_void,
+                other.len,
+                iova,
+                other.access,
+            )
+        };
+        let mut mr = Self::wrap(
+            &other._pd,
+            mr,
+            other.addr as *mut u8,
+            other.len,
+            other.access,
+        )?;
+        mr._parent = Some(other.clone());
+        Ok(mr)
+    }
+
     unsafe fn register_inner(
         pd: &Arc<ProtectionDomain>,
         addr: *mut u8,
@@ -380,6 +407,17 @@ impl MemoryRegion {
     ) -> Result<Self, i32> {
         // SAFETY: valid PD; memory validity is the caller's contract.
         let mr = unsafe { r::ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access as i32) };
+        Self::wrap(pd, mr, addr, len, access)
+    }
+
+    /// The region of a registration call's result (NULL: its errno).
+    fn wrap(
+        pd: &Arc<ProtectionDomain>,
+        mr: *mut r::ibv_mr,
+        addr: *mut u8,
+        len: usize,
+        access: u32,
+    ) -> Result<Self, i32> {
         let mr = NonNull::new(mr).ok_or_else(last_errno)?;
         REGISTRATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: a successful registration returns a valid ibv_mr.

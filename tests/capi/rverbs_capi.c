@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -192,10 +193,11 @@ static uint64_t pair_cq_flags;      /* added to FI_TRANSMIT | FI_RECV on both si
 /* Counters the next pair binds (client, server) before enabling, with their bind flags. */
 static struct fid_cntr *pair_cntr[2];
 static uint64_t pair_cntr_flags[2];
+static enum fi_wait_obj pair_cq_wait = FI_WAIT_NONE; /* the next pair's CQs' */
 
 static void open_cq(struct fid_domain *d, struct fid_cq **cq)
 {
-	struct fi_cq_attr a = {.format = pair_format, .wait_obj = FI_WAIT_NONE};
+	struct fi_cq_attr a = {.format = pair_format, .wait_obj = pair_cq_wait};
 	OK(fi_cq_open(d, &a, cq, NULL));
 }
 
@@ -1959,7 +1961,7 @@ static void rdm_rma_section(void)
 	h->fabric_attr->prov_name = strdup("rverbs");
 	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
 	TRUE(info->caps & FI_RMA); /* no direction named: both (fi_getinfo(3)) */
-	EXPECT(info->domain_attr->mr_mode, FI_MR_VIRT_ADDR | FI_MR_PROV_KEY);
+	EXPECT(info->domain_attr->mr_mode, FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED);
 	rdm_pair_open(info, &p, 0);
 	OK(fi_mr_reg(p.domain, target, 2 << 20, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 0, 0, &tmr,
 		     NULL));
@@ -2099,7 +2101,9 @@ static void cntr_section(void)
 	OK(fi_control(&rx->fid, FI_GETWAITOBJ, &wo));
 	EXPECT(wo, FI_WAIT_NONE);
 	OK(fi_close(&rx->fid));
+	ca.wait_obj = FI_WAIT_FD;
 	OK(fi_cntr_open(m.domain, &ca, &rx, NULL));
+	ca.wait_obj = FI_WAIT_UNSPEC;
 
 	/* The value calls, on a counter nothing feeds yet. */
 	EXPECT(fi_cntr_read(tx), 0);
@@ -2125,6 +2129,7 @@ static void cntr_section(void)
 
 	/* Sends and receives that make no CQ entry still count. */
 	pair_cq_flags = FI_SELECTIVE_COMPLETION;
+	pair_cq_wait = FI_WAIT_FD;
 	pair_cntr[0] = tx;
 	pair_cntr[1] = rx;
 	pair_cntr_flags[0] = FI_SEND;
@@ -2158,12 +2163,37 @@ static void cntr_section(void)
 	cq_expect(c.cq, &e, FI_SEND, 0, NULL);
 	OK(fi_cntr_wait(rx, 17, 5000));
 
+	/* FI_GETWAIT: an FD counter's descriptor wakes poll() for a completion it counts, and
+	 * for a value set meanwhile; fi_trywait readies it (libfabric's wait loop). */
+	{
+		int fd = -1;
+		struct fid *f = &rx->fid;
+		struct pollfd pfd;
+
+		EXPECT(fi_control(&tx->fid, FI_GETWAIT, &fd), -FI_EINVAL); /* not FI_WAIT_FD */
+		OK(fi_control(&rx->fid, FI_GETWAIT, &fd));
+		TRUE(fd >= 0);
+		OK(fi_trywait(m.fabric, &f, 1));
+		pfd = (struct pollfd){.fd = fd, .events = POLLIN};
+		EXPECT(poll(&pfd, 1, 100), 0);
+		OK(fi_recv(s.ep, m.buf, 64, m.desc, 0, NULL));
+		OK(fi_inject(c.ep, m.buf + 4096, 8, 0));
+		EXPECT(poll(&pfd, 1, 5000), 1);
+		EXPECT(fi_cntr_read(rx), 18);
+		OK(fi_trywait(m.fabric, &f, 1));
+		EXPECT(poll(&pfd, 1, 0), 0);
+		OK(fi_cntr_add(rx, 1));
+		EXPECT(poll(&pfd, 1, 5000), 1);
+		EXPECT(fi_cntr_read(rx), 19);
+	}
+
 	/* Binds the man pages refuse. */
 	EXPECT(fi_ep_bind(c.ep, &rx->fid, FI_RECV), -FI_EOPBADSTATE); /* enabled */
 	EXPECT(fi_close(&tx->fid), -FI_EBUSY);
 	close_side(&c, 1);
 	close_side(&s, 0);
 	pair_cq_flags = 0;
+	pair_cq_wait = FI_WAIT_NONE;
 	pair_cntr[0] = pair_cntr[1] = NULL;
 	OK(fi_close(&tx->fid));
 	OK(fi_close(&rx->fid));

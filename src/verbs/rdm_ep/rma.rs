@@ -106,20 +106,33 @@ pub(super) fn land(en: &Enabled, g: &mut Inner, slot: u32) -> u32 {
     }
 }
 
-/// The remote CQ data of a write (`Op::WriteData` in bounce buffer `id`, from `src`):
-/// `FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA` on the receive CQ, with the bytes written.
-/// It consumes no receive of the application's (RDM's mode has no `FI_RX_CQ_DATA`).
+/// A write's notice (`Op::WriteData` in bounce buffer `id`, from `src`): the write is in
+/// place. `FI_REMOTE_WRITE` counts it; remote CQ data makes `FI_RMA | FI_REMOTE_WRITE |
+/// FI_REMOTE_CQ_DATA` on the receive CQ, with the bytes written. It consumes no receive of
+/// the application's (RDM's mode has no `FI_RX_CQ_DATA`).
 pub(super) fn remote_write(en: &Enabled, id: u32, h: &Header, src: u64) -> Option<Owned> {
     if let Err(e) = super::post_bounce(en, id) {
         crate::fi_warn!("rdm", "a bounce buffer is lost to its SRQ: {e}");
     }
+    en.cntrs.done(Flags::REMOTE_WRITE, true);
+    let data = h.data?;
     let entry = CqEntry {
         flags: (Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA).bits(),
         len: h.tag as usize,
-        data: h.data.unwrap_or(0),
+        data,
         ..Default::default()
     };
     to_owned(Some(Ok((entry, src))))
+}
+
+/// A read's notice (`Op::ReadEvent` in bounce buffer `id`): the read was served, which
+/// `FI_REMOTE_READ` counts (`FI_RMA_EVENT`).
+pub(super) fn remote_read(en: &Enabled, id: u32) -> Option<Owned> {
+    if let Err(e) = super::post_bounce(en, id) {
+        crate::fi_warn!("rdm", "a bounce buffer is lost to its SRQ: {e}");
+    }
+    en.cntrs.done(Flags::REMOTE_READ, true);
+    None
 }
 
 /// The local memory of one range of an operation larger than a send buffer: its first
@@ -286,7 +299,7 @@ impl RdmEndpoint {
         }
         let n = n.max(1);
         let g = lock(&en.inner);
-        let mut pieces = Pieces::take(self, en, g, src, n)?;
+        let mut pieces = Pieces::take(self, en, g, src, n, false)?;
         let mut at = rma.addr;
         for (e, b) in exposed.iter_mut().zip(bufs) {
             match e.take() {
@@ -309,6 +322,19 @@ impl RdmEndpoint {
             quiet: self.rma_quiet(en, flags),
             ..TxMeta::default()
         };
+        if pieces.notice {
+            // The target serves the read before it takes the next message on the connection.
+            let hdr = Header {
+                op: Op::ReadEvent,
+                tag: 0,
+                data: None,
+                len: 0,
+                ack: None,
+                total: 0,
+                peer: false,
+            };
+            pieces = pieces.stage_notice(&hdr, user)?;
+        }
         pieces.finish(user, flags)
     }
 
@@ -335,7 +361,7 @@ impl RdmEndpoint {
         // memory (registered for the operation when it is not already).
         let bounce = total <= en.slot;
         let mut exposed: [Option<Exposure>; MAX_IOV] = std::array::from_fn(|_| None);
-        let mut n = usize::from(data.is_some());
+        let mut n = 0;
         if bounce {
             n += 1;
         } else {
@@ -363,7 +389,7 @@ impl RdmEndpoint {
             }
         }
         let g = lock(&en.inner);
-        let mut pieces = Pieces::take(self, en, g, dest, n)?;
+        let mut pieces = Pieces::take(self, en, g, dest, n, data.is_some())?;
         if bounce {
             let slot = pieces.slots[0];
             let mut off = slot as usize * en.slot;
@@ -389,29 +415,19 @@ impl RdmEndpoint {
             quiet: self.rma_quiet(en, flags),
             ..TxMeta::default()
         };
-        if let Some(d) = data {
+        if pieces.notice {
             // The data follows the write on the same connection, which delivers it after
             // the write's bytes are in place.
-            let slot = pieces.slots[pieces.n];
             let hdr = Header {
                 op: Op::WriteData,
                 tag: total as u64,
-                data: Some(d),
+                data,
                 len: 0,
                 ack: None,
                 total: 0,
                 peer: false,
             };
-            if let Err(e) = en.tx_pool.write_at(slot as usize * en.slot, &hdr.encode()) {
-                return Err(pieces.abandon(e));
-            }
-            pieces.g.tx[slot as usize] = TxMeta {
-                wire: Header::LEN as u32,
-                conn: NONE,
-                rndv: NONE,
-                ..user
-            };
-            pieces.n += 1;
+            pieces = pieces.stage_notice(&hdr, user)?;
         }
         pieces.finish(user, flags)
     }
@@ -475,24 +491,31 @@ struct Pieces<'a, 'e> {
     n: usize,
     /// Slots taken.
     taken: usize,
+    /// A notice follows the operation (its last slot): remote CQ data, or the target counts
+    /// RMA (`FI_RMA_EVENT` in its name).
+    notice: bool,
 }
 
 impl<'a, 'e> Pieces<'a, 'e> {
-    /// Takes `n` send buffers for an operation to `addr`.
+    /// Takes `n` send buffers for an operation to `addr`, and one more for a notice when
+    /// it carries remote CQ data (`data`) or the target asked for RMA events.
     fn take(
         ep: &'a RdmEndpoint,
         en: &'e Enabled,
         mut g: std::sync::MutexGuard<'e, Inner>,
         addr: u64,
         n: usize,
+        data: bool,
     ) -> Result<Self> {
+        let peer = peer_of(en, &mut g, addr)?;
+        let notice = data || g.peers[peer as usize].name.rma_event;
+        let n = n + usize::from(notice);
         if n > MAX_SEGS {
             return Err(Error::new(
                 errno::EINVAL,
                 format!("an RMA operation of {n} work requests: at most {MAX_SEGS} (fewer ranges, or smaller ones)"),
             ));
         }
-        let peer = peer_of(en, &mut g, addr)?;
         if g.tx_free.len() < n {
             return Err(Error::new(
                 errno::EAGAIN,
@@ -517,7 +540,28 @@ impl<'a, 'e> Pieces<'a, 'e> {
             slots,
             n: 0,
             taken: n,
+            notice,
         })
+    }
+
+    /// Stages the operation's notice `hdr` in the next slot (`user` is the operation's).
+    fn stage_notice(mut self, hdr: &Header, user: TxMeta) -> Result<Self> {
+        let slot = self.slots[self.n];
+        if let Err(e) = self
+            .en
+            .tx_pool
+            .write_at(slot as usize * self.en.slot, &hdr.encode())
+        {
+            return Err(self.abandon(e));
+        }
+        self.g.tx[slot as usize] = TxMeta {
+            wire: Header::LEN as u32,
+            conn: NONE,
+            rndv: NONE,
+            ..user
+        };
+        self.n += 1;
+        Ok(self)
     }
 
     /// Stages the next slot with one work request.
@@ -601,6 +645,9 @@ impl<'a, 'e> Pieces<'a, 'e> {
             part: false,
             ..user
         };
+        for &s in &self.slots[..n - 1] {
+            self.g.tx[s as usize].last = Some(last as u32);
+        }
         if flags.contains(Flags::FENCE) {
             let first = self.slots[0] as usize;
             if let Some(p) = self.g.tx_rma[first].as_mut() {
