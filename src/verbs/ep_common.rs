@@ -584,6 +584,22 @@ pub(crate) fn check_inject(len: usize, max: usize) -> Result<()> {
     Ok(())
 }
 
+/// A failed post of one range of `mr`: `EINVAL` is the range outside the region.
+#[cold]
+pub(crate) fn region_post_error(
+    e: i32,
+    mr: &crate::verbs::MemoryRegion,
+    offset: usize,
+    len: usize,
+    what: &str,
+) -> Error {
+    if e == libc::EINVAL {
+        mr.range_error(offset, len)
+    } else {
+        post_error(e, what)
+    }
+}
+
 /// A full work queue is `-FI_EAGAIN`: reading the CQ frees room.
 #[cold]
 pub(crate) fn post_error(e: i32, what: &str) -> Error {

@@ -15,8 +15,8 @@ use crate::core::info::Info;
 use crate::verbs::cq::{Owned, PeerTransferSink, RecvOwner};
 use crate::verbs::ep_common::{
     check_domain, check_inject, check_recv_flags, check_rma_cap, check_send_flags, check_sendmsg,
-    cq_data, iov_error, lock, post_error, region_sge, send_imm, wanted_caps, with_slices,
-    CqBinding, Iov, RecvBatch, SendBatch, Signalling,
+    cq_data, iov_error, lock, post_error, region_post_error, region_sge, send_imm, wanted_caps,
+    with_slices, CqBinding, Iov, RecvBatch, SendBatch, Signalling,
 };
 use crate::verbs::eq::{encode_cm_data, CmEndpoint, ConnRequest, Owner, CM_DATA_SIZE};
 use crate::verbs::info::resolve_route;
@@ -1035,13 +1035,7 @@ impl MsgEndpoint {
             return self.chain_send(qp, id, mr, offset, len, vflags, imm, more);
         }
         qp.post_send_mr(id, mr.sys(), offset, len, vflags, imm)
-            .map_err(|e| {
-                if e == libc::EINVAL {
-                    mr.range_error(offset, len)
-                } else {
-                    post_error(e, "send")
-                }
-            })
+            .map_err(|e| region_post_error(e, mr, offset, len, "send"))
     }
 
     /// The default flags of this endpoint's transmit operations (`tx_attr.op_flags`).
@@ -1062,7 +1056,44 @@ impl MsgEndpoint {
     ) -> Result<()> {
         let rma = RmaIov { addr, len, key };
         let flags = self.shared.info.tx_attr.op_flags;
-        self.writemsg(&[(mr, offset, len)], &rma, context, 0, flags)
+        if !self.plain_rma(flags) {
+            return self.writemsg(&[(mr, offset, len)], &rma, context, 0, flags);
+        }
+        let (rkey, id, vflags, qp) = self.plain_rma_prepare(mr, &rma, Kind::Write, context)?;
+        qp.post_write_mr(id, mr.sys(), offset, len, addr, rkey, vflags)
+            .map_err(|e| region_post_error(e, mr, offset, len, "write"))
+    }
+
+    /// Whether a one-region call with these default flags posts straight: nothing to apply
+    /// but `FI_COMPLETION`, and no `FI_MORE` chain open to join.
+    #[inline(always)]
+    fn plain_rma(&self, flags: Flags) -> bool {
+        (flags - Flags::COMPLETION).is_empty() && !self.shared.sends.is_open()
+    }
+
+    /// `rma_prepare` for a plain one-region call (`plain_rma`): the same checks, with the
+    /// region's domain checked and no chain to ring.
+    #[inline(always)]
+    fn plain_rma_prepare(
+        &self,
+        mr: &MemoryRegion,
+        rma: &RmaIov,
+        kind: Kind,
+        context: u64,
+    ) -> Result<(u32, u64, u32, &QpHandle)> {
+        self.check_mr(mr)?;
+        let rkey = rma.check(rma.len)?;
+        self.check_cap(if kind == Kind::Read {
+            Flags::READ
+        } else {
+            Flags::WRITE
+        })?;
+        self.check_len(rma.len)?;
+        wr_id::check(context)?;
+        let qp = self.qp()?;
+        let flags = self.shared.info.tx_attr.op_flags;
+        let (id, vflags) = self.signalling(wr_id::encode(context, kind, false) | self.peer, flags);
+        Ok((rkey, id, vflags, qp))
     }
 
     /// `fi_writedata`: a write whose 4 bytes of `data` complete a receive at the peer with
@@ -1144,7 +1175,16 @@ impl MsgEndpoint {
     ) -> Result<()> {
         let rma = RmaIov { addr, len, key };
         let flags = self.shared.info.tx_attr.op_flags;
-        self.readmsg(&[(mr, offset, len)], &rma, context, flags)
+        if !self.plain_rma(flags) {
+            return self.readmsg(&[(mr, offset, len)], &rma, context, flags);
+        }
+        let (rkey, id, vflags, qp) = self.plain_rma_prepare(mr, &rma, Kind::Read, context)?;
+        let sge = mr
+            .sys()
+            .sge(offset, len)
+            .ok_or_else(|| mr.range_error(offset, len))?;
+        qp.post_read(id, sge, addr, rkey, vflags)
+            .map_err(|e| region_post_error(e, mr, offset, len, "read"))
     }
 
     /// `fi_readmsg` (and `fi_readv`): one read of the remote range `rma` scattered into

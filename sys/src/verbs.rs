@@ -1140,6 +1140,35 @@ impl QpHandle {
         })
     }
 
+    /// Posts an RDMA write of `len` bytes at `offset` of `mr` (`fi_write` of one region),
+    /// inline when it fits the inline size.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn post_write_mr(
+        &self,
+        wr_id: u64,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+        flags: u32,
+    ) -> Result<(), i32> {
+        let mut sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
+        // Inline is sound: the range lies in a live MemoryRegion (checked just above).
+        let flags = self.inline_if_fits(flags, len);
+        let n = usize::from(len != 0);
+        self.post_rdma(
+            wr_id,
+            &mut sge,
+            n,
+            flags,
+            Rdma::Write(None),
+            remote_addr,
+            rkey,
+        )
+    }
+
     /// Posts an RDMA write of `data`, copied into the work request now (`fi_inject_write`).
     pub fn post_write_inline(
         &self,

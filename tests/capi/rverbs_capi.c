@@ -1525,6 +1525,9 @@ struct rdm_pair {
 	uint8_t name[2][64];
 };
 
+/* Called for each endpoint of the next pair before fi_enable (counters to bind), if set. */
+static void (*rdm_pair_setup)(struct rdm_pair *p, int i);
+
 static void rdm_pair_open(struct fi_info *info, struct rdm_pair *p, int checks)
 {
 	struct fi_av_attr aa = {.type = FI_AV_TABLE};
@@ -1543,6 +1546,8 @@ static void rdm_pair_open(struct fi_info *info, struct rdm_pair *p, int checks)
 			EXPECT(fi_enable(p->ep[i]), -FI_ENOAV);
 		OK(fi_ep_bind(p->ep[i], &p->av[i]->fid, 0));
 		OK(fi_ep_bind(p->ep[i], &p->cq[i]->fid, FI_TRANSMIT | FI_RECV));
+		if (rdm_pair_setup)
+			rdm_pair_setup(p, i);
 		OK(fi_enable(p->ep[i]));
 		if (checks) {
 			len = sizeof small;
@@ -1560,12 +1565,20 @@ static void rdm_pair_open(struct fi_info *info, struct rdm_pair *p, int checks)
 		}
 }
 
+static struct fid_cntr *remote_rd, *remote_wr;
+
 static void rdm_pair_close(struct rdm_pair *p)
 {
 	for (int i = 0; i < 2; i++) {
 		OK(fi_close(&p->ep[i]->fid));
 		OK(fi_close(&p->av[i]->fid));
 		OK(fi_close(&p->cq[i]->fid));
+	}
+	/* Counters the pair's setup opened go before their domain. */
+	if (remote_rd) {
+		OK(fi_close(&remote_rd->fid));
+		OK(fi_close(&remote_wr->fid));
+		remote_rd = remote_wr = NULL;
 	}
 	OK(fi_close(&p->domain->fid));
 	OK(fi_close(&p->fabric->fid));
@@ -1939,6 +1952,76 @@ static void rma_section(void)
  * unregistered memory (copied when small, registered for the operation when large) or
  * registered memory named by its descriptor; remote CQ data keeps 64 bits and reaches the
  * target's CQ with the writer's fi_addr_t; bad input is refused, a denied access fails. */
+/* The target (endpoint 1) of the next pair counts remote reads and writes. */
+static void bind_remote_cntrs(struct rdm_pair *p, int i)
+{
+	struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC};
+	if (i == 0) {
+		OK(fi_cntr_open(p->domain, &ca, &remote_rd, NULL));
+		OK(fi_cntr_open(p->domain, &ca, &remote_wr, NULL));
+		return;
+	}
+	OK(fi_ep_bind(p->ep[1], &remote_rd->fid, FI_REMOTE_READ));
+	OK(fi_ep_bind(p->ep[1], &remote_wr->fid, FI_REMOTE_WRITE));
+}
+
+/* Offset addressing (an mr_mode without FI_MR_VIRT_ADDR: remote addresses are offsets into
+ * the region) and FI_RMA_EVENT (the target counts the RMA that reaches it). */
+static void rdm_rma_offset_events(void)
+{
+	struct fi_info *h = fi_allocinfo(), *info;
+	struct rdm_pair p;
+	struct fi_cq_tagged_entry e;
+	struct fid_mr *tmr;
+	uint8_t *target = aligned_alloc(4096, 4096), local[64];
+	fi_addr_t src;
+	time_t end;
+
+	TRUE(h && target);
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_TAGGED | FI_RMA | FI_RMA_EVENT;
+	h->mode = 0;
+	h->domain_attr->mr_mode = FI_MR_PROV_KEY;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	EXPECT(info->domain_attr->mr_mode, FI_MR_PROV_KEY);
+	TRUE(info->caps & FI_RMA_EVENT);
+	rdm_pair_setup = bind_remote_cntrs;
+	rdm_pair_open(info, &p, 0);
+	rdm_pair_setup = NULL;
+	OK(fi_mr_reg(p.domain, target, 4096, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 0, 0, &tmr,
+		     NULL));
+	memset(target, 0, 4096);
+	RDM_POST(p.cq[0], p.cq[1],
+		 fi_write(p.ep[0], "by offset", 9, NULL, 1, 100, fi_mr_key(tmr), (void *)1));
+	EXPECT(rdm_next(p.cq[0], p.cq[1], &e, &src), 1);
+	EXPECT(e.op_context, (void *)1);
+	TRUE(!memcmp(target + 100, "by offset", 9));
+	TRUE(target[99] == 0 && target[109] == 0);
+	memset(local, 0, sizeof local);
+	RDM_POST(p.cq[0], p.cq[1],
+		 fi_read(p.ep[0], local, 9, NULL, 1, 100, fi_mr_key(tmr), (void *)2));
+	EXPECT(rdm_next(p.cq[0], p.cq[1], &e, &src), 1);
+	EXPECT(e.op_context, (void *)2);
+	TRUE(!memcmp(local, "by offset", 9));
+	/* Reading the target's counters drives it: one write and one read arrived. */
+	end = time(NULL) + 10;
+	while (fi_cntr_read(remote_wr) < 1 || fi_cntr_read(remote_rd) < 1) {
+		(void)fi_cq_read(p.cq[0], NULL, 0);
+		if (time(NULL) > end)
+			FAIL("remote counters read %lu writes, %lu reads", fi_cntr_read(remote_wr),
+			     fi_cntr_read(remote_rd));
+	}
+	EXPECT(fi_cntr_read(remote_wr), 1);
+	EXPECT(fi_cntr_read(remote_rd), 1);
+	EXPECT(fi_cq_read(p.cq[1], &e, 1), -FI_EAGAIN); /* no CQ data: no entry */
+	OK(fi_close(&tmr->fid));
+	rdm_pair_close(&p);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	free(target);
+}
+
 static void rdm_rma_section(void)
 {
 	struct fi_info *h = fi_allocinfo(), *info;
@@ -2075,6 +2158,7 @@ static void rdm_rma_section(void)
 	free(local);
 	free(reg);
 	free(ro);
+	rdm_rma_offset_events();
 	printf("ok rdm-rma\n");
 }
 
