@@ -580,6 +580,52 @@ fn a_datagram_longer_than_its_receive_is_truncated_with_olen(prefix: bool) {
     assert_eq!((e.op_context, e.len), (3, pre + 700));
 }
 
+/// Plain receives (the CQ reports them) and ones the endpoint places itself (a short one
+/// with its overflow sink) complete in posting order, each with its own length; the queue
+/// running dry across both kinds counts once.
+#[test]
+fn plain_and_short_receives_complete_in_order_and_a_dry_queue_counts_once() {
+    let Some(info) = dgram_info(false) else {
+        return;
+    };
+    let p = pair(&info, AvType::Table);
+    let rx = MemoryRegion::alloc(&p.domain, 16384, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 4096, Flags::SEND).unwrap();
+    let mtu = p.b.max_msg_size();
+    tx.write_at(0, &pattern(mtu, 9)).unwrap();
+    let (mut posted, mut completed) = (0, 0);
+    for round in 0..3u64 {
+        // plain, short, plain: three datagrams of 50, 300 and 20 bytes.
+        p.b.recv(&rx, 0, mtu, 100 * round + 1).unwrap();
+        p.b.recv(&rx, 4096, 100, 100 * round + 2).unwrap();
+        p.b.recv(&rx, 8192, mtu, 100 * round + 3).unwrap();
+        posted += 3;
+        for len in [50, 300, 20] {
+            p.a.send(&tx, 0, len, p.to_b, 7).unwrap();
+            assert_eq!(wait_one(&p.a_cq).op_context, 7);
+        }
+        let e = wait_one(&p.b_cq);
+        assert_eq!((e.op_context, e.len), (100 * round + 1, 50));
+        let e = wait_err(&p.b_cq);
+        assert_eq!(
+            (e.op_context, e.err, e.len, e.olen),
+            (100 * round + 2, errno::ETRUNC, 100, 200)
+        );
+        let e = wait_one(&p.b_cq);
+        assert_eq!((e.op_context, e.len), (100 * round + 3, 20));
+        completed += 3;
+        let mut got = [0u8; 20];
+        rx.read_at(8192, &mut got).unwrap();
+        assert_eq!(got[..], pattern(mtu, 9)[..20]);
+        assert_eq!(
+            p.b.rx_dry_events(),
+            round + 1,
+            "each round ends with nothing posted, once"
+        );
+    }
+    assert_eq!(posted, completed);
+}
+
 #[test]
 fn a_datagram_longer_than_its_receive_is_truncated_with_olen_without_a_prefix() {
     a_datagram_longer_than_its_receive_is_truncated_with_olen(false);

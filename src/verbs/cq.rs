@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Duration;
 
@@ -31,6 +31,7 @@ use crate::core::env;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{CqFormat, CqWaitCond, Flags, Threading, WaitObj};
 use crate::verbs::cntr::EpCounters;
+use crate::verbs::wr_id::Kind;
 use crate::verbs::{os_err, wr_id, Domain};
 
 /// `fi_cq_attr`.
@@ -177,6 +178,10 @@ pub struct CompletionQueue {
     /// Owners found by the key their work requests carry (RDM endpoints: one key for all
     /// their connections, so no lookup by queue pair). Few per CQ; keys are never reused.
     keyed: RwLock<Vec<(u32, Weak<dyn RecvOwner>)>>,
+    /// A datagram endpoint whose plain receives (`Kind::DgramPlain`) this CQ reports
+    /// without it, and how many it reported: the endpoint compares it with what it posted.
+    plain_ud: AtomicBool,
+    plain_ud_done: AtomicU64,
     /// Peer providers whose progress a read drives (fi_peer(3)); `has_peers` keeps the
     /// lock off the plain verbs path.
     /// Each with whether it needs every read (a peer provider's messages move only then).
@@ -495,6 +500,8 @@ impl CompletionQueue {
                 Threading::Domain | Threading::Completion
             ),
             keyed: RwLock::new(Vec::new()),
+            plain_ud: AtomicBool::new(false),
+            plain_ud_done: AtomicU64::new(0),
             peers: RwLock::new(Vec::new()),
             peer_list: RwLock::new(Arc::from(Vec::new())),
             peers_always: AtomicU32::new(0),
@@ -666,6 +673,11 @@ impl CompletionQueue {
                     }
                     None => continue,
                 }
+            } else if wr_id::is_kind(w.wr_id(), Kind::DgramPlain) {
+                match self.plain_ud_entry(w) {
+                    Some(e) => (e, FI_ADDR_NOTAVAIL),
+                    None => continue,
+                }
             } else if wr_id::is_suppressed(w.wr_id()) {
                 continue;
             } else {
@@ -697,6 +709,14 @@ impl CompletionQueue {
         for w in wcs {
             if wr_id::is_peer(w.wr_id()) {
                 peers = true;
+            } else if wr_id::is_kind(w.wr_id(), Kind::DgramPlain)
+                && w.status() == st::IBV_WC_SUCCESS
+            {
+                if let Some(e) = self.plain_ud_entry(w) {
+                    if let Err(e) = s.push_entry(e) {
+                        crate::fi_warn!("cq", "{e}");
+                    }
+                }
             } else if wr_id::is_owned(w.wr_id()) {
                 let r = match self.owned(w) {
                     Some(Owned::Entry(e, from)) => s.push_entry_from(e, from),
@@ -724,6 +744,37 @@ impl CompletionQueue {
             self.staged.store(s.pending(), Ordering::SeqCst);
         }
         self.stage(rest)
+    }
+
+    /// A plain datagram receive's entry (none when suppressed): the payload's length, after
+    /// the GRH slot. Counted for its endpoint's view of its receive queue.
+    #[inline]
+    fn plain_ud_entry(&self, w: &WorkCompletion) -> Option<CqEntry> {
+        self.plain_ud_done.fetch_add(1, Ordering::Relaxed);
+        if wr_id::is_suppressed(w.wr_id()) {
+            return None;
+        }
+        let mut e = to_entry(w);
+        e.len = e.len.saturating_sub(rfabric_sys::verbs::GRH_LEN);
+        Some(e)
+    }
+
+    /// A datagram endpoint asks to have its plain receives reported by the CQ (one per
+    /// CQ): true when granted, until [`Self::release_plain_ud`].
+    pub(crate) fn claim_plain_ud(&self) -> bool {
+        self.plain_ud
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    pub(crate) fn release_plain_ud(&self) {
+        self.plain_ud.store(false, Ordering::Release);
+    }
+
+    /// Plain datagram receives reported so far.
+    #[inline]
+    pub(crate) fn plain_ud_done(&self) -> u64 {
+        self.plain_ud_done.load(Ordering::Relaxed)
     }
 
     /// The entry for a completion whose endpoint places it (`wr_id::is_owned`).

@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rfabric_sys::cm::{CmId, McastGroup};
@@ -27,7 +27,7 @@ use crate::verbs::av::{UdName, DGRAM_QKEY};
 use crate::verbs::cq::{to_entry, to_err_entry, Owned, RecvOwner};
 use crate::verbs::ep_common::{
     check_domain, check_inject, check_recv_flags, check_sendmsg, cq_data, lock, post_error,
-    region_sge, send_imm, with_slices,
+    region_post_error, region_sge, send_imm, with_slices,
 };
 use crate::verbs::ep_common::{wanted_caps, CqBinding, SendBatch, Signalling};
 use crate::verbs::eq::{CmJoin, Owner};
@@ -72,7 +72,16 @@ pub struct DgramEndpoint {
     /// With `FI_SOURCE`: where each posted receive's GRH lands, in posting order.
     track: Mutex<GrhTrack>,
     /// Receives posted and not yet completed; reaching 0 means datagrams get dropped.
+    /// Plain receives (`Kind::DgramPlain`) count in `plain_posted` instead, against what
+    /// the CQ reported of them.
     outstanding: AtomicU32,
+    /// The receive CQ reports this endpoint's plain receives (it granted `claim_plain_ud`).
+    plain_cq: OnceLock<Arc<CompletionQueue>>,
+    plain_posted: AtomicU64,
+    /// The `plain_posted` of the last dry episode counted (`queue_was_dry`).
+    dry_mark: AtomicU64,
+    /// Registered with the receive CQ as the owner of its other receives (on first use).
+    owner_registered: AtomicBool,
     dry: AtomicU64,
     /// The endpoint's own handle, for the CQ to route completions to it.
     me: Weak<DgramEndpoint>,
@@ -84,7 +93,12 @@ impl Drop for DgramEndpoint {
     fn drop(&mut self) {
         let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
         if let (Some(cq), Some(qp)) = (&c.cqs.rx_cq, self.qp.get()) {
-            cq.unregister_owner(qp.qp_num());
+            if *self.owner_registered.get_mut() {
+                cq.unregister_owner(qp.qp_num());
+            }
+        }
+        if let Some(cq) = self.plain_cq.get() {
+            cq.release_plain_ud();
         }
     }
 }
@@ -133,6 +147,10 @@ impl DgramEndpoint {
             track_grh: source || info.caps.contains(Flags::MULTICAST),
             track: Mutex::default(),
             outstanding: AtomicU32::new(0),
+            plain_cq: OnceLock::new(),
+            plain_posted: AtomicU64::new(0),
+            dry_mark: AtomicU64::new(0),
+            owner_registered: AtomicBool::new(false),
             dry: AtomicU64::new(0),
             qp: OnceLock::new(),
             caps: OnceLock::new(),
@@ -321,8 +339,11 @@ impl DgramEndpoint {
         crate::fi_debug!("ep", "UD QP {} created: {:?}", qp.qp_num(), got);
         c.cqs.count_on(qp.qp_num());
         let _ = self.av.set(av);
-        let owner: Weak<dyn RecvOwner> = self.me.clone();
-        rx.register_owner(qp.qp_num(), owner);
+        // Plain receives are the CQ's to report (one such endpoint per CQ): until another
+        // kind is posted, the CQ reads them with no owner to find and no lock to order it.
+        if !self.prefix && !self.track_grh && rx.claim_plain_ud() {
+            let _ = self.plain_cq.set(rx.clone());
+        }
         let _ = self.qp.set(qp);
         let _ = self.caps.set(got);
         Ok(())
@@ -396,15 +417,60 @@ impl DgramEndpoint {
         dest: u64,
         context: u64,
     ) -> Result<()> {
-        self.sendmsg(
-            mr,
-            offset,
-            len,
-            dest,
-            context,
-            0,
-            self.info.tx_attr.op_flags,
-        )
+        let flags = self.info.tx_attr.op_flags;
+        // Nothing to apply but FI_COMPLETION, no prefix to skip, no chain to join: straight.
+        if (flags - Flags::COMPLETION).is_empty() && !self.prefix && !self.sends.is_open() {
+            return self.send_one(mr, offset, len, dest, context, None, flags);
+        }
+        self.sendmsg(mr, offset, len, dest, context, 0, flags)
+    }
+
+    /// One range posted at once (no `FI_MORE` chain): the whole of a plain send.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn send_one(
+        &self,
+        mr: &MemoryRegion,
+        off: usize,
+        len: usize,
+        dest: u64,
+        context: u64,
+        imm: Option<u32>,
+        flags: Flags,
+    ) -> Result<()> {
+        wr_id::check(context)?;
+        self.check_size(len)?;
+        check_domain(mr, &self.domain)?;
+        let qp = self.qp()?;
+        let (id, vflags) = self.send_slot(context, imm, flags);
+        self.to_peer(dest, |to| {
+            qp.post_ud_mr(id, mr.sys(), off, len, vflags, imm, to)
+        })?
+        .map_err(|e| region_post_error(e, mr, off, len, "send"))
+    }
+
+    /// `EMSGSIZE` past the datagram size.
+    #[inline]
+    fn check_size(&self, total: usize) -> Result<()> {
+        if total > self.max_msg_size {
+            return Err(Error::new(
+                errno::EMSGSIZE,
+                format!(
+                    "{total} bytes exceed the datagram size {} (the path MTU)",
+                    self.max_msg_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The work request id and verbs flags of a send (signalled as `flags` ask).
+    #[inline]
+    fn send_slot(&self, context: u64, imm: Option<u32>, flags: Flags) -> (u64, u32) {
+        let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
+        let kind = wr_id::send_kind(imm);
+        self.signalling
+            .send(wr_id::encode(context, kind, false), flags, depth)
     }
 
     /// `fi_senddata`: a send carrying 4 bytes of remote CQ data.
@@ -484,39 +550,21 @@ impl DgramEndpoint {
         data: u64,
         flags: Flags,
     ) -> Result<()> {
-        wr_id::check(context)?;
-        let total: usize = iov.iter().map(|v| v.2).sum();
-        if total > self.max_msg_size {
-            return Err(Error::new(
-                errno::EMSGSIZE,
-                format!(
-                    "{total} bytes exceed the datagram size {} (the path MTU)",
-                    self.max_msg_size
-                ),
-            ));
-        }
         let imm = send_imm(flags, data)?;
-        let kind = wr_id::send_kind(imm);
+        if let [(mr, off, len)] = iov {
+            if !flags.contains(Flags::MORE) && !self.sends.is_open() {
+                // One range, nothing chained: one element, posted straight away.
+                return self.send_one(mr, *off, *len, dest, context, imm, flags);
+            }
+        }
+        wr_id::check(context)?;
+        self.check_size(iov.iter().map(|v| v.2).sum())?;
         let qp = self.qp()?;
-        let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
-        let (id, vflags) = self
-            .signalling
-            .send(wr_id::encode(context, kind, false), flags, depth);
+        let (id, vflags) = self.send_slot(context, imm, flags);
         let cq = || lock(&self.ctl).cqs.tx_cq.clone();
         if let [(mr, off, len)] = iov {
             check_domain(mr, &self.domain)?;
-            let post_err = |e| match e {
-                libc::EINVAL => mr.range_error(*off, *len),
-                e => post_error(e, "send"),
-            };
-            if !flags.contains(Flags::MORE) && !self.sends.is_open() {
-                // One range, nothing chained: one element, posted straight away.
-                return self
-                    .to_peer(dest, |to| {
-                        qp.post_ud_mr(id, mr.sys(), *off, *len, vflags, imm, to)
-                    })?
-                    .map_err(post_err);
-            }
+            let post_err = |e| region_post_error(e, mr, *off, *len, "send");
             // An inject's buffer is free on return: it ends the batch.
             let more = flags.contains(Flags::MORE) && !flags.contains(Flags::INJECT);
             return self.to_peer(dest, |to| {
@@ -577,7 +625,36 @@ impl DgramEndpoint {
     /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`). In prefix
     /// mode the first 40 bytes receive the GRH and the length reported includes them.
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
-        self.recvmsg(mr, offset, len, context, self.info.rx_attr.op_flags)
+        let flags = self.info.rx_attr.op_flags;
+        // A plain receive (no prefix, no GRH kept for FI_SOURCE, room for any datagram):
+        // the provider's GRH slot and the range, posted straight.
+        if (flags - Flags::COMPLETION).is_empty()
+            && !self.prefix
+            && !self.track_grh
+            && len >= self.max_msg_size
+        {
+            if let (Some(grh), Some(cq)) = (self.grh.get(), self.plain_cq.get()) {
+                wr_id::check(context)?;
+                let qp = self.qp()?;
+                let suppressed = self.signalling.recv_suppressed(flags);
+                let id = wr_id::encode(context, Kind::DgramPlain, suppressed);
+                let sges = [
+                    grh.sys().sge(0, GRH_LEN).ok_or_else(not_enabled)?,
+                    region_sge(mr, &self.domain, offset, len)?,
+                ];
+                qp.post_recv(id, &sges)
+                    .map_err(|e| post_error(e, "receive"))?;
+                let before = self.plain_posted.fetch_add(1, Ordering::Relaxed);
+                if before != 0
+                    && before == cq.plain_ud_done()
+                    && self.outstanding.load(Ordering::Relaxed) == 0
+                {
+                    self.queue_was_dry(Some(before));
+                }
+                return Ok(());
+            }
+        }
+        self.recvmsg(mr, offset, len, context, flags)
     }
 
     /// `fi_recvmsg` with one range: `FI_COMPLETION` under selective completion, `FI_MORE`
@@ -623,6 +700,9 @@ impl DgramEndpoint {
     ) -> Result<()> {
         wr_id::check(context)?;
         let qp = self.qp()?;
+        if !self.owner_registered.load(Ordering::Acquire) {
+            self.register_owner(qp);
+        }
         let suppressed = self.signalling.recv_suppressed(flags);
         let first = iov
             .first()
@@ -699,8 +779,66 @@ impl DgramEndpoint {
         Ok(())
     }
 
+    /// Its receive CQ sends it the completions of the receives it places itself.
+    #[cold]
+    fn register_owner(&self, qp: &QpHandle) {
+        let c = lock(&self.ctl);
+        if self.owner_registered.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(rx) = &c.cqs.rx_cq {
+            let owner: Weak<dyn RecvOwner> = self.me.clone();
+            rx.register_owner(qp.qp_num(), owner);
+        }
+        self.owner_registered.store(true, Ordering::Release);
+    }
+
+    /// The receive queue went empty (datagrams arriving then were dropped): said once as a
+    /// warning, after that at `FI_LOG_LEVEL=info`. Seen by the CQ's count of plain
+    /// receives (`Some` of the `plain_posted` all were reported at: one episode, however
+    /// many times it is seen, counts once), or by the completion of the last other one.
+    #[cold]
+    fn queue_was_dry(&self, plain: Option<u64>) {
+        let mark = plain.unwrap_or_else(|| self.plain_posted.load(Ordering::Relaxed));
+        if self.dry_mark.swap(mark, Ordering::AcqRel) == mark && plain.is_some() {
+            return;
+        }
+        let n = self.dry.fetch_add(1, Ordering::Relaxed);
+        let msg = format!(
+            "UD QP {}: no receive was posted for a while; datagrams arriving then were dropped (post receives sooner, or more of them)",
+            self.qp().map_or(0, |q| q.qp_num())
+        );
+        if n == 0 {
+            crate::fi_warn!("ep", "{msg}");
+        } else {
+            crate::fi_info!("ep", "{msg}");
+        }
+    }
+
+    /// Plain receives posted and not yet reported by the CQ.
+    #[inline]
+    fn plain_outstanding(&self) -> u64 {
+        match self.plain_cq.get() {
+            Some(cq) => self
+                .plain_posted
+                .load(Ordering::Relaxed)
+                .saturating_sub(cq.plain_ud_done()),
+            None => 0,
+        }
+    }
+
     /// How many times the receive queue ran dry (datagrams arriving then were dropped).
     pub fn rx_dry_events(&self) -> u64 {
+        // Plain receives are seen dry here or at the next post, whichever comes first.
+        if let Some(cq) = self.plain_cq.get() {
+            let posted = self.plain_posted.load(Ordering::Relaxed);
+            if posted != 0
+                && posted == cq.plain_ud_done()
+                && self.outstanding.load(Ordering::Relaxed) == 0
+            {
+                self.queue_was_dry(Some(posted));
+            }
+        }
         self.dry.load(Ordering::Relaxed)
     }
 
@@ -767,18 +905,11 @@ fn to_a_group(grh: &[u8; GRH_LEN]) -> bool {
 
 impl RecvOwner for DgramEndpoint {
     fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned> {
-        if self.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 && wc.status() == st::IBV_WC_SUCCESS
+        if self.outstanding.fetch_sub(1, Ordering::AcqRel) == 1
+            && wc.status() == st::IBV_WC_SUCCESS
+            && self.plain_outstanding() == 0
         {
-            let n = self.dry.fetch_add(1, Ordering::Relaxed);
-            let msg = format!(
-                "UD QP {}: no receive is posted any more; datagrams arriving now are dropped (post receives sooner, or more of them)",
-                wc.qp_num()
-            );
-            if n == 0 {
-                crate::fi_warn!("ep", "{msg}");
-            } else {
-                crate::fi_info!("ep", "{msg}");
-            }
+            self.queue_was_dry(None);
         }
         let grh = if self.track_grh {
             self.take_grh()

@@ -46,6 +46,9 @@ pub(crate) enum Kind {
     Write = 11,
     /// An RDMA read (`fi_read`).
     Read = 12,
+    /// A datagram receive the CQ reports itself: the whole MTU after the provider's GRH
+    /// slot, no source to find (the endpoint's only UD receives on its CQ, `claim_plain_ud`).
+    DgramPlain = 13,
 }
 
 /// The kind of a send: with remote CQ data (immediate data) or without.
@@ -150,7 +153,10 @@ pub(crate) fn flags(wr_id: u64) -> Flags {
         k if k == Kind::Write as u64 => Flags::RMA | Flags::WRITE,
         k if k == Kind::Read as u64 => Flags::RMA | Flags::READ,
         k if k == Kind::MultiRecv as u64 => Flags::MSG | Flags::RECV | Flags::MULTI_RECV,
-        k if k == Kind::DgramRecv as u64 || k == Kind::DgramShort as u64 => {
+        k if k == Kind::DgramRecv as u64
+            || k == Kind::DgramShort as u64
+            || k == Kind::DgramPlain as u64 =>
+        {
             Flags::MSG | Flags::RECV
         }
         _ => Flags::empty(),
