@@ -238,6 +238,19 @@ const IS_PEER: u8 = 4;
 impl Header {
     pub const LEN: usize = 32;
 
+    /// A header with nothing but its operation (a notice with no tag, data or body).
+    pub fn bare(op: Op) -> Header {
+        Header {
+            op,
+            tag: 0,
+            data: None,
+            len: 0,
+            ack: None,
+            total: 0,
+            peer: false,
+        }
+    }
+
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         b[0] = HDR_MAGIC;
@@ -490,15 +503,7 @@ mod tests {
         assert_eq!(Header::decode(&b, Header::LEN + 100).unwrap(), h);
         assert!(Header::decode(&b, Header::LEN + 99).is_err());
         assert!(Header::decode(&b[..10], 10).is_err());
-        let u = Header {
-            op: Op::Msg,
-            tag: 0,
-            data: None,
-            len: 0,
-            ack: None,
-            total: 0,
-            peer: false,
-        };
+        let u = Header::bare(Op::Msg);
         assert_eq!(Header::decode(&u.encode(), Header::LEN).unwrap(), u);
         let mut bad = u.encode();
         bad[1] = 11; // no such operation

@@ -276,9 +276,9 @@ struct TxMeta {
     peer: bool,
     /// An RDMA write or read (its work request is `Inner::tx_rma`'s entry), not a message.
     rma: bool,
-    /// A part of an RMA operation: the slot of its last work request, which reports the
-    /// operation (and the part's failure, below).
-    last: Option<u32>,
+    /// A part of an RMA operation: one more than the slot of its last work request, which
+    /// reports the operation (and the part's failure, below); 0 otherwise.
+    last: u32,
     /// The last work request's: how an earlier part failed (a work completion status; 0
     /// for none). The parts after it are flushed, so it, not the flush, is the cause.
     failed: u32,
@@ -1303,7 +1303,7 @@ impl RdmEndpoint {
             seq: 0,
             peer: self.peer,
             rma: false,
-            last: None,
+            last: 0,
             failed: 0,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
@@ -1448,7 +1448,7 @@ impl RdmEndpoint {
 
     /// Sends the staged send buffers `slots` to `peer`, in order: posted on its connection,
     /// queued while one is being made, or queued behind a connection this starts.
-    #[inline]
+    #[inline(always)]
     fn dispatch(
         &self,
         en: &Enabled,
@@ -2607,13 +2607,8 @@ fn queue_fin(en: &Enabled, g: &mut Inner, c: u32, fin: Fin) {
     };
     let off = slot as usize * en.slot;
     let hdr = Header {
-        op: Op::Fin,
-        tag: 0,
-        data: None,
         len: Fin::LEN as u32,
-        ack: None,
-        total: 0,
-        peer: false,
+        ..Header::bare(Op::Fin)
     };
     g.tx[slot as usize] = TxMeta {
         quiet: true,
@@ -2660,7 +2655,7 @@ fn write_out(cq: &CompletionQueue, c: Option<Option<Done>>) {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn to_owned(c: Option<Done>) -> Option<Owned> {
     match c? {
         Ok((e, from)) => Some(Owned::Entry(e, from)),
@@ -2991,8 +2986,8 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
         if let Some(conn) = open_conn_mut(&mut g, m.conn).filter(|c| !c.down) {
             conn.ep.disconnect();
         }
-        if let Some(last) = m.last {
-            g.tx[last as usize].failed = status;
+        if m.last != 0 {
+            g.tx[m.last as usize - 1].failed = status;
         }
     }
     let gone = conn_done(&mut g, m.conn);

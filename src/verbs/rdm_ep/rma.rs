@@ -324,16 +324,7 @@ impl RdmEndpoint {
         };
         if pieces.notice {
             // The target serves the read before it takes the next message on the connection.
-            let hdr = Header {
-                op: Op::ReadEvent,
-                tag: 0,
-                data: None,
-                len: 0,
-                ack: None,
-                total: 0,
-                peer: false,
-            };
-            pieces = pieces.stage_notice(&hdr, user)?;
+            pieces = pieces.stage_notice(&Header::bare(Op::ReadEvent), user)?;
         }
         pieces.finish(user, flags)
     }
@@ -419,13 +410,9 @@ impl RdmEndpoint {
             // The data follows the write on the same connection, which delivers it after
             // the write's bytes are in place.
             let hdr = Header {
-                op: Op::WriteData,
                 tag: total as u64,
                 data,
-                len: 0,
-                ack: None,
-                total: 0,
-                peer: false,
+                ..Header::bare(Op::WriteData)
             };
             pieces = pieces.stage_notice(&hdr, user)?;
         }
@@ -646,7 +633,7 @@ impl<'a, 'e> Pieces<'a, 'e> {
             ..user
         };
         for &s in &self.slots[..n - 1] {
-            self.g.tx[s as usize].last = Some(last as u32);
+            self.g.tx[s as usize].last = last as u32 + 1;
         }
         if flags.contains(Flags::FENCE) {
             let first = self.slots[0] as usize;
