@@ -580,6 +580,48 @@ fn a_datagram_longer_than_its_receive_is_truncated_with_olen(prefix: bool) {
     assert_eq!((e.op_context, e.len), (3, pre + 700));
 }
 
+/// A CQ reports the plain receives of one endpoint at a time: the next endpoint bound to it
+/// after the first closed counts its own (its queue running dry is seen, once).
+#[test]
+fn a_cq_counts_plain_receives_afresh_for_the_next_endpoint() {
+    let Some(info) = dgram_info(false) else {
+        return;
+    };
+    let p = pair(&info, AvType::Table);
+    let rx = MemoryRegion::alloc(&p.domain, 4096, Flags::RECV).unwrap();
+    let tx = MemoryRegion::alloc(&p.domain, 4096, Flags::SEND).unwrap();
+    let mtu = p.b.max_msg_size();
+    for i in 0..3 {
+        p.b.recv(&rx, 0, mtu, i).unwrap();
+        p.a.send(&tx, 0, 8, p.to_b, 0).unwrap();
+        assert_eq!(wait_one(&p.b_cq).op_context, i);
+    }
+    let Pair {
+        domain,
+        av,
+        a,
+        b,
+        b_cq,
+        ..
+    } = p;
+    drop(b);
+    let c = DgramEndpoint::open(&domain, &info).unwrap();
+    c.bind_cq(&b_cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    c.bind_av(&av).unwrap();
+    c.enable().unwrap();
+    let to_c = av.insert(&c.getname().unwrap().to_bytes()).unwrap();
+    assert_eq!(c.rx_dry_events(), 0);
+    c.recv(&rx, 0, mtu, 7).unwrap();
+    a.send(&tx, 0, 8, to_c, 0).unwrap();
+    let e = wait_one(&b_cq);
+    assert_eq!((e.op_context, e.len), (7, 8));
+    assert_eq!(
+        c.rx_dry_events(),
+        1,
+        "its one receive is used: its queue is dry"
+    );
+}
+
 /// Plain receives (the CQ reports them) and ones the endpoint places itself (a short one
 /// with its overflow sink) complete in posting order, each with its own length; the queue
 /// running dry across both kinds counts once.

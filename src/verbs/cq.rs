@@ -762,9 +762,15 @@ impl CompletionQueue {
     /// A datagram endpoint asks to have its plain receives reported by the CQ (one per
     /// CQ): true when granted, until [`Self::release_plain_ud`].
     pub(crate) fn claim_plain_ud(&self) -> bool {
-        self.plain_ud
+        let granted = self
+            .plain_ud
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if granted {
+            // Counted afresh for the new endpoint, whose count of posts starts at 0.
+            self.plain_ud_done.store(0, Ordering::Relaxed);
+        }
+        granted
     }
 
     pub(crate) fn release_plain_ud(&self) {
