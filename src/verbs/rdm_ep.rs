@@ -276,12 +276,6 @@ struct TxMeta {
     peer: bool,
     /// An RDMA write or read (its work request is `Inner::tx_rma`'s entry), not a message.
     rma: bool,
-    /// A part of an RMA operation: one more than the slot of its last work request, which
-    /// reports the operation (and the part's failure, below); 0 otherwise.
-    last: u32,
-    /// The last work request's: how an earlier part failed (a work completion status; 0
-    /// for none). The parts after it are flushed, so it, not the flush, is the cause.
-    failed: u32,
 }
 
 /// Quiet sends (no completion wanted) left unsignalled per connection, at most: the next is
@@ -507,6 +501,10 @@ struct Inner {
     tx: Vec<TxMeta>,
     /// The RDMA work request of each send buffer carrying one (`TxMeta::rma`).
     tx_rma: Vec<Option<rma::RmaPiece>>,
+    /// By the send buffer of an operation's last work request: how an earlier part of it
+    /// failed (a work completion status; 0 for none). The parts after that one are flushed,
+    /// so it, not the flush, is the operation's error.
+    tx_failed: Vec<u32>,
     rx: Vec<RxMeta>,
     sends: Slab<RndvSend>,
     reads: Slab<RndvRead>,
@@ -947,6 +945,7 @@ impl RdmEndpoint {
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     tx_rma: (0..tx_n).map(|_| None).collect(),
+                    tx_failed: vec![0; tx_n],
                     rx: vec![RxMeta::default(); rx_n],
                 }),
                 pep,
@@ -1303,8 +1302,6 @@ impl RdmEndpoint {
             seq: 0,
             peer: self.peer,
             rma: false,
-            last: 0,
-            failed: 0,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
         // the receiver once matched. A region that already grants remote read needs no
@@ -2103,6 +2100,7 @@ fn post_bounce(en: &Enabled, i: u32) -> Result<()> {
 /// application's buffer).
 fn release_tx(g: &mut Inner, slot: u32) -> (Option<RndvSend>, Option<rma::RmaPiece>) {
     g.tx_free.push(slot);
+    g.tx_failed[slot as usize] = 0; // a part's failure for a last request never posted
     let piece = if std::mem::take(&mut g.tx[slot as usize].rma) {
         g.tx_rma[slot as usize].take()
     } else {
@@ -2968,6 +2966,11 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
         true => rma::land(en, &mut g, id),
         false => status,
     };
+    // Flushed after an earlier part of the operation failed: that is its error.
+    let status = match std::mem::take(&mut g.tx_failed[id as usize]) {
+        0 => status,
+        cause => cause,
+    };
     let ok = status == sv::wc_status::IBV_WC_SUCCESS;
     // An announcement's send waits for the receiver's notice; a failed one fails it.
     let held = if ok {
@@ -2986,8 +2989,8 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
         if let Some(conn) = open_conn_mut(&mut g, m.conn).filter(|c| !c.down) {
             conn.ep.disconnect();
         }
-        if m.last != 0 {
-            g.tx[m.last as usize - 1].failed = status;
+        if let Some(last) = held.1.as_ref().and_then(rma::RmaPiece::last) {
+            g.tx_failed[last as usize] = status;
         }
     }
     let gone = conn_done(&mut g, m.conn);
@@ -2997,10 +3000,6 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
     if m.part {
         return None;
     }
-    let status = match m.failed {
-        0 => status,
-        cause => cause, // flushed after an earlier part of the operation failed
-    };
     let ok = status == sv::wc_status::IBV_WC_SUCCESS;
     // Done unless it waits for the receiver's notice (rendezvous, delivery complete).
     if !m.peer && (!ok || m.rndv == NONE) {

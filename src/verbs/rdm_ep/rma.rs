@@ -31,6 +31,16 @@ pub(super) struct RmaPiece {
     land: Option<RecvBuf>,
     /// Keeps the application's memory registered while the device uses it.
     _hold: Option<Arc<Exposed>>,
+    /// A part before the operation's last work request: one more than that one's send
+    /// buffer, which reports the operation (and this part's failure); 0 for the last.
+    last: u32,
+}
+
+impl RmaPiece {
+    /// The send buffer of the operation's last work request, when this is an earlier part.
+    pub(super) fn last(&self) -> Option<u32> {
+        self.last.checked_sub(1)
+    }
 }
 
 /// What the work request moves (copied out of the lock's reach to post it).
@@ -582,6 +592,7 @@ impl<'a, 'e> Pieces<'a, 'e> {
             },
             land,
             _hold: hold,
+            last: 0,
         });
         self.n += 1;
     }
@@ -633,7 +644,9 @@ impl<'a, 'e> Pieces<'a, 'e> {
             ..user
         };
         for &s in &self.slots[..n - 1] {
-            self.g.tx[s as usize].last = last as u32 + 1;
+            if let Some(p) = self.g.tx_rma[s as usize].as_mut() {
+                p.last = last as u32 + 1;
+            }
         }
         if flags.contains(Flags::FENCE) {
             let first = self.slots[0] as usize;
