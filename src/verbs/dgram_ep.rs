@@ -626,13 +626,9 @@ impl DgramEndpoint {
     /// mode the first 40 bytes receive the GRH and the length reported includes them.
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
         let flags = self.info.rx_attr.op_flags;
-        // A plain receive (no prefix, no GRH kept for FI_SOURCE, room for any datagram):
-        // the provider's GRH slot and the range, posted straight.
-        if (flags - Flags::COMPLETION).is_empty()
-            && !self.prefix
-            && !self.track_grh
-            && len >= self.max_msg_size
-        {
+        // A plain receive (room for any datagram, on an endpoint whose CQ reports them: no
+        // prefix, no GRH kept for FI_SOURCE): the provider's GRH slot and the range, straight.
+        if (flags - Flags::COMPLETION).is_empty() && len >= self.max_msg_size {
             if let (Some(grh), Some(cq)) = (self.grh.get(), self.plain_cq.get()) {
                 wr_id::check(context)?;
                 let qp = self.qp()?;

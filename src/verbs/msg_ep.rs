@@ -1059,7 +1059,8 @@ impl MsgEndpoint {
         if !self.plain_rma(flags) {
             return self.writemsg(&[(mr, offset, len)], &rma, context, 0, flags);
         }
-        let (rkey, id, vflags, qp) = self.plain_rma_prepare(mr, &rma, Kind::Write, context)?;
+        self.check_mr(mr)?;
+        let (rkey, id, vflags, qp) = self.rma_checked(len, &rma, Kind::Write, context, flags)?;
         qp.post_write_mr(id, mr.sys(), offset, len, addr, rkey, vflags)
             .map_err(|e| region_post_error(e, mr, offset, len, "write"))
     }
@@ -1069,31 +1070,6 @@ impl MsgEndpoint {
     #[inline(always)]
     fn plain_rma(&self, flags: Flags) -> bool {
         (flags - Flags::COMPLETION).is_empty() && !self.shared.sends.is_open()
-    }
-
-    /// `rma_prepare` for a plain one-region call (`plain_rma`): the same checks, with the
-    /// region's domain checked and no chain to ring.
-    #[inline(always)]
-    fn plain_rma_prepare(
-        &self,
-        mr: &MemoryRegion,
-        rma: &RmaIov,
-        kind: Kind,
-        context: u64,
-    ) -> Result<(u32, u64, u32, &QpHandle)> {
-        self.check_mr(mr)?;
-        let rkey = rma.check(rma.len)?;
-        self.check_cap(if kind == Kind::Read {
-            Flags::READ
-        } else {
-            Flags::WRITE
-        })?;
-        self.check_len(rma.len)?;
-        wr_id::check(context)?;
-        let qp = self.qp()?;
-        let flags = self.shared.info.tx_attr.op_flags;
-        let (id, vflags) = self.signalling(wr_id::encode(context, kind, false) | self.peer, flags);
-        Ok((rkey, id, vflags, qp))
     }
 
     /// `fi_writedata`: a write whose 4 bytes of `data` complete a receive at the peer with
@@ -1178,7 +1154,8 @@ impl MsgEndpoint {
         if !self.plain_rma(flags) {
             return self.readmsg(&[(mr, offset, len)], &rma, context, flags);
         }
-        let (rkey, id, vflags, qp) = self.plain_rma_prepare(mr, &rma, Kind::Read, context)?;
+        self.check_mr(mr)?;
+        let (rkey, id, vflags, qp) = self.rma_checked(len, &rma, Kind::Read, context, flags)?;
         let sge = mr
             .sys()
             .sge(offset, len)
@@ -1226,6 +1203,25 @@ impl MsgEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<(u32, u64, u32, &QpHandle)> {
+        let (rkey, id, mut vflags, qp) = self.rma_checked(total, rma, kind, context, flags)?;
+        if flags.contains(Flags::FENCE) {
+            vflags |= send_flags::FENCE;
+        }
+        self.ring_sends(qp)?;
+        Ok((rkey, id, vflags, qp))
+    }
+
+    /// The checks of every RMA call, and its work request id and verbs flags: all a plain
+    /// one-region call (`plain_rma`: no fence, no chain) needs.
+    #[inline(always)]
+    fn rma_checked(
+        &self,
+        total: usize,
+        rma: &RmaIov,
+        kind: Kind,
+        context: u64,
+        flags: Flags,
+    ) -> Result<(u32, u64, u32, &QpHandle)> {
         let rkey = rma.check(total)?;
         self.check_cap(if kind == Kind::Read {
             Flags::READ
@@ -1234,13 +1230,8 @@ impl MsgEndpoint {
         })?;
         self.check_len(total)?;
         wr_id::check(context)?;
-        let (id, mut vflags) =
-            self.signalling(wr_id::encode(context, kind, false) | self.peer, flags);
-        if flags.contains(Flags::FENCE) {
-            vflags |= send_flags::FENCE;
-        }
         let qp = self.qp()?;
-        self.ring_sends(qp)?;
+        let (id, vflags) = self.signalling(wr_id::encode(context, kind, false) | self.peer, flags);
         Ok((rkey, id, vflags, qp))
     }
 
