@@ -5,19 +5,25 @@ provider, or any lib*-rdmav*), and the rest. Used by compare-guest --instruction
 
     python3 scripts/callgrind_split.py FILE [TOOL_CRATE]
 
-Cross-crate inlining can move a little of rverbs into the tool's functions and back; the
-split is by symbol, as callgrind sees it."""
+Cross-crate inlining moves rverbs code into the tool's functions: cost whose source line
+(callgrind's fi=/fe= records, from the debug info) is in an rfabric source file counts as
+rverbs' own even inside a tool function, so inlining cannot hide provider work in the tool."""
 import re, subprocess, sys
 from collections import defaultdict
 
 DEVICE = re.compile(r"libibverbs|rdmav|librxe|libmlx|libefa")
 LIBC = re.compile(r"libc\.so|libc-|ld-linux|libpthread|libgcc")
+# rfabric's own sources (the library and sys/), not the tools under src/bin.
+RFABRIC_SRC = re.compile(r"/(src/(verbs|core|capi)/|src/lib\.rs|src/verbs\.rs|sys/src/)")
 
 
 def parse(path):
-    """Returns (self cost by (object, function), inclusive call costs by (caller, callee))."""
-    names = {"ob": {}, "fn": {}}
+    """Returns (self cost by (object, function), inclusive call costs by (caller, callee),
+    self cost from rfabric source lines by function)."""
+    names = {"ob": {}, "fn": {}, "fl": {}}
     selfc = defaultdict(int)
+    ours = defaultdict(int)
+    fl_file = cur_file = ""
     calls = defaultdict(int)
     ob = fn = None
     cob = cfn = None
@@ -40,8 +46,15 @@ def parse(path):
                 positions = len(line.split()) - 1
             elif line.startswith("ob="):
                 ob = name("ob", line[3:])
+            elif line.startswith("fl="):
+                fl_file = cur_file = name("fl", line[3:])
+            elif line.startswith(("fi=", "fe=")):
+                cur_file = name("fl", line[3:])
+            elif line.startswith(("cfi=", "cfl=")):
+                name("fl", line[4:])  # a callee's file: only its name is defined here
             elif line.startswith("fn="):
                 fn = (ob, name("fn", line[3:]))
+                cur_file = fl_file
                 cob = None
             elif line.startswith("cob="):
                 cob = name("ob", line[4:])
@@ -58,7 +71,9 @@ def parse(path):
                     cob = None
                 else:
                     selfc[fn] += cost
-    return selfc, calls
+                    if RFABRIC_SRC.search(cur_file or ""):
+                        ours[fn] += cost
+    return selfc, calls, ours
 
 
 def demangle(syms):
@@ -76,7 +91,7 @@ def demangle(syms):
 
 
 def split(path, tool):
-    selfc, calls = parse(path)
+    selfc, calls, ours = parse(path)
     syms = sorted({f for (_, f) in selfc} | {f for (_, (_, f)) in calls})
     dm = demangle(syms)
 
@@ -96,6 +111,13 @@ def split(path, tool):
     out = defaultdict(int)
     for k, c in selfc.items():
         out[who(k)] += c
+    # rverbs inlined into the tool's functions is rverbs'.
+    moved = defaultdict(int)
+    for k, c in ours.items():
+        if who(k) == "tool":
+            out["tool"] -= c
+            out["rverbs"] += c
+            moved[dm.get(k[1], k[1])] += c
     # libc called by rverbs or by the tool is theirs (memcpy, memset, locks).
     for (caller, callee), c in calls.items():
         a, b = who(caller), who(callee)
@@ -106,6 +128,8 @@ def split(path, tool):
     for k, c in selfc.items():
         if who(k) == "rverbs":
             by_fn[dm.get(k[1], k[1])] += c
+    for n, c in moved.items():
+        by_fn["(inlined) " + n] += c
     return dict(out), by_fn
 
 

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Duration;
 
@@ -51,6 +51,16 @@ pub struct CqAttr {
 pub const UNSPEC_FORMAT: CqFormat = CqFormat::Tagged;
 
 const POLL_BATCH: usize = 16;
+
+/// What a read of a CQ must look at besides the device (`CompletionQueue::features`).
+mod feature {
+    /// Peer providers or RDM endpoints to drive.
+    pub(super) const PEERS: u8 = 1;
+    /// Endpoints that place some completions themselves (`register_owner`).
+    pub(super) const OWNERS: u8 = 2;
+    /// Counters to count completions into.
+    pub(super) const COUNTERS: u8 = 4;
+}
 
 /// Device entries of a CQ no endpoint is bound to yet.
 const IDLE_DEPTH: usize = 64;
@@ -170,7 +180,7 @@ pub struct CompletionQueue {
     /// buffers): while any is registered, a poll and the owners' reading of what it polled
     /// are one step under `ordered`, so that two threads reading this CQ cannot take each
     /// other's place in an owner's queue. Without owners the read path takes no lock.
-    has_owners: AtomicBool,
+    /// (`feature::OWNERS`.)
     ordered: Mutex<()>,
     /// The domain's threading serialises reads of this CQ (`FI_THREAD_DOMAIN`,
     /// `FI_THREAD_COMPLETION`): `ordered` has nobody to keep apart.
@@ -182,13 +192,12 @@ pub struct CompletionQueue {
     /// without it, and how many it reported: the endpoint compares it with what it posted.
     plain_ud: AtomicBool,
     plain_ud_done: AtomicU64,
-    /// Peer providers whose progress a read drives (fi_peer(3)); `has_peers` keeps the
-    /// lock off the plain verbs path.
+    /// Peer providers whose progress a read drives (fi_peer(3)); `feature::PEERS` keeps
+    /// the lock off the plain verbs path.
     /// Each with whether it needs every read (a peer provider's messages move only then).
     peers: RwLock<Vec<(Weak<dyn PeerProgress>, bool)>>,
     /// The same, as one shared list that a read clones (one count) instead of copying.
     peer_list: RwLock<Arc<[Weak<dyn PeerProgress>]>>,
-    has_peers: AtomicBool,
     /// Peers that need every read; requests for every read from the others (an RDM
     /// endpoint setting up a connection); reads since the last call otherwise.
     peers_always: AtomicU32,
@@ -202,9 +211,13 @@ pub struct CompletionQueue {
     /// Where the completions of peers' transfers go, by queue pair number.
     transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
     /// The counters of endpoints that bound some, by queue pair number: each polled
-    /// completion of theirs counts there. `has_counters` keeps the lock off other reads.
+    /// completion of theirs counts there. `feature::COUNTERS` keeps the lock off other reads.
     counters: RwLock<HashMap<u32, Arc<EpCounters>, QpnHash>>,
-    has_counters: AtomicBool,
+    /// What a read must look at besides the device (`feature`), each bit changed under the
+    /// lock of what it stands for; `read_plain` runs while none in `plain_mask` is set.
+    features: AtomicU8,
+    /// The features that keep reads off `read_plain`: owners only where readers can race.
+    plain_mask: u8,
     _domain: Arc<Domain>,
 }
 
@@ -312,6 +325,8 @@ pub(crate) fn status_errno(status: u32) -> i32 {
 /// Completion flags for a successful work completion.
 #[inline]
 fn wc_flags(wc: &WorkCompletion) -> Flags {
+    // Only a receive's immediate data is the peer's CQ data: rxe also marks an initiator's
+    // send or write with immediate data.
     match wc.opcode() {
         op::IBV_WC_SEND => Flags::MSG | Flags::SEND,
         op::IBV_WC_RECV if wc.imm_data().is_some() => {
@@ -341,6 +356,14 @@ pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
         data: u64::from(wc.imm_data().unwrap_or(0)),
         tag: 0,
     }
+}
+
+/// A plain datagram receive's entry: the payload's length, after the GRH slot.
+#[inline]
+fn plain_ud_entry(w: &WorkCompletion) -> CqEntry {
+    let mut e = to_entry(w);
+    e.len = e.len.saturating_sub(rfabric_sys::verbs::GRH_LEN);
+    e
 }
 
 /// Translates a failed work completion into an error entry.
@@ -480,6 +503,10 @@ impl CompletionQueue {
         if attr.format == CqFormat::Unspec {
             attr.format = UNSPEC_FORMAT;
         }
+        let serial = matches!(
+            domain.info().domain_attr.threading,
+            Threading::Domain | Threading::Completion
+        );
         Ok(Arc::new(CompletionQueue {
             cq,
             staged: AtomicUsize::new(0),
@@ -493,12 +520,8 @@ impl CompletionQueue {
             attr,
             max_cqe,
             owners: RwLock::new(HashMap::default()),
-            has_owners: AtomicBool::new(false),
             ordered: Mutex::new(()),
-            serial: matches!(
-                domain.info().domain_attr.threading,
-                Threading::Domain | Threading::Completion
-            ),
+            serial,
             keyed: RwLock::new(Vec::new()),
             plain_ud: AtomicBool::new(false),
             plain_ud_done: AtomicU64::new(0),
@@ -509,10 +532,14 @@ impl CompletionQueue {
             peer_tick: AtomicU32::new(0),
             peers_total: AtomicU32::new(0),
             peer_fds: AtomicU32::new(0),
-            has_peers: AtomicBool::new(false),
             transfers: RwLock::new(Vec::new()),
             counters: RwLock::new(HashMap::default()),
-            has_counters: AtomicBool::new(false),
+            features: AtomicU8::new(0),
+            plain_mask: if serial {
+                feature::PEERS | feature::COUNTERS
+            } else {
+                feature::PEERS | feature::COUNTERS | feature::OWNERS
+            },
             _domain: domain.clone(),
         }))
     }
@@ -525,6 +552,20 @@ impl CompletionQueue {
     /// Entries the device queue holds now (grows as endpoints are bound).
     pub fn capacity(&self) -> usize {
         self.cq.capacity() as usize
+    }
+
+    #[inline(always)]
+    fn has(&self, f: u8) -> bool {
+        self.features.load(Ordering::Acquire) & f != 0
+    }
+
+    /// Sets or clears feature `f`; the caller holds the lock of what `f` stands for.
+    fn set(&self, f: u8, on: bool) {
+        if on {
+            self.features.fetch_or(f, Ordering::SeqCst);
+        } else {
+            self.features.fetch_and(!f, Ordering::SeqCst);
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, CqState> {
@@ -553,6 +594,69 @@ impl CompletionQueue {
     #[inline]
     pub fn read<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         self.check_format::<E>()?;
+        if self.features.load(Ordering::Acquire) & self.plain_mask == 0
+            && self.staged.load(Ordering::Acquire) == 0
+            && !out.is_empty()
+        {
+            return self.read_plain(out);
+        }
+        self.read_impl(out, None)
+    }
+
+    /// A read with nothing but the device to look at (no peers, counters, racing owners
+    /// or staged entries): completions the CQ translates itself go straight to `out`;
+    /// the first that needs more (an error, an owner's, a suppressed one) hands the rest
+    /// of the poll to [`Self::translate`].
+    #[inline]
+    fn read_plain<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
+        let mut batch = WcBatch::<POLL_BATCH>::new();
+        let wcs = self
+            .cq
+            .poll_batch(&mut batch, out.len())
+            .map_err(os_err("ibv_poll_cq"))?;
+        let mut n = 0;
+        for (i, w) in wcs.iter().enumerate() {
+            let id = w.wr_id();
+            let e = if w.status() != st::IBV_WC_SUCCESS {
+                return self.read_plain_rest(wcs, i, out, n);
+            } else if wr_id::is_plain(id) {
+                to_entry(w)
+            } else if wr_id::is_bare(id, Kind::DgramPlain) {
+                self.plain_ud_done.fetch_add(1, Ordering::Relaxed);
+                plain_ud_entry(w)
+            } else {
+                return self.read_plain_rest(wcs, i, out, n);
+            };
+            out[n] = E::from_tagged(&e);
+            n += 1;
+        }
+        if n > 0 {
+            Ok(n)
+        } else {
+            Err(Error::new(errno::EAGAIN, "no completion"))
+        }
+    }
+
+    /// The rest of a plain read's poll from `wcs[i]` on, `n` entries already written.
+    #[cold]
+    #[inline(never)]
+    fn read_plain_rest<E: FormatEntry>(
+        &self,
+        wcs: &[WorkCompletion],
+        i: usize,
+        out: &mut [E],
+        n: usize,
+    ) -> Result<usize> {
+        let order = self.order();
+        let (m, peers) = self.translate(&wcs[i..], &mut out[n..], None);
+        drop(order);
+        if peers {
+            self.to_peers(&wcs[i..]);
+        }
+        if n + m > 0 {
+            return Ok(n + m);
+        }
+        // Only suppressed or staged completions: the general read goes on from here.
         self.read_impl(out, None)
     }
 
@@ -569,13 +673,15 @@ impl CompletionQueue {
         self.read_impl(out, Some(src))
     }
 
-    #[inline]
+    /// The general read: peers, staged entries, owners, counters. Kept out of line so that
+    /// `read`'s plain path carries none of its registers or stack.
+    #[inline(never)]
     fn read_impl<E: FormatEntry>(
         &self,
         out: &mut [E],
         mut src: Option<&mut [u64]>,
     ) -> Result<usize> {
-        if self.has_peers.load(Ordering::Relaxed) && self.peers_due() {
+        if self.has(feature::PEERS) && self.peers_due() {
             self.progress_peers();
         }
         if self.staged.load(Ordering::Acquire) != 0 {
@@ -631,7 +737,7 @@ impl CompletionQueue {
             .cq
             .poll_batch(&mut batch, out.len())
             .map_err(os_err("ibv_poll_cq"))?;
-        if self.has_counters.load(Ordering::Relaxed) {
+        if self.has(feature::COUNTERS) {
             self.count(wcs);
         }
         let (n, peers) = self.translate(wcs, out, src);
@@ -754,9 +860,7 @@ impl CompletionQueue {
         if wr_id::is_suppressed(w.wr_id()) {
             return None;
         }
-        let mut e = to_entry(w);
-        e.len = e.len.saturating_sub(rfabric_sys::verbs::GRH_LEN);
-        Some(e)
+        Some(plain_ud_entry(w))
     }
 
     /// A datagram endpoint asks to have its plain receives reported by the CQ (one per
@@ -876,7 +980,7 @@ impl CompletionQueue {
         let always = v.iter().filter(|(_, a)| *a).count() as u32;
         self.peers_always.store(always, Ordering::SeqCst);
         self.peers_total.store(v.len() as u32, Ordering::SeqCst);
-        self.has_peers.store(!v.is_empty(), Ordering::SeqCst);
+        self.set(feature::PEERS, !v.is_empty());
     }
 
     /// A blocked read also wakes when `fd` is readable (an RDM endpoint's connection
@@ -925,7 +1029,7 @@ impl CompletionQueue {
     /// Whether a blocked read must wake now and then to drive peers that have no
     /// descriptor of their own to wake it, or that asked to be driven on every read.
     fn peers_need_polling(&self) -> bool {
-        self.has_peers.load(Ordering::Relaxed)
+        self.has(feature::PEERS)
             && (self.peers_always.load(Ordering::Relaxed) != 0
                 || self.peers_wanted.load(Ordering::Relaxed) != 0
                 || self.peers_total.load(Ordering::Relaxed) > self.peer_fds.load(Ordering::Relaxed))
@@ -969,7 +1073,7 @@ impl CompletionQueue {
     pub(crate) fn register_owner(&self, qp_num: u32, owner: Weak<dyn RecvOwner>) {
         let mut v = self.owners.write().unwrap_or_else(|p| p.into_inner());
         v.insert(qp_num, owner);
-        self.has_owners.store(true, Ordering::SeqCst);
+        self.set(feature::OWNERS, true);
     }
 
     /// Routes the owned completions whose work requests carry `key` (`wr_id::keyed`) to
@@ -979,23 +1083,22 @@ impl CompletionQueue {
         let mut k = self.keyed.write().unwrap_or_else(|p| p.into_inner());
         k.retain(|(_, o)| o.strong_count() > 0);
         k.push((key, owner));
+        self.set(feature::OWNERS, true);
         drop(v);
-        self.has_owners.store(true, Ordering::SeqCst);
     }
 
     pub(crate) fn unregister_keyed_owner(&self, key: u32) {
         let v = self.owners.read().unwrap_or_else(|p| p.into_inner());
         let mut k = self.keyed.write().unwrap_or_else(|p| p.into_inner());
         k.retain(|(x, o)| *x != key && o.strong_count() > 0);
-        self.has_owners
-            .store(!v.is_empty() || !k.is_empty(), Ordering::SeqCst);
+        self.set(feature::OWNERS, !v.is_empty() || !k.is_empty());
     }
 
     /// Held across a poll and its owners' translation while owners exist (see `ordered`),
     /// unless the threading level already keeps readers apart.
     #[inline]
     fn order(&self) -> Option<MutexGuard<'_, ()>> {
-        (!self.serial && self.has_owners.load(Ordering::Acquire))
+        (!self.serial && self.has(feature::OWNERS))
             .then(|| self.ordered.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
@@ -1005,8 +1108,7 @@ impl CompletionQueue {
         v.retain(|_, o| o.strong_count() > 0);
         let k = self.keyed.read().unwrap_or_else(|p| p.into_inner());
         // With the last owner gone, reads take no lock again.
-        self.has_owners
-            .store(!v.is_empty() || !k.is_empty(), Ordering::SeqCst);
+        self.set(feature::OWNERS, !v.is_empty() || !k.is_empty());
     }
 
     /// Moves device completions into the software queue, in order, until the flush of the
@@ -1044,7 +1146,7 @@ impl CompletionQueue {
             if wcs.is_empty() {
                 return Ok(seen);
             }
-            if self.has_counters.load(Ordering::Relaxed) {
+            if self.has(feature::COUNTERS) {
                 self.count(wcs);
             }
             seen |= watch.is_none_or(|m| wcs.iter().any(|w| w.wr_id() == m));
@@ -1080,20 +1182,20 @@ impl CompletionQueue {
     pub(crate) fn register_counters(&self, qp_num: u32, cntrs: Arc<EpCounters>) {
         let mut m = self.counters.write().unwrap_or_else(|p| p.into_inner());
         m.insert(qp_num, cntrs);
-        self.has_counters.store(true, Ordering::SeqCst);
+        self.set(feature::COUNTERS, true);
     }
 
     pub(crate) fn unregister_counters(&self, qp_num: u32) {
         let mut m = self.counters.write().unwrap_or_else(|p| p.into_inner());
         m.remove(&qp_num);
-        self.has_counters.store(!m.is_empty(), Ordering::SeqCst);
+        self.set(feature::COUNTERS, !m.is_empty());
     }
 
     /// What a read of or a wait on a counter this CQ feeds does to it: drives its peers
     /// and moves what the device holds into the software queue (counting it there).
     /// Returns whether the device held anything.
     pub(crate) fn drive_for_counters(&self) -> Result<bool> {
-        if self.has_peers.load(Ordering::Relaxed) {
+        if self.has(feature::PEERS) {
             self.progress_peers();
         }
         self.stage_device(None)
@@ -1505,6 +1607,76 @@ mod tests {
             r.flags(),
             Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA
         );
+    }
+
+    #[test]
+    fn an_initiators_completion_with_immediate_data_is_no_remote_cq_data() {
+        // rxe sets IBV_WC_WITH_IMM on the sender's side of a send or write with immediate.
+        for (o, f) in [
+            (op::IBV_WC_SEND, Flags::MSG | Flags::SEND),
+            (op::IBV_WC_RDMA_WRITE, Flags::RMA | Flags::WRITE),
+        ] {
+            let e = to_entry(&WorkCompletion::new(4, st::IBV_WC_SUCCESS, o, 0, Some(3)));
+            assert_eq!(e.flags(), f, "opcode {o}");
+        }
+    }
+
+    #[test]
+    fn opcodes_without_a_libfabric_meaning_carry_no_flags() {
+        for o in [
+            op::IBV_WC_COMP_SWAP,
+            op::IBV_WC_TSO,
+            9,
+            op::IBV_WC_TM_ADD,
+            137,
+            144,
+            256,
+            16,
+        ] {
+            let e = to_entry(&WorkCompletion::new(4, st::IBV_WC_SUCCESS, o, 5, None));
+            assert_eq!((e.flags, e.len), (0, 0), "opcode {o}");
+        }
+    }
+
+    #[test]
+    fn plain_kinds_are_what_the_cq_translates_alone() {
+        use wr_id::Kind;
+        for k in [
+            Kind::Send,
+            Kind::SendData,
+            Kind::Recv,
+            Kind::Write,
+            Kind::Read,
+        ] {
+            assert!(wr_id::is_plain(wr_id::encode(77, k, false)), "{k:?}");
+            assert!(
+                !wr_id::is_plain(wr_id::encode(77, k, true)),
+                "{k:?} suppressed"
+            );
+            assert!(
+                !wr_id::is_plain(wr_id::encode(77, k, false) | wr_id::PEER),
+                "{k:?} peer"
+            );
+        }
+        for k in [
+            Kind::MultiRecv,
+            Kind::DgramRecv,
+            Kind::DgramShort,
+            Kind::RdmRecv,
+            Kind::RdmSend,
+            Kind::RdmRead,
+            Kind::DgramPlain,
+        ] {
+            assert!(!wr_id::is_plain(wr_id::encode(77, k, false)), "{k:?}");
+        }
+        assert!(wr_id::is_bare(
+            wr_id::encode(1, Kind::DgramPlain, false),
+            Kind::DgramPlain
+        ));
+        assert!(!wr_id::is_bare(
+            wr_id::encode(1, Kind::DgramPlain, true),
+            Kind::DgramPlain
+        ));
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub struct DgramEndpoint {
     /// the CQ reported of them.
     outstanding: AtomicU32,
     /// The receive CQ reports this endpoint's plain receives (it granted `claim_plain_ud`).
-    plain_cq: OnceLock<Arc<CompletionQueue>>,
+    plain_rx: OnceLock<PlainRx>,
     plain_posted: AtomicU64,
     /// The `plain_posted` of the last dry episode counted (`queue_was_dry`).
     dry_mark: AtomicU64,
@@ -89,6 +89,14 @@ pub struct DgramEndpoint {
     domain: Arc<Domain>,
 }
 
+/// What a plain receive needs, resolved at enable: the CQ that reports it and the
+/// provider's GRH slot every such receive overwrites.
+#[derive(Debug)]
+struct PlainRx {
+    cq: Arc<CompletionQueue>,
+    grh: Sge,
+}
+
 impl Drop for DgramEndpoint {
     fn drop(&mut self) {
         let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -97,8 +105,8 @@ impl Drop for DgramEndpoint {
                 cq.unregister_owner(qp.qp_num());
             }
         }
-        if let Some(cq) = self.plain_cq.get() {
-            cq.release_plain_ud();
+        if let Some(p) = self.plain_rx.get() {
+            p.cq.release_plain_ud();
         }
     }
 }
@@ -147,7 +155,7 @@ impl DgramEndpoint {
             track_grh: source || info.caps.contains(Flags::MULTICAST),
             track: Mutex::default(),
             outstanding: AtomicU32::new(0),
-            plain_cq: OnceLock::new(),
+            plain_rx: OnceLock::new(),
             plain_posted: AtomicU64::new(0),
             dry_mark: AtomicU64::new(0),
             owner_registered: AtomicBool::new(false),
@@ -342,7 +350,16 @@ impl DgramEndpoint {
         // Plain receives are the CQ's to report (one such endpoint per CQ): until another
         // kind is posted, the CQ reads them with no owner to find and no lock to order it.
         if !self.prefix && !self.track_grh && rx.claim_plain_ud() {
-            let _ = self.plain_cq.set(rx.clone());
+            let grh = self.grh.get().and_then(|m| m.sys().sge(0, GRH_LEN));
+            match grh {
+                Some(grh) => {
+                    let _ = self.plain_rx.set(PlainRx {
+                        cq: rx.clone(),
+                        grh,
+                    });
+                }
+                None => rx.release_plain_ud(),
+            }
         }
         let _ = self.qp.set(qp);
         let _ = self.caps.set(got);
@@ -629,20 +646,17 @@ impl DgramEndpoint {
         // A plain receive (room for any datagram, on an endpoint whose CQ reports them: no
         // prefix, no GRH kept for FI_SOURCE): the provider's GRH slot and the range, straight.
         if (flags - Flags::COMPLETION).is_empty() && len >= self.max_msg_size {
-            if let (Some(grh), Some(cq)) = (self.grh.get(), self.plain_cq.get()) {
+            if let Some(plain) = self.plain_rx.get() {
                 wr_id::check(context)?;
                 let qp = self.qp()?;
                 let suppressed = self.signalling.recv_suppressed(flags);
                 let id = wr_id::encode(context, Kind::DgramPlain, suppressed);
-                let sges = [
-                    grh.sys().sge(0, GRH_LEN).ok_or_else(not_enabled)?,
-                    region_sge(mr, &self.domain, offset, len)?,
-                ];
+                let sges = [plain.grh, region_sge(mr, &self.domain, offset, len)?];
                 qp.post_recv(id, &sges)
                     .map_err(|e| post_error(e, "receive"))?;
                 let before = self.plain_posted.fetch_add(1, Ordering::Relaxed);
                 if before != 0
-                    && before == cq.plain_ud_done()
+                    && before == plain.cq.plain_ud_done()
                     && self.outstanding.load(Ordering::Relaxed) == 0
                 {
                     self.queue_was_dry(Some(before));
@@ -814,11 +828,11 @@ impl DgramEndpoint {
     /// Plain receives posted and not yet reported by the CQ.
     #[inline]
     fn plain_outstanding(&self) -> u64 {
-        match self.plain_cq.get() {
-            Some(cq) => self
+        match self.plain_rx.get() {
+            Some(p) => self
                 .plain_posted
                 .load(Ordering::Relaxed)
-                .saturating_sub(cq.plain_ud_done()),
+                .saturating_sub(p.cq.plain_ud_done()),
             None => 0,
         }
     }
@@ -826,10 +840,10 @@ impl DgramEndpoint {
     /// How many times the receive queue ran dry (datagrams arriving then were dropped).
     pub fn rx_dry_events(&self) -> u64 {
         // Plain receives are seen dry here or at the next post, whichever comes first.
-        if let Some(cq) = self.plain_cq.get() {
+        if let Some(p) = self.plain_rx.get() {
             let posted = self.plain_posted.load(Ordering::Relaxed);
             if posted != 0
-                && posted == cq.plain_ud_done()
+                && posted == p.cq.plain_ud_done()
                 && self.outstanding.load(Ordering::Relaxed) == 0
             {
                 self.queue_was_dry(Some(posted));

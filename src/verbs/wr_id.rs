@@ -110,6 +110,30 @@ pub(crate) fn is_owned(wr_id: u64) -> bool {
         || k == Kind::RdmRead as u64
 }
 
+/// The kinds whose successful completion the CQ translates alone (`to_entry`): neither
+/// an owner's nor a plain datagram receive; undefined kinds, as the general path, too.
+const PLAIN_KINDS: u64 = !((1 << Kind::MultiRecv as u64)
+    | (1 << Kind::DgramRecv as u64)
+    | (1 << Kind::DgramShort as u64)
+    | (1 << Kind::RdmRecv as u64)
+    | (1 << Kind::RdmSend as u64)
+    | (1 << Kind::RdmRead as u64)
+    | (1 << Kind::DgramPlain as u64));
+
+/// Whether a successful completion is reported as the CQ translates it: a plain kind,
+/// not suppressed, not a peer's (one test on the top byte).
+#[inline(always)]
+pub(crate) fn is_plain(wr_id: u64) -> bool {
+    let top = wr_id >> KIND_SHIFT;
+    top <= KIND_MASK && (PLAIN_KINDS >> top) & 1 != 0
+}
+
+/// Whether the work request is of `kind`, neither suppressed nor a peer's.
+#[inline(always)]
+pub(crate) fn is_bare(wr_id: u64, kind: Kind) -> bool {
+    wr_id >> KIND_SHIFT == kind as u64
+}
+
 /// Bits of a keyed work request id that index the owner's operation (`keyed`).
 pub(crate) const INDEX_BITS: u32 = 24;
 
