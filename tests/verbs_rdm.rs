@@ -1969,7 +1969,7 @@ fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
                 Instant::now()
             });
             // Blocked (wait object FD) before the message exists: shm has no descriptor to
-            // wake it, so it looks every millisecond while a local path is attached.
+            // wake it; the sender rings the endpoint's bell.
             let mut e = [TaggedEntry::default(); 1];
             let n = v[1].cq.sread(&mut e, 0, 20_000);
             let back = Instant::now();
@@ -1994,6 +1994,51 @@ fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
         "{took:?}"
     );
     assert_eq!(v[1].ep.connections_opened(), 0);
+}
+
+#[test]
+fn a_blocked_read_sleeps_until_a_local_sender_rings_its_bell() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes_waiting_on(&info, 2, false, WaitObj::Fd);
+    for x in &v {
+        assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
+    }
+    // A first message: shm's handshake done (it needs the receiver's progress), the
+    // sender has opened the receiver's bell.
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 1).unwrap();
+    retry(&v, || v[0].ep.tsend(b"first", 3, 1, 2));
+    assert_eq!(next_ok(&v, 1).0.op_context, 1);
+    assert_eq!(next_ok(&v, 0).0.op_context, 2);
+    let (mut posted, mut completed) = (1u64, 1u64);
+    for round in 0..3u64 {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 10 + round)
+            .unwrap();
+        posted += 1;
+        let before = v[1].cq.wakeups();
+        std::thread::scope(|sc| {
+            let sender = sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                retry(&v[..1], || v[0].ep.tsend(b"rung", 3, 1, 20 + round));
+            });
+            let mut e = [TaggedEntry::default(); 1];
+            assert_eq!(v[1].cq.sread(&mut e, 0, 20_000).unwrap(), 1);
+            assert_eq!(e[0].op_context, 10 + round);
+            completed += 1;
+            sender.join().unwrap();
+        });
+        let woke = v[1].cq.wakeups() - before;
+        // Polling would look about 300 times in those 300 ms; the bell wakes it once (a
+        // few more for the device's or the connection events' wake-ups).
+        assert!(
+            woke <= 20,
+            "round {round}: the blocked read woke {woke} times"
+        );
+        assert_eq!(read(&v[1], 0, 4), b"rung");
+        assert_eq!(next_ok(&v, 0).0.op_context, 20 + round);
+    }
+    assert_eq!((posted, completed), (4, 4), "every receive completed");
+    assert_eq!(v[1].ep.connections_opened(), 0, "over shm, not verbs");
 }
 
 /// A local path that only counts how often the endpoint drives it.

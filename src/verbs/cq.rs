@@ -208,6 +208,11 @@ pub struct CompletionQueue {
     /// waking every millisecond to drive them.
     peers_total: AtomicU32,
     peer_fds: AtomicU32,
+    /// Bells of peers in the wait set (`add_bell_fd`): a sleeper asks those peers
+    /// whether their bell is enough to wake it (`PeerProgress::sleeping`).
+    bells: AtomicU32,
+    /// Times a blocked read came back from its wait object (`wakeups`).
+    wakeups: AtomicU64,
     /// Where the completions of peers' transfers go, by queue pair number.
     transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
     /// The counters of endpoints that bound some, by queue pair number: each polled
@@ -281,6 +286,12 @@ impl std::fmt::Debug for QpnHash {
 pub(crate) trait PeerProgress: Send + Sync {
     /// Called from a read of `cq`.
     fn progress(&self, cq: &CompletionQueue);
+    /// A thread is about to sleep on a CQ that holds this peer's bell (`on`), or woke
+    /// (`!on`, once after each `true`). True when the bell will wake the sleeper for all
+    /// the peer waits for, so the CQ need not wake to drive it.
+    fn sleeping(&self, _on: bool) -> bool {
+        false
+    }
 }
 
 /// Where the completions of a peer provider's transfers go (fi_peer(3) `FI_PEER_TRANSFER`).
@@ -532,6 +543,8 @@ impl CompletionQueue {
             peer_tick: AtomicU32::new(0),
             peers_total: AtomicU32::new(0),
             peer_fds: AtomicU32::new(0),
+            bells: AtomicU32::new(0),
+            wakeups: AtomicU64::new(0),
             transfers: RwLock::new(Vec::new()),
             counters: RwLock::new(HashMap::default()),
             features: AtomicU8::new(0),
@@ -1015,6 +1028,41 @@ impl CompletionQueue {
         self.arm()
     }
 
+    /// A blocked read also wakes when a peer's bell (`rfabric_sys::bell`) rings, and
+    /// then drives the peers; such a peer says, each time a thread goes to sleep, whether
+    /// its bell is enough (`PeerProgress::sleeping`). False without a descriptor to wait on.
+    pub(crate) fn add_bell_fd(&self, fd: BorrowedFd<'_>) -> Result<bool> {
+        let Some(Waiter::Fd { epoll, .. }) = &self.waiter else {
+            return Ok(false);
+        };
+        epoll
+            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, PEER_FD_TOKEN))
+            .map_err(nix_err("epoll_ctl"))?;
+        self.bells.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// Undoes [`Self::add_bell_fd`].
+    pub(crate) fn remove_bell_fd(&self, fd: BorrowedFd<'_>) {
+        if let Some(Waiter::Fd { epoll, .. }) = &self.waiter {
+            if epoll.delete(fd).is_ok() {
+                let _ = self
+                    .bells
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            }
+        }
+    }
+
+    /// Tells the peers a thread sleeps (`on`) or woke; how many said their bell will wake it.
+    fn peers_sleeping(&self, on: bool) -> u32 {
+        let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
+        peers
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|p| u32::from(p.sleeping(on)))
+            .sum()
+    }
+
     /// Undoes [`Self::add_wait_fd`].
     pub(crate) fn remove_wait_fd(&self, fd: BorrowedFd<'_>) {
         if let Some(Waiter::Fd { epoll, .. }) = &self.waiter {
@@ -1027,10 +1075,11 @@ impl CompletionQueue {
     }
 
     /// Whether a blocked read must wake now and then to drive peers that have no
-    /// descriptor of their own to wake it, or that asked to be driven on every read.
-    fn peers_need_polling(&self) -> bool {
+    /// descriptor of their own to wake it, or that asked to be driven on every read
+    /// (`belled` of those have a bell that wakes it instead).
+    fn peers_need_polling(&self, belled: u32) -> bool {
         self.has(feature::PEERS)
-            && (self.peers_always.load(Ordering::Relaxed) != 0
+            && (self.peers_always.load(Ordering::Relaxed) > belled
                 || self.peers_wanted.load(Ordering::Relaxed) != 0
                 || self.peers_total.load(Ordering::Relaxed) > self.peer_fds.load(Ordering::Relaxed))
     }
@@ -1513,11 +1562,45 @@ impl Waitable for CompletionQueue {
     fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
         // Peers progress only when driven and have no wait object here: wake to drive them.
         const PEER_POLL: Duration = Duration::from_millis(1);
-        let timeout = if self.peers_need_polling() {
-            Some(timeout.map_or(PEER_POLL, |t| t.min(PEER_POLL)))
+        // Peers with a bell here hear from now on that we sleep, then are driven once more:
+        // what came before they knew is seen now, what comes after rings.
+        let belling = self.bells.load(Ordering::Relaxed) != 0 && self.has(feature::PEERS);
+        let belled = if belling {
+            let n = self.peers_sleeping(true);
+            self.progress_peers();
+            n
         } else {
-            timeout
+            0
         };
+        // With bells, a slow look still: a sender that cannot reach the bell (another
+        // network namespace) delays a message by this at most, never holds it.
+        const BELL_POLL: Duration = Duration::from_millis(50);
+        let poll = if self.peers_need_polling(belled) {
+            Some(PEER_POLL)
+        } else if belled != 0 {
+            Some(BELL_POLL)
+        } else {
+            None
+        };
+        let timeout = match (timeout, poll) {
+            (Some(t), Some(p)) => Some(t.min(p)),
+            (t, p) => t.or(p),
+        };
+        let r = self.sleep_on(timeout);
+        if belling {
+            self.peers_sleeping(false);
+        }
+        r
+    }
+
+    fn take_signal(&self) -> bool {
+        self.signaled.swap(false, Ordering::SeqCst)
+    }
+}
+
+impl CompletionQueue {
+    /// Blocks on the wait object (`sleep` without the peers' bells).
+    fn sleep_on(&self, timeout: Option<Duration>) -> Result<()> {
         let Some(w) = &self.waiter else {
             std::thread::yield_now(); // FI_WAIT_YIELD
             return Ok(());
@@ -1556,12 +1639,16 @@ impl Waitable for CompletionQueue {
             Waiter::Fd { .. } => Ok(()),
         };
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
         self.drain_wakeups(w);
         r
     }
 
-    fn take_signal(&self) -> bool {
-        self.signaled.swap(false, Ordering::SeqCst)
+    /// How many times blocked reads (`sread`) came back from the wait object, woken or
+    /// timed out: a diagnostic of how often a sleeping reader looks (every millisecond while
+    /// peers without a descriptor or bell need driving).
+    pub fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
     }
 }
 

@@ -1319,8 +1319,8 @@ impl RdmEndpoint {
         };
         // A peer's transfers go over the endpoint's connections (verbs) only.
         if let Some(l) = en.local.get().filter(|_| !self.peer) {
-            if let Some(to) = l.route(en, dest) {
-                if local::post_local(en, l, to, &src, user, data, flags)? {
+            if let Some((to, bell)) = l.route(en, dest) {
+                if local::post_local(en, l, to, bell.as_deref(), &src, user, data, flags)? {
                     return Ok(());
                 }
             }
@@ -1852,9 +1852,48 @@ impl RdmEndpoint {
     /// endpoint's CQs drives it.
     pub fn set_local_path(&self, path: Arc<dyn LocalPath>) -> Result<()> {
         let en = self.en()?;
-        en.local
-            .set(LocalLink::new(path, self.max_msg_size()))
-            .map_err(|_| Error::new(errno::EALREADY, "a local path is already attached"))?;
+        if en.local.get().is_some() {
+            return Err(Error::new(
+                errno::EALREADY,
+                "a local path is already attached",
+            ));
+        }
+        // A blocked read of its CQ wakes when a local sender rings (one CQ for both
+        // directions: with two, each keeps polling, as it must for the other's work).
+        let bell = if Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
+            match rfabric_sys::bell::Bell::create(&local::bell_name(&en.name)) {
+                Ok(b) => match en.rx_cq.add_bell_fd(b.fd()) {
+                    Ok(true) => Some(b),
+                    Ok(false) => None,
+                    Err(e) => {
+                        crate::fi_info!("rdm", "a blocked read polls local peers: {e}");
+                        None
+                    }
+                },
+                Err(e) => {
+                    crate::fi_info!(
+                        "rdm",
+                        "no bell for local senders ({}): a blocked read polls them",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if let Err(l) = en
+            .local
+            .set(LocalLink::new(path, self.max_msg_size(), bell))
+        {
+            if let Some(b) = &l.bell {
+                en.rx_cq.remove_bell_fd(b.fd());
+            }
+            return Err(Error::new(
+                errno::EALREADY,
+                "a local path is already attached",
+            ));
+        }
         // Measured now, not in the first read it paces (the first measure sleeps 20 ms).
         let _ = local::idle_interval();
         // Driven by every read from now on (the local path's latency is a read's).
@@ -3361,6 +3400,13 @@ impl RecvOwner for Shared {
 }
 
 impl PeerProgress for Shared {
+    fn sleeping(&self, on: bool) -> bool {
+        self.on
+            .get()
+            .and_then(|en| en.local.get())
+            .is_some_and(|l| l.sleeping(on))
+    }
+
     fn progress(&self, cq: &CompletionQueue) {
         Shared::progress(self);
         // Reads complete on the send CQ and notices arrive on the receive CQ: a reader of
@@ -3426,6 +3472,9 @@ impl Drop for RdmEndpoint {
             }
             if en.cm_wakes {
                 en.rx_cq.remove_wait_fd(en.eq.channel().borrow_fd());
+            }
+            if let Some(b) = en.local.get().and_then(|l| l.bell.as_ref()) {
+                en.rx_cq.remove_bell_fd(b.fd());
             }
             let me: Weak<dyn PeerProgress> = self.sh.me.clone();
             en.rx_cq.remove_peer(&me);

@@ -6,6 +6,7 @@
 //!   (`rdma-sys`). Every `unsafe` block of the project's verbs use lives here, each with the
 //!   invariant it relies on, so the provider above is safe Rust.
 
+pub mod bell;
 pub mod clock;
 pub mod cm;
 pub mod fabric;

@@ -7,11 +7,17 @@
 //!
 //! Locks: the path is called with no lock of the endpoint held, and calls back into it
 //! (from its progress) the same way.
+//!
+//! Waking: a thread blocked in `fi_cq_sread` is not driving the path, so a local message
+//! would wait for its next look. Each endpoint with a path has a bell
+//! (`rfabric_sys::bell`) in its CQ's wait set, named after its endpoint name, and a sender
+//! rings the bell of the peer it sent to when that peer says it sleeps.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use rfabric_sys::bell::{Bell, BellRemote};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 
 use super::{
@@ -101,6 +107,50 @@ struct Routes {
     to: HashMap<u64, u64, QpnHash>,
     /// Handles by name: a name inserted once keeps its handle.
     by_name: HashMap<[u8; RdmName::LEN], u64>,
+    /// The bells of the peers, by handle.
+    bells: HashMap<u64, PeerBell, QpnHash>,
+}
+
+/// The bell of an endpoint on this host (`bell_name`), opened once its owner made it.
+#[derive(Debug)]
+struct PeerBell {
+    name: String,
+    open: Option<Arc<BellRemote>>,
+    /// When to try opening it again (`rfabric_sys::clock::cycles`).
+    retry_at: u64,
+}
+
+impl PeerBell {
+    fn get(&mut self) -> Option<Arc<BellRemote>> {
+        if self.open.is_none() {
+            let now = rfabric_sys::clock::cycles();
+            if now < self.retry_at {
+                return None;
+            }
+            match BellRemote::open(&self.name) {
+                Ok(b) => self.open = Some(Arc::new(b)),
+                // Its endpoint has no path yet (or none: shm off there): look again later.
+                Err(_) => self.retry_at = now + 20 * idle_interval(),
+            }
+        }
+        self.open.clone()
+    }
+}
+
+/// The name of the bell of the endpoint named `name`: unique on its host.
+pub(super) fn bell_name(name: &RdmName) -> String {
+    format!("{:016x}-{}-{:08x}", name.host, name.port, name.nonce)
+}
+
+/// After a send to a peer (or one refused while shm's handshake waits for that peer's
+/// progress): wake the peer if it sleeps.
+#[inline]
+fn ring<T>(bell: Option<&BellRemote>, r: &Result<T>) {
+    if let Some(b) = bell {
+        if r.is_ok() || r.as_ref().is_err_and(|e| e.is_again()) {
+            b.ring();
+        }
+    }
 }
 
 /// How often an endpoint with a local path that has carried nothing looks at it.
@@ -115,6 +165,12 @@ pub(super) fn idle_interval() -> u64 {
 /// An endpoint's local path and its routes.
 pub(super) struct LocalLink {
     pub(super) path: Arc<dyn LocalPath>,
+    /// Rung by local senders while a thread of this endpoint sleeps on its CQ (whose wait
+    /// set holds it); none when the CQ cannot wait on it (its CQ then keeps polling).
+    pub(super) bell: Option<Bell>,
+    /// Sends the path carries whose completion is still to come: until it has, a sleeper
+    /// must keep looking (nothing rings for a completion).
+    pending: AtomicU64,
     routes: Mutex<Routes>,
     /// The AV's change count the routes follow (`u64::MAX`: never built).
     seen: AtomicU64,
@@ -137,9 +193,11 @@ impl std::fmt::Debug for LocalLink {
 }
 
 impl LocalLink {
-    pub(super) fn new(path: Arc<dyn LocalPath>, max: usize) -> Self {
+    pub(super) fn new(path: Arc<dyn LocalPath>, max: usize, bell: Option<Bell>) -> Self {
         LocalLink {
             path,
+            bell,
+            pending: AtomicU64::new(0),
             max,
             routes: Mutex::new(Routes::default()),
             seen: AtomicU64::new(u64::MAX),
@@ -181,6 +239,11 @@ impl LocalLink {
                 },
             };
             r.to.insert(addr, h);
+            r.bells.entry(h).or_insert_with(|| PeerBell {
+                name: bell_name(&name),
+                open: None,
+                retry_at: 0,
+            });
             from.entry(h).or_insert(addr);
         }
         self.any.store(!r.to.is_empty(), Ordering::Relaxed);
@@ -189,14 +252,33 @@ impl LocalLink {
         self.seen.store(now, Ordering::Release);
     }
 
-    /// The path's handle of `dest`, when it is on this host.
+    /// The path's handle of `dest`, when it is on this host, and its bell once known.
     #[inline]
-    pub(super) fn route(&self, en: &Enabled, dest: u64) -> Option<u64> {
+    pub(super) fn route(&self, en: &Enabled, dest: u64) -> Option<(u64, Option<Arc<BellRemote>>)> {
         self.sync(en);
         if !self.any.load(Ordering::Relaxed) {
             return None;
         }
-        lock(&self.routes).to.get(&dest).copied()
+        let mut r = lock(&self.routes);
+        let h = *r.to.get(&dest)?;
+        let bell = r.bells.get_mut(&h).and_then(PeerBell::get);
+        Some((h, bell))
+    }
+
+    /// A thread of the endpoint sleeps on its CQ (`on`) or woke (see
+    /// `PeerProgress::sleeping`): true when its bell will wake it for all it waits for.
+    pub(super) fn sleeping(&self, on: bool) -> bool {
+        let Some(b) = &self.bell else { return false };
+        if on {
+            b.sleep_begin();
+            // What came before the senders could see us asleep is taken now (the idle
+            // pacing of `due` must not skip this look).
+            self.path.progress();
+            self.pending.load(Ordering::SeqCst) == 0
+        } else {
+            b.sleep_end();
+            false
+        }
     }
 
     /// Whether this progress call drives the path: always once it has a route or has
@@ -376,6 +458,9 @@ impl LocalOwner {
             let held = release_tx(&mut g, slot);
             drop(g);
             drop(held);
+            if let Some(l) = en.local.get() {
+                l.pending.fetch_sub(1, Ordering::SeqCst);
+            }
             en.cntrs.done(m.flags, err.is_none());
             match err {
                 None if m.quiet => Ok(()),
@@ -460,10 +545,12 @@ pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
 /// buffer (copied) or from the application's memory (a region, held until the path's
 /// completion; a C buffer). False when the path cannot carry it: a borrowed slice past a
 /// send buffer, or past the largest message; verbs carries those.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn post_local(
     en: &Enabled,
     l: &LocalLink,
     to: u64,
+    bell: Option<&BellRemote>,
     src: &Src<'_>,
     user: TxMeta,
     data: Option<u64>,
@@ -498,7 +585,7 @@ pub(super) fn post_local(
         }
     };
     if len <= l.path.inject_size() && !dc && n > 0 {
-        l.path.send(
+        let r = l.path.send(
             to,
             &LocalSend {
                 tagged,
@@ -508,7 +595,9 @@ pub(super) fn post_local(
                 context: None,
                 delivery_complete: false,
             },
-        )?;
+        );
+        ring(bell, &r);
+        r?;
         l.sent.fetch_add(1, Ordering::Relaxed);
         en.cntrs.done(user.flags, true);
         if !user.quiet {
@@ -562,6 +651,8 @@ pub(super) fn post_local(
         ..user
     };
     drop(g);
+    // Counted before the send: its completion may come (and be counted off) at once.
+    l.pending.fetch_add(1, Ordering::SeqCst);
     let r = l.path.send(
         to,
         &LocalSend {
@@ -573,7 +664,9 @@ pub(super) fn post_local(
             delivery_complete: dc,
         },
     );
+    ring(bell, &r);
     if let Err(e) = r {
+        l.pending.fetch_sub(1, Ordering::SeqCst);
         let mut g = lock(&en.inner);
         g.tx[slot as usize].conn = NONE;
         let held = release_tx(&mut g, slot);
