@@ -1947,13 +1947,19 @@ fn peers_on_this_host_go_over_shm_posted_and_unexpected_with_their_source() {
     assert_eq!(v[0].ep.send_buffers().0, v[0].ep.send_buffers().1);
 }
 
-#[test]
-fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
-    let Some(info) = rdm_info() else { return };
-    let v = nodes_waiting_on(&info, 2, false, WaitObj::Fd);
+/// Two endpoints whose CQs wait on a descriptor, with shm as their local path.
+fn local_nodes_on_fd(info: &Info) -> Vec<Node> {
+    let v = nodes_waiting_on(info, 2, false, WaitObj::Fd);
     for x in &v {
         assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
     }
+    v
+}
+
+#[test]
+fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
+    let Some(info) = rdm_info() else { return };
+    let v = local_nodes_on_fd(&info);
     // Several rounds, judged by their median: one round of a TCG guest on a loaded host can
     // stall for 100 ms or more whatever the provider does (CI saw 150 ms once).
     const ROUNDS: u64 = 5;
@@ -1999,10 +2005,7 @@ fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
 #[test]
 fn a_blocked_read_sleeps_until_a_local_sender_rings_its_bell() {
     let Some(info) = rdm_info() else { return };
-    let v = nodes_waiting_on(&info, 2, false, WaitObj::Fd);
-    for x in &v {
-        assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
-    }
+    let v = local_nodes_on_fd(&info);
     // A first message: shm's handshake done (it needs the receiver's progress), the
     // sender has opened the receiver's bell.
     v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 1).unwrap();

@@ -1000,14 +1000,30 @@ impl CompletionQueue {
     /// events), and then drives the peers. Returns whether the CQ has a descriptor to wait
     /// on (`FI_WAIT_FD`/`UNSPEC`); without one, blocked reads keep waking to drive peers.
     pub(crate) fn add_wait_fd(&self, fd: BorrowedFd<'_>) -> Result<bool> {
+        self.watch_fd(fd, &self.peer_fds)
+    }
+
+    /// Puts a peer's `fd` in the wait set (a readable one drives the peers), counted in
+    /// `count`; false when the CQ has no descriptor to wait on.
+    fn watch_fd(&self, fd: BorrowedFd<'_>, count: &AtomicU32) -> Result<bool> {
         let Some(Waiter::Fd { epoll, .. }) = &self.waiter else {
             return Ok(false);
         };
         epoll
             .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, PEER_FD_TOKEN))
             .map_err(nix_err("epoll_ctl"))?;
-        self.peer_fds.fetch_add(1, Ordering::SeqCst);
+        count.fetch_add(1, Ordering::SeqCst);
         Ok(true)
+    }
+
+    /// Undoes [`Self::watch_fd`].
+    fn unwatch_fd(&self, fd: BorrowedFd<'_>, count: &AtomicU32) {
+        if let Some(Waiter::Fd { epoll, .. }) = &self.waiter {
+            if epoll.delete(fd).is_ok() {
+                let _ =
+                    count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            }
+        }
     }
 
     /// The descriptor a counter's `FI_WAIT_FD` nests (its readiness is this CQ's: device
@@ -1032,25 +1048,12 @@ impl CompletionQueue {
     /// then drives the peers; such a peer says, each time a thread goes to sleep, whether
     /// its bell is enough (`PeerProgress::sleeping`). False without a descriptor to wait on.
     pub(crate) fn add_bell_fd(&self, fd: BorrowedFd<'_>) -> Result<bool> {
-        let Some(Waiter::Fd { epoll, .. }) = &self.waiter else {
-            return Ok(false);
-        };
-        epoll
-            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, PEER_FD_TOKEN))
-            .map_err(nix_err("epoll_ctl"))?;
-        self.bells.fetch_add(1, Ordering::SeqCst);
-        Ok(true)
+        self.watch_fd(fd, &self.bells)
     }
 
     /// Undoes [`Self::add_bell_fd`].
     pub(crate) fn remove_bell_fd(&self, fd: BorrowedFd<'_>) {
-        if let Some(Waiter::Fd { epoll, .. }) = &self.waiter {
-            if epoll.delete(fd).is_ok() {
-                let _ = self
-                    .bells
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-            }
-        }
+        self.unwatch_fd(fd, &self.bells)
     }
 
     /// Tells the peers a thread sleeps (`on`) or woke; how many said their bell will wake it.
@@ -1065,13 +1068,7 @@ impl CompletionQueue {
 
     /// Undoes [`Self::add_wait_fd`].
     pub(crate) fn remove_wait_fd(&self, fd: BorrowedFd<'_>) {
-        if let Some(Waiter::Fd { epoll, .. }) = &self.waiter {
-            if epoll.delete(fd).is_ok() {
-                let _ = self
-                    .peer_fds
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-            }
-        }
+        self.unwatch_fd(fd, &self.peer_fds)
     }
 
     /// Whether a blocked read must wake now and then to drive peers that have no
