@@ -589,16 +589,20 @@ impl CompletionQueue {
     #[inline]
     fn check_format<E: FormatEntry>(&self) -> Result<()> {
         if E::FORMAT != self.attr.format {
-            return Err(Error::new(
-                errno::EINVAL,
-                format!(
-                    "reading {:?} entries from a CQ opened with format {:?}",
-                    E::FORMAT,
-                    self.attr.format
-                ),
-            ));
+            return Err(self.format_error(E::FORMAT));
         }
         Ok(())
+    }
+
+    #[cold]
+    fn format_error(&self, f: CqFormat) -> Error {
+        Error::new(
+            errno::EINVAL,
+            format!(
+                "reading {f:?} entries from a CQ opened with format {:?}",
+                self.attr.format
+            ),
+        )
     }
 
     /// Reads completions into `out` in the CQ's format (`fi_cq_read`), driving progress.
@@ -619,8 +623,9 @@ impl CompletionQueue {
     /// A read with nothing but the device to look at (no peers, counters, racing owners
     /// or staged entries): completions the CQ translates itself go straight to `out`;
     /// the first that needs more (an error, an owner's, a suppressed one) hands the rest
-    /// of the poll to [`Self::translate`].
-    #[inline]
+    /// of the poll to [`Self::translate`]. Out of line, as `read_impl`: each carries its
+    /// own frame, and `read`'s choice between them is inlined into its caller.
+    #[inline(never)]
     fn read_plain<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         let mut batch = WcBatch::<POLL_BATCH>::new();
         let wcs = self
