@@ -769,7 +769,7 @@ impl CompletionQueue {
     /// Writes polled completions into `out`, staging from the first error on; returns the
     /// entries written and whether peers' transfers are among them (delivered by the
     /// caller once the order lock is released: their callbacks may read this CQ).
-    #[inline]
+    #[inline(always)]
     fn translate<E: FormatEntry>(
         &self,
         wcs: &[WorkCompletion],

@@ -116,11 +116,23 @@ struct Routes {
 struct PeerBell {
     name: String,
     open: Option<Arc<BellRemote>>,
-    /// When to try opening it again (`rfabric_sys::clock::cycles`).
+    /// When to try opening it again (`rfabric_sys::clock::cycles`), and the wait after
+    /// that: from 1 ms, doubling up to 1 s (a peer whose CQ cannot wait on a bell never
+    /// makes one, and a failed open is a system call).
     retry_at: u64,
+    backoff: u64,
 }
 
 impl PeerBell {
+    fn new(name: String) -> Self {
+        PeerBell {
+            name,
+            open: None,
+            retry_at: 0,
+            backoff: 20 * idle_interval(),
+        }
+    }
+
     fn get(&mut self) -> Option<Arc<BellRemote>> {
         if self.open.is_none() {
             let now = rfabric_sys::clock::cycles();
@@ -129,8 +141,12 @@ impl PeerBell {
             }
             match BellRemote::open(&self.name) {
                 Ok(b) => self.open = Some(Arc::new(b)),
-                // Its endpoint has no path yet (or none: shm off there): look again later.
-                Err(_) => self.retry_at = now + 20 * idle_interval(),
+                // Its endpoint has no bell yet (or none: shm off there, or a CQ without a
+                // descriptor): look again later, less often each time.
+                Err(_) => {
+                    self.retry_at = now + self.backoff;
+                    self.backoff = (2 * self.backoff).min(20_000 * idle_interval());
+                }
             }
         }
         self.open.clone()
@@ -239,11 +255,9 @@ impl LocalLink {
                 },
             };
             r.to.insert(addr, h);
-            r.bells.entry(h).or_insert_with(|| PeerBell {
-                name: bell_name(&name),
-                open: None,
-                retry_at: 0,
-            });
+            r.bells
+                .entry(h)
+                .or_insert_with(|| PeerBell::new(bell_name(&name)));
             from.entry(h).or_insert(addr);
         }
         self.any.store(!r.to.is_empty(), Ordering::Relaxed);
