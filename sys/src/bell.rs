@@ -213,7 +213,12 @@ impl Bell {
 
     /// The thread is awake: what the bell holds is consumed.
     pub fn sleep_end(&self) {
-        self.page.word().fetch_sub(1, Ordering::SeqCst);
+        // Never below 0: an end without its begin (a bell attached while a thread slept)
+        // must not leave the owner looking asleep for good.
+        let _ = self
+            .page
+            .word()
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         let mut b = [0u8; 16];
         // SAFETY: a non-blocking receive into a local buffer, until nothing is left.
         while unsafe {
@@ -345,6 +350,12 @@ mod tests {
         assert!(!readable(bell.fd()), "waking left rings behind");
         remote.ring();
         assert!(!readable(bell.fd()));
+        bell.sleep_end(); // an end without a begin
+        remote.ring();
+        assert!(
+            !readable(bell.fd()),
+            "an unmatched end left the owner asleep"
+        );
         drop(bell);
         assert_eq!(BellRemote::open(&name).unwrap_err(), libc::ENOENT);
         // The owner is gone: ringing is no error.
