@@ -223,6 +223,48 @@ fn a_blocked_wait_wakes_for_a_completion_and_for_another_threads_add() {
 }
 
 #[test]
+fn a_mutex_cond_counters_pair_is_broadcast_when_progress_counts_a_completion() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair_full(
+        &info,
+        &PairOpts {
+            cntr: Some((Flags::SEND, Flags::RECV)),
+            cntr_wait: Some(WaitObj::MutexCond),
+            ..Default::default()
+        },
+        b"",
+        b"",
+        |_, _, _| {},
+    );
+    let rx = p.server_cntr.clone().unwrap();
+    assert!(
+        p.client_cntr.as_ref().unwrap().wait_fd().is_err(),
+        "no descriptor"
+    );
+    let mc = rx.wait_mutex_cond().unwrap();
+    let mr = MemoryRegion::alloc(&p.domain, 64, Flags::SEND | Flags::RECV).unwrap();
+    p.server.recv(&mr, 0, 64, 1).unwrap();
+    let (woken, took, entry) = std::thread::scope(|s| {
+        let mut g = mc.lock();
+        // Once this thread sleeps (the mutex is free), another sends and drives the
+        // server's CQ (manual progress) until the receive completes: that counts it.
+        let driver = s.spawn(|| {
+            drop(mc.lock());
+            p.client.inject(b"counted").unwrap();
+            wait_one(&p.server_cq)
+        });
+        let t = Instant::now();
+        let woken = g.wait(Some(Duration::from_secs(20)));
+        drop(g);
+        (woken, t.elapsed(), driver.join().unwrap())
+    });
+    assert!(woken, "the pair was not broadcast within 20 s");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(entry.op_context, 1);
+    assert_eq!(rx.read(), 1);
+}
+
+#[test]
 fn binds_and_calls_the_man_pages_refuse_are_errors() {
     let Some(info) = device_info() else { return };
     assert!(info.domain_attr.cntr_cnt > 0, "MSG infos offer counters");

@@ -97,6 +97,15 @@ unsafe extern "C" fn cntr_control(f: *mut fi::fid, cmd: i32, arg: *mut c_void) -
                 // SAFETY: FI_GETWAITOBJ writes an enum fi_wait_obj.
                 unsafe { put(arg.cast::<fi::fi_wait_obj>(), c.wait_obj().raw(), "arg") }
             }
+            fi::FI_GETWAIT if c.wait_obj() == WaitObj::MutexCond => {
+                let (mutex, cond) = c.wait_mutex_cond()?.as_ptrs();
+                let mc = fi::fi_mutex_cond {
+                    mutex: mutex.cast(),
+                    cond: cond.cast(),
+                };
+                // SAFETY: FI_GETWAIT on a mutex/cond wait object writes a fi_mutex_cond.
+                unsafe { put(arg.cast::<fi::fi_mutex_cond>(), mc, "arg") }
+            }
             fi::FI_GETWAIT => {
                 let fd = c.wait_fd()?.as_raw_fd();
                 // SAFETY: FI_GETWAIT on an FD wait object writes an int (fi_control(3)).

@@ -16,6 +16,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use rfabric_sys::verbs::{wc_opcode as op, wc_status as st, WorkCompletion};
+use rfabric_sys::wait::MutexCond;
 
 use crate::core::cq::Waitable;
 use crate::core::error::{errno, Error, Result};
@@ -48,6 +49,9 @@ pub struct Counter {
     closed: AtomicBool,
     /// `FI_WAIT_FD`: what `fi_control(FI_GETWAIT)` hands out.
     fd: Option<CntrFd>,
+    /// `FI_WAIT_MUTEX_COND`: the pair `fi_control(FI_GETWAIT)` hands out, broadcast under
+    /// its mutex whenever a count changes (progress in any thread, or a value call).
+    mc: Option<MutexCond>,
     _domain: Arc<Domain>,
 }
 
@@ -122,6 +126,12 @@ impl Counter {
                 WaitObj::Fd => Some(CntrFd::new()?),
                 _ => None,
             },
+            mc: match attr.wait_obj {
+                WaitObj::MutexCond => {
+                    Some(MutexCond::new().map_err(|e| Error::os(e, "pthread_cond_init"))?)
+                }
+                _ => None,
+            },
             _domain: domain.clone(),
         }))
     }
@@ -170,11 +180,50 @@ impl Counter {
         self.changed();
     }
 
-    /// An application changed a value: one blocked on the descriptor wakes to look.
+    /// An application changed a value: one blocked on the descriptor or the pair wakes
+    /// to look.
     fn changed(&self) {
         if let Some(f) = &self.fd {
             f.wake();
         }
+        self.broadcast();
+    }
+
+    /// One more success (`ok`) or failure, from progress.
+    #[inline]
+    fn bump(&self, ok: bool) {
+        let n = if ok { &self.value } else { &self.err };
+        n.fetch_add(1, Ordering::AcqRel);
+        self.broadcast();
+    }
+
+    /// Wakes the threads waiting on an `FI_WAIT_MUTEX_COND` counter's pair: under its
+    /// mutex when it is free (a waiter between taking it and waiting is then asleep
+    /// already), without it when held, since the holder may be the thread driving this
+    /// progress (an application that reads a CQ under it must not deadlock).
+    #[inline]
+    fn broadcast(&self) {
+        if let Some(mc) = &self.mc {
+            let _g = mc.try_lock();
+            mc.broadcast();
+        }
+    }
+
+    /// The pair of an `FI_WAIT_MUTEX_COND` counter (`fi_control(FI_GETWAIT)`), broadcast
+    /// whenever a count changes: by a value call, or by progress in any thread. Progress
+    /// is manual, so a thread that waits on it while none reads should wait with a timeout
+    /// (as should one that takes the mutex just before waiting: a change in that instant
+    /// broadcasts without it).
+    pub fn wait_mutex_cond(&self) -> Result<&MutexCond> {
+        self.mc.as_ref().ok_or_else(|| {
+            Error::new(
+                errno::EINVAL,
+                format!(
+                    "this counter's wait object is {:?}, not FI_WAIT_MUTEX_COND",
+                    self.wait_obj
+                ),
+            )
+        })
     }
 
     /// The descriptor of an `FI_WAIT_FD` counter (`fi_control(FI_GETWAIT)`), for poll or
@@ -186,7 +235,7 @@ impl Counter {
             None => Err(Error::new(
                 errno::EINVAL,
                 format!(
-                    "FI_GETWAIT needs a counter opened with FI_WAIT_FD; this one has {:?}",
+                    "FI_GETWAIT needs a counter opened with FI_WAIT_FD or FI_WAIT_MUTEX_COND; this one has {:?}",
                     self.wait_obj
                 ),
             )),
@@ -451,8 +500,7 @@ impl EpCounters {
             return;
         };
         if let Some(c) = cntr {
-            let n = if ok { &c.value } else { &c.err };
-            n.fetch_add(1, Ordering::AcqRel);
+            c.bump(ok);
         }
     }
 
@@ -490,7 +538,7 @@ impl EpCounters {
             return self.done(wr_id::flags(id), false);
         };
         if let Some(c) = cntr {
-            c.value.fetch_add(1, Ordering::AcqRel);
+            c.bump(true);
         }
     }
 }

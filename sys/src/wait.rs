@@ -63,6 +63,13 @@ impl MutexCond {
         MutexCondGuard { mc: self }
     }
 
+    /// The lock if it is free; `None` while any thread (this one included) holds it.
+    pub fn try_lock(&self) -> Option<MutexCondGuard<'_>> {
+        // SAFETY: initialised mutex at a stable address; unlocked by the guard's Drop.
+        let rc = unsafe { libc::pthread_mutex_trylock(self.p.mutex.get()) };
+        (rc == 0).then_some(MutexCondGuard { mc: self })
+    }
+
     /// Wakes every waiter (take the lock first, so no wake-up falls between a waiter's
     /// check and its wait).
     pub fn broadcast(&self) {

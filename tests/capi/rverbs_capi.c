@@ -2216,6 +2216,22 @@ static void rdm_rma_section(void)
 	printf("ok rdm-rma\n");
 }
 
+/* The other end of the mutex/cond counter test: once the waiter sleeps (its mutex is
+ * free), a value call. */
+static struct fid_cntr *late_cntr;
+static pthread_mutex_t *late_mutex;
+
+static void *cntr_late_add(void *arg)
+{
+	struct timespec nap = {.tv_nsec = 1000 * 1000};
+
+	(void)arg;
+	while (pthread_mutex_trylock(late_mutex))
+		nanosleep(&nap, NULL);
+	pthread_mutex_unlock(late_mutex);
+	return (void *)(intptr_t)fi_cntr_add(late_cntr, 1);
+}
+
 /* fi_cntr(3) on a connected pair: counters count every send and receive, including those
  * selective completion keeps off the CQ and injects; fi_cntr_wait drives progress; the
  * value calls; bad attributes and binds are refused; a bound counter does not close. */
@@ -2323,6 +2339,47 @@ static void cntr_section(void)
 		OK(fi_cntr_add(rx, 1));
 		EXPECT(poll(&pfd, 1, 5000), 1);
 		EXPECT(fi_cntr_read(rx), 19);
+	}
+
+	/* FI_GETWAIT on an FI_WAIT_MUTEX_COND counter: its pair (the cond timed on
+	 * CLOCK_MONOTONIC) is broadcast when a count changes, here by another thread's add
+	 * while this one waits; and by progress (a completion counted as another thread reads
+	 * the CQ), as the Rust device test shows. */
+	{
+		struct fid_cntr *mcc;
+		struct fi_mutex_cond mc = {0};
+		struct timespec until;
+		pthread_t t;
+		void *ret;
+		int rc;
+
+		ca.wait_obj = FI_WAIT_MUTEX_COND;
+		OK(fi_cntr_open(m.domain, &ca, &mcc, NULL));
+		ca.wait_obj = FI_WAIT_UNSPEC;
+		OK(fi_control(&mcc->fid, FI_GETWAIT, &mc));
+		TRUE(mc.mutex && mc.cond);
+		late_cntr = mcc;
+		late_mutex = mc.mutex;
+		EXPECT(pthread_mutex_lock(mc.mutex), 0);
+		EXPECT(pthread_create(&t, NULL, cntr_late_add, NULL), 0);
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_sec += 10;
+		do
+			rc = pthread_cond_timedwait(mc.cond, mc.mutex, &until);
+		while (rc == 0 && fi_cntr_read(mcc) == 0);
+		EXPECT(rc, 0); /* woken, not timed out */
+		EXPECT(pthread_mutex_unlock(mc.mutex), 0);
+		EXPECT(pthread_join(t, &ret), 0);
+		EXPECT((intptr_t)ret, 0);
+		EXPECT(fi_cntr_read(mcc), 1);
+		/* A value call while this thread holds the mutex neither blocks nor is lost to
+		 * the count. */
+		EXPECT(pthread_mutex_lock(mc.mutex), 0);
+		OK(fi_cntr_add(mcc, 1));
+		EXPECT(pthread_mutex_unlock(mc.mutex), 0);
+		EXPECT(fi_cntr_read(mcc), 2);
+		EXPECT(fi_control(&tx->fid, FI_GETWAIT, &mc), -FI_EINVAL); /* FI_WAIT_UNSPEC */
+		OK(fi_close(&mcc->fid));
 	}
 
 	/* Binds the man pages refuse. */

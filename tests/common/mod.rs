@@ -197,8 +197,10 @@ pub struct PairOpts {
     pub rx_op_flags: Flags,
     /// Capabilities of both endpoints' infos (`None`: what fi_getinfo answered).
     pub caps: Option<Flags>,
-    /// A counter (`FI_WAIT_UNSPEC`) for each side, bound with these flags (client, server).
+    /// A counter for each side, bound with these flags (client, server).
     pub cntr: Option<(Flags, Flags)>,
+    /// The counters' wait object (`None`: `FI_WAIT_UNSPEC`).
+    pub cntr_wait: Option<WaitObj>,
 }
 
 pub fn connect_pair_full(
@@ -232,7 +234,7 @@ pub fn connect_pair_full(
     }
     client.bind_cq(&client_cq, bind).unwrap();
     let cntr_attr = CntrAttr {
-        wait_obj: WaitObj::Unspec,
+        wait_obj: opts.cntr_wait.unwrap_or(WaitObj::Unspec),
         ..Default::default()
     };
     let bind_cntr = |ep: &MsgEndpoint, flags: Flags| {
