@@ -611,13 +611,29 @@ impl CompletionQueue {
     #[inline]
     pub fn read<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         self.check_format::<E>()?;
-        if self.features.load(Ordering::Acquire) & self.plain_mask == 0
-            && self.staged.load(Ordering::Acquire) == 0
-            && !out.is_empty()
-        {
-            return self.read_plain(out);
+        let f = self.features.load(Ordering::Acquire);
+        if f & self.plain_mask & !feature::PEERS == 0 && !out.is_empty() {
+            if f & feature::PEERS != 0 {
+                return self.read_driving(out);
+            }
+            if self.staged.load(Ordering::Acquire) == 0 {
+                return self.read_plain(out);
+            }
         }
         self.read_impl(out, None)
+    }
+
+    /// A read with peers to drive (an RDM endpoint's connection events, a peer provider)
+    /// and otherwise nothing but the device: the peers when due, then the plain path.
+    #[inline(never)]
+    fn read_driving<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
+        if self.peers_due() {
+            self.progress_peers();
+        }
+        if self.staged.load(Ordering::Acquire) == 0 {
+            return self.read_plain_impl::<true, E>(out);
+        }
+        self.read_general(out, None, false)
     }
 
     /// A read with nothing but the device to look at (no peers, counters, racing owners
@@ -627,12 +643,23 @@ impl CompletionQueue {
     /// own frame, and `read`'s choice between them is inlined into its caller.
     #[inline(never)]
     fn read_plain<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
+        self.read_plain_impl::<false, E>(out)
+    }
+
+    /// The plain loop; with `OWNED`, owners' completions are placed in it too (no reader
+    /// races them: `plain_mask`), else they hand the rest of the poll to `translate`.
+    /// Two copies, so the plain path of CQs without peers keeps its small frame.
+    #[inline(always)]
+    fn read_plain_impl<const OWNED: bool, E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         let mut batch = WcBatch::<POLL_BATCH>::new();
         let wcs = self
             .cq
             .poll_batch(&mut batch, out.len())
             .map_err(os_err("ibv_poll_cq"))?;
         let mut n = 0;
+        // Completions an owner took without an entry (a send buffer freed, a suppressed
+        // one): the device may hold more behind them.
+        let mut taken = false;
         for (i, w) in wcs.iter().enumerate() {
             let id = w.wr_id();
             let e = if w.status() != st::IBV_WC_SUCCESS {
@@ -642,6 +669,15 @@ impl CompletionQueue {
             } else if wr_id::is_bare(id, Kind::DgramPlain) {
                 self.plain_ud_done.fetch_add(1, Ordering::Relaxed);
                 plain_ud_entry(w)
+            } else if OWNED && wr_id::is_owned(id) {
+                match self.owned(w) {
+                    Some(Owned::Entry(e, _)) => e,
+                    Some(Owned::Errors(v)) => return self.read_plain_errors(v, wcs, i, n),
+                    None => {
+                        taken = true;
+                        continue;
+                    }
+                }
             } else {
                 return self.read_plain_rest(wcs, i, out, n);
             };
@@ -650,8 +686,34 @@ impl CompletionQueue {
         }
         if n > 0 {
             Ok(n)
+        } else if OWNED && taken {
+            self.read_general(out, None, false)
         } else {
             Err(Error::new(errno::EAGAIN, "no completion"))
+        }
+    }
+
+    /// An owner's error entries for `wcs[i]` in a plain read (`n` entries written): staged
+    /// with the rest of the poll behind them.
+    #[cold]
+    #[inline(never)]
+    fn read_plain_errors(
+        &self,
+        v: Vec<CqErrEntry>,
+        wcs: &[WorkCompletion],
+        i: usize,
+        n: usize,
+    ) -> Result<usize> {
+        if self.stage_owned_errors(v, &wcs[i + 1..]) {
+            self.to_peers(&wcs[i + 1..]);
+        }
+        if n > 0 {
+            Ok(n)
+        } else {
+            Err(Error::new(
+                errno::EAVAIL,
+                "an error completion is at the head: read it with readerr",
+            ))
         }
     }
 
@@ -675,7 +737,7 @@ impl CompletionQueue {
             return Ok(n + m);
         }
         // Only suppressed or staged completions: the general read goes on from here.
-        self.read_impl(out, None)
+        self.read_general(out, None, false)
     }
 
     /// `fi_cq_readfrom`: as [`Self::read`], with each entry's source address in `src`
@@ -693,13 +755,20 @@ impl CompletionQueue {
 
     /// The general read: peers, staged entries, owners, counters. Kept out of line so that
     /// `read`'s plain path carries none of its registers or stack.
+    #[inline]
+    fn read_impl<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> Result<usize> {
+        self.read_general(out, src, true)
+    }
+
+    /// [`Self::read_impl`]; `drive` false when the caller has driven the peers already.
     #[inline(never)]
-    fn read_impl<E: FormatEntry>(
+    fn read_general<E: FormatEntry>(
         &self,
         out: &mut [E],
         mut src: Option<&mut [u64]>,
+        drive: bool,
     ) -> Result<usize> {
-        if self.has(feature::PEERS) && self.peers_due() {
+        if drive && self.has(feature::PEERS) && self.peers_due() {
             self.progress_peers();
         }
         if self.staged.load(Ordering::Acquire) != 0 {

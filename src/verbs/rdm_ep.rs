@@ -1655,8 +1655,13 @@ impl RdmEndpoint {
         let done = first.map(|id| take(&mut g, id));
         if more.is_empty() {
             drop(g);
-            write_out(&en.rx_cq, done);
-            local::start_all(en, &starts);
+            // The common case, a receive that waits for its message, calls nothing more.
+            if done.is_some() {
+                write_out(&en.rx_cq, done);
+            }
+            if !starts.is_empty() {
+                local::start_all(en, &starts);
+            }
             return Ok(());
         }
         // A multi-receive buffer that took several waiting messages.
