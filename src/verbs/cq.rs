@@ -611,14 +611,12 @@ impl CompletionQueue {
     #[inline]
     pub fn read<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         self.check_format::<E>()?;
-        let f = self.features.load(Ordering::Acquire);
-        if f & self.plain_mask & !feature::PEERS == 0 && !out.is_empty() {
-            if f & feature::PEERS != 0 {
-                return self.read_driving(out);
-            }
-            if self.staged.load(Ordering::Acquire) == 0 {
-                return self.read_plain(out);
-            }
+        let f = self.features.load(Ordering::Acquire) & self.plain_mask;
+        if f == 0 && self.staged.load(Ordering::Acquire) == 0 && !out.is_empty() {
+            return self.read_plain(out);
+        }
+        if f == feature::PEERS && !out.is_empty() {
+            return self.read_driving(out);
         }
         self.read_impl(out, None)
     }
