@@ -49,8 +49,8 @@ pub struct Counter {
     closed: AtomicBool,
     /// `FI_WAIT_FD`: what `fi_control(FI_GETWAIT)` hands out.
     fd: Option<CntrFd>,
-    /// `FI_WAIT_MUTEX_COND`: the pair `fi_control(FI_GETWAIT)` hands out, broadcast under
-    /// its mutex whenever a count changes (progress in any thread, or a value call).
+    /// `FI_WAIT_MUTEX_COND`: the pair `fi_control(FI_GETWAIT)` hands out, broadcast
+    /// whenever a count changes (progress in any thread, or a value call).
     mc: Option<MutexCond>,
     _domain: Arc<Domain>,
 }

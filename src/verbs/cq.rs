@@ -751,14 +751,14 @@ impl CompletionQueue {
         self.read_impl(out, Some(src))
     }
 
-    /// The general read: peers, staged entries, owners, counters. Kept out of line so that
-    /// `read`'s plain path carries none of its registers or stack.
+    /// The general read: peers, staged entries, owners, counters.
     #[inline]
     fn read_impl<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> Result<usize> {
         self.read_general(out, src, true)
     }
 
-    /// [`Self::read_impl`]; `drive` false when the caller has driven the peers already.
+    /// [`Self::read_impl`], driving the peers unless `drive` is false (the caller has).
+    /// Kept out of line so that `read`'s plain path carries none of its registers or stack.
     #[inline(never)]
     fn read_general<E: FormatEntry>(
         &self,
