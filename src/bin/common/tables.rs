@@ -57,34 +57,59 @@ pub(crate) struct LatStats {
     pub p999: f64,
 }
 
+/// Latency samples as TSC cycles, converted to microseconds once, for the table: the loop
+/// stores a subtraction per sample, and the statistics compare integers.
+pub(crate) struct Samples {
+    pub(crate) cycles: Vec<u64>,
+    /// Cycles per reported microsecond: the TSC rate, times 2 for round trips (one-way
+    /// latency is half of each).
+    per_us: f64,
+}
+
+impl Samples {
+    /// Room for `n` samples, each reported divided by `div` (2 for round trips).
+    pub(crate) fn with_capacity(n: usize, div: f64) -> Self {
+        Samples {
+            cycles: Vec::with_capacity(n),
+            per_us: rfabric_sys::clock::cycles_per_us() * div,
+        }
+    }
+}
+
 /// Percentiles by selection, not a sort: the median, then p99 and p99.9 in the part above
 /// it (linear time; perftest's sort costs about 225 instructions per iteration).
-pub(crate) fn lat_stats(samples: &mut [f64]) -> LatStats {
+pub(crate) fn lat_stats(s: &mut Samples) -> LatStats {
+    let samples = &mut s.cycles[..];
     let len = samples.len();
     if len == 0 {
         return LatStats::default();
     }
+    let us = |c: u64| c as f64 / s.per_us;
     let n = len as f64;
-    let avg = samples.iter().sum::<f64>() / n;
-    let var = samples.iter().map(|s| (s - avg) * (s - avg)).sum::<f64>() / n;
-    let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    // One pass: the sum (u128: no overflow), the sum of squares, the extremes.
+    let (mut sum, mut sq, mut min, mut max) = (0u128, 0f64, u64::MAX, 0u64);
+    for &c in samples.iter() {
+        sum += u128::from(c);
+        sq += (c as f64) * (c as f64);
+        min = min.min(c);
+        max = max.max(c);
+    }
+    let mean = sum as f64 / n;
+    let var = (sq / n - mean * mean).max(0.0);
     let rank = |p: f64| ((n * p).ceil() as usize).clamp(1, len) - 1;
     let mid = len / 2;
-    let typical = *samples.select_nth_unstable_by(mid, f64::total_cmp).1;
+    let typical = *samples.select_nth_unstable(mid).1;
     let (i99, i999) = (rank(0.99).max(mid), rank(0.999).max(mid));
-    let upper = &mut samples[mid..];
-    let p99 = *upper.select_nth_unstable_by(i99 - mid, f64::total_cmp).1;
-    let upper = &mut samples[i99..];
-    let p999 = *upper.select_nth_unstable_by(i999 - i99, f64::total_cmp).1;
+    let p99 = *samples[mid..].select_nth_unstable(i99 - mid).1;
+    let p999 = *samples[i99..].select_nth_unstable(i999 - i99).1;
     LatStats {
-        min,
-        max,
-        typical,
-        avg,
-        stdev: var.sqrt(),
-        p99,
-        p999,
+        min: us(min),
+        max: us(max),
+        typical: us(typical),
+        avg: mean / s.per_us,
+        stdev: var.sqrt() / s.per_us,
+        p99: us(p99),
+        p999: us(p999),
     }
 }
 
@@ -125,28 +150,47 @@ mod tests {
     fn selected_percentiles_match_a_sort() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for len in [1usize, 2, 3, 10, 999, 1000, 1001, 5000] {
-            let mut v: Vec<f64> = (0..len)
+            let v: Vec<u64> = (0..len)
                 .map(|_| {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    (x % 10_000) as f64 / 7.0
+                    x % 10_000
                 })
                 .collect();
             let mut sorted = v.clone();
-            sorted.sort_by(f64::total_cmp);
+            sorted.sort();
+            let per_us = 7.0;
             let pct = |p: f64| sorted[((len as f64 * p).ceil() as usize).clamp(1, len) - 1];
-            let s = lat_stats(&mut v);
+            let mut samples = Samples {
+                cycles: v.clone(),
+                per_us,
+            };
+            let s = lat_stats(&mut samples);
+            let us = |c: u64| c as f64 / per_us;
             assert_eq!(
                 (s.min, s.max, s.typical, s.p99, s.p999),
                 (
-                    sorted[0],
-                    sorted[len - 1],
-                    sorted[len / 2],
-                    pct(0.99),
-                    pct(0.999)
+                    us(sorted[0]),
+                    us(sorted[len - 1]),
+                    us(sorted[len / 2]),
+                    us(pct(0.99)),
+                    us(pct(0.999))
                 ),
                 "{len} samples"
+            );
+            // Mean and standard deviation as the two-pass formulas give them.
+            let m = v.iter().map(|&c| us(c)).sum::<f64>() / len as f64;
+            let sd = (v.iter().map(|&c| (us(c) - m).powi(2)).sum::<f64>() / len as f64).sqrt();
+            assert!(
+                (s.avg - m).abs() < 1e-9 * m.max(1.0),
+                "{len}: mean {} vs {m}",
+                s.avg
+            );
+            assert!(
+                (s.stdev - sd).abs() < 1e-6 * sd.max(1.0),
+                "{len}: stdev {} vs {sd}",
+                s.stdev
             );
         }
     }
