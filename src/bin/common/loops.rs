@@ -212,7 +212,8 @@ pub(crate) fn run_lat(
 
 /// Windowed operations: the client keeps `depth` sends (or RDMA writes or reads of the
 /// server's buffer) in flight. The server counts arrivals, or for one-sided tests waits for
-/// the client's word, and answers with one message. Returns (total seconds, best window MB/s).
+/// the client's word, and answers with one message. Returns (total seconds, best window in
+/// bytes per microsecond).
 pub(crate) fn run_bw(
     c: &Conn,
     test: Test,
@@ -236,6 +237,12 @@ pub(crate) fn run_bw(
             let n = poll(c, &mut out, deadline, || {
                 format!("only {got} of {want} messages arrived")
             })?;
+            if n == 0 && test != Test::SendBw {
+                // Nothing to do until the client's word, as perftest's server (asleep in a
+                // socket read): the device's work at this end (read responses, writes
+                // placed) runs in this host's kernel, which a spinning reader competes with.
+                std::thread::sleep(Duration::from_micros(100));
+            }
             for en in &out[..n] {
                 if en.flags & Flags::RECV.bits() != 0 {
                     if en.len != len {
@@ -251,9 +258,12 @@ pub(crate) fn run_bw(
     }
     let rma = rma_target(c, size);
     // One completion in CQ_MOD (and the last): RC completes a queue in order, so a
-    // completion for operation k means operations 0..=k are done.
+    // completion for operation k means operations 0..=k are done. A window smaller than
+    // that asks for one per window, as perftest lowers its cq_mod to the tx depth (else the
+    // window fills with operations that never report).
+    let every = CQ_MOD.min(depth);
     let post = |k: usize| -> Result<()> {
-        let flags = if (k + 1) % CQ_MOD == 0 || k + 1 == iters {
+        let flags = if (k + 1) % every == 0 || k + 1 == iters {
             Flags::COMPLETION
         } else {
             Flags::empty()

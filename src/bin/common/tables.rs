@@ -128,10 +128,13 @@ pub(crate) fn print_lat(o: &Opts, size: usize, s: &LatStats) {
     }
 }
 
+/// perftest's "MB" (`print_report_bw`, `format_factor` 0x100000): its MB/sec are MiB/s.
+const MB: f64 = 1048576.0;
+
+/// A bandwidth row: `peak` in bytes per microsecond (the best window's), the average and
+/// the peak reported in perftest's MB/sec, the message rate in millions per second.
 pub(crate) fn print_bw(o: &Opts, size: usize, secs: f64, peak: f64) {
-    let avg = (size * o.iters) as f64 / secs / 1e6;
-    let rate = o.iters as f64 / secs / 1e6;
-    let peak = peak.max(avg);
+    let (peak, avg, rate) = bw_figures(size, o.iters, secs, peak);
     if o.json {
         println!("{{\"test\":\"{}\",\"bytes\":{size},\"iterations\":{},\"bw_peak\":{peak:.2},\"bw_avg\":{avg:.2},\"msg_rate\":{rate:.6}}}", &o.test.name()[5..], o.iters);
     } else {
@@ -142,9 +145,25 @@ pub(crate) fn print_bw(o: &Opts, size: usize, secs: f64, peak: f64) {
     }
 }
 
+/// (peak MB/sec, average MB/sec, Mpps) of `iters` messages of `size` bytes in `secs`, the
+/// best window having moved `peak` bytes per microsecond.
+fn bw_figures(size: usize, iters: usize, secs: f64, peak: f64) -> (f64, f64, f64) {
+    let avg = (size * iters) as f64 / secs / MB;
+    let rate = iters as f64 / secs / 1e6;
+    ((peak * 1e6 / MB).max(avg), avg, rate)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bandwidth_is_in_perftest_megabytes() {
+        // 1000 messages of 1 MiB in 2 s: 500 perftest MB/sec (MiB/s), 0.0005 Mpps.
+        let (peak, avg, rate) = bw_figures(1 << 20, 1000, 2.0, 1.048576 * 600.0);
+        assert_eq!((avg, rate), (500.0, 0.0005));
+        assert!((peak - 600.0).abs() < 1e-9, "{peak}");
+    }
 
     #[test]
     fn selected_percentiles_match_a_sort() {
