@@ -535,6 +535,9 @@ struct Inner {
     local_from: HashMap<u64, u64, QpnHash>,
     /// Remote CQ data of unexpected local messages, by engine slot (`FI_PEEK` reports it).
     local_data: HashMap<u32, u64, QpnHash>,
+    /// Bounce buffers done with and not yet on the SRQ: posted `Enabled::repost_batch` at a
+    /// time, in one call (`repost`).
+    repost: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -551,6 +554,8 @@ struct Enabled {
     slot: usize,
     /// Bounce buffers on the SRQ (holders below this are bounce buffers).
     rx_n: usize,
+    /// Bounce buffers reposted together (`repost`); 1: each at once.
+    repost_batch: usize,
     /// Messages up to this size larger than a bounce buffer go in segments (never more
     /// segments than send buffers).
     seg_max: usize,
@@ -942,6 +947,7 @@ impl RdmEndpoint {
                     local_rx: Vec::new(),
                     local_from: HashMap::default(),
                     local_data: HashMap::default(),
+                    repost: Vec::with_capacity(repost_batch(rx_n)),
                     tx_free: (0..tx_n as u32).rev().collect(),
                     tx: vec![TxMeta::default(); tx_n],
                     tx_rma: (0..tx_n).map(|_| None).collect(),
@@ -957,6 +963,7 @@ impl RdmEndpoint {
                 tx_pool,
                 slot,
                 rx_n,
+                repost_batch: repost_batch(rx_n),
                 seg_max: segmented_max(slot - Header::LEN)?.min((slot - Header::LEN) * tx_n),
                 tx_cq,
                 rx_cq,
@@ -2473,9 +2480,56 @@ fn release_holder(en: &Enabled, g: &mut Inner, slot: u32) {
     if std::mem::take(&mut g.rx[slot as usize].held) {
         g.held -= 1;
     }
-    if let Err(err) = post_bounce(en, slot) {
-        crate::fi_warn!("rdm", "reposting bounce buffer {slot}: {err}");
+    repost(en, g, slot);
+}
+
+/// Bounce buffers reposted in one call: at most an eighth of them wait off the SRQ (a
+/// sender that finds it empty retries; none is lost), and none with fewer than 16.
+fn repost_batch(rx_n: usize) -> usize {
+    (rx_n / 8).clamp(1, 16)
+}
+
+/// Bounce buffer `slot` goes back to the SRQ: with the next ones, `repost_batch` in one
+/// call (the device provider takes its queue's lock once for them).
+#[inline]
+fn repost(en: &Enabled, g: &mut Inner, slot: u32) {
+    g.repost.push(slot);
+    if g.repost.len() >= en.repost_batch {
+        flush_reposts(en, g);
     }
+}
+
+/// Posts the bounce buffers `repost` holds (up to a chain's worth) in one call.
+#[inline(never)]
+fn flush_reposts(en: &Enabled, g: &mut Inner) {
+    let n = g.repost.len().min(sv::Srq::POST_EACH_MAX);
+    // Indices below `rx_n` only (the pool's), so each element lies inside the pool.
+    let slot = en.slot;
+    let (addr, lkey) = (en.rx_pool.sys().addr(), en.rx_pool.sys().lkey());
+    let ids = &g.repost[..n];
+    let posted = en.srx.srq().post_recv_each(n, |i| {
+        let b = ids[i] as usize;
+        let sge = sv::Sge {
+            addr: addr + (b * slot) as u64,
+            length: slot as u32,
+            lkey,
+        };
+        (wr_id::keyed(ids[i], en.key, Kind::RdmRecv), sge)
+    });
+    let done = match posted {
+        Ok(()) => n,
+        Err((k, e)) => {
+            // What was not posted stays for the next try.
+            crate::fi_warn!(
+                "rdm",
+                "reposting {} bounce buffers: {}",
+                n - k,
+                Error::os(e, "ibv_post_srq_recv")
+            );
+            k
+        }
+    };
+    g.repost.drain(..done);
 }
 
 /// Copies the unexpected message in bounce buffer `slot` (`len` bytes after its header)
@@ -2599,9 +2653,7 @@ fn segment(
                 .map_err(|e| Error::os(e, "putting a segmented message together"))
         })
     };
-    if let Err(err) = post_bounce(en, id) {
-        crate::fi_warn!("rdm", "reposting bounce buffer {id}: {err}");
-    }
+    repost(en, g, id);
     if let Err(err) = copied {
         // Out of memory, or a peer breaking the protocol: said, not silent.
         crate::fi_warn!("rdm", "segmented message from QP {qpn} dropped: {err}");
@@ -3308,9 +3360,7 @@ fn unexpected(en: &Enabled, g: &mut Inner, id: u32, e: u32, payload: usize) {
     match aside {
         Some(holder) => {
             g.engine.entry_mut(e).owner = holder as u64;
-            if let Err(err) = post_bounce(en, id) {
-                crate::fi_warn!("rdm", "reposting bounce buffer {id}: {err}");
-            }
+            repost(en, g, id);
         }
         None => {
             g.rx[id as usize].held = true;

@@ -1596,6 +1596,54 @@ impl Srq {
         with_sges(iov, self.max_sge, |sges, _| self.post_recv(wr_id, sges))
     }
 
+    /// Posts `n` receives (at most [`Self::POST_EACH_MAX`]) of one element each, the `i`th
+    /// being `item(i)` (its work request id and element), in one call (one chain: the device
+    /// provider takes its queue's lock once). On failure, how many were posted (the first
+    /// ones) and the error.
+    #[inline]
+    pub fn post_recv_each(
+        &self,
+        n: usize,
+        mut item: impl FnMut(usize) -> (u64, Sge),
+    ) -> Result<(), (usize, i32)> {
+        const N: usize = Srq::POST_EACH_MAX;
+        if n == 0 {
+            return Ok(());
+        }
+        if n > N {
+            return Err((0, libc::E2BIG));
+        }
+        let mut sges = [const { std::mem::MaybeUninit::<Sge>::uninit() }; N];
+        let mut wrs = [const { std::mem::MaybeUninit::<r::ibv_recv_wr>::uninit() }; N];
+        let base = wrs.as_mut_ptr().cast::<r::ibv_recv_wr>();
+        for i in 0..n {
+            let (id, sge) = item(i);
+            let mut wr = r::ibv_recv_wr::zeroed();
+            wr.wr_id = id;
+            wr.sg_list = sges[i].write(sge) as *mut Sge as *mut r::ibv_sge;
+            wr.num_sge = 1;
+            // The next element of the array (`i + 1 < n <= N`), written before the post.
+            wr.next = if i + 1 < n {
+                base.wrapping_add(i + 1)
+            } else {
+                ptr::null_mut()
+            };
+            wrs[i].write(wr);
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid SRQ; the first `n` work requests are written and linked in order
+        // (the last ends the chain), each naming its element in `sges`, written and alive
+        // for the call; the elements name registered memory, checked by the device.
+        let rc = unsafe { r::ibv_post_srq_recv(self.srq.as_ptr(), base, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        Err((first_unposted(bad, base, n), rc.abs()))
+    }
+
+    /// Receives [`Self::post_recv_each`] takes at most.
+    pub const POST_EACH_MAX: usize = 32;
+
     pub(crate) fn as_ptr(&self) -> *mut r::ibv_srq {
         self.srq.as_ptr()
     }
