@@ -2484,7 +2484,8 @@ fn release_holder(en: &Enabled, g: &mut Inner, slot: u32) {
 }
 
 /// Bounce buffers reposted in one call: at most an eighth of them wait off the SRQ (a
-/// sender that finds it empty retries; none is lost), and none with fewer than 16.
+/// sender that finds it empty retries; none is lost); an endpoint with fewer than 16
+/// reposts each at once.
 fn repost_batch(rx_n: usize) -> usize {
     (rx_n / 8).clamp(1, 16)
 }

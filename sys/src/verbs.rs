@@ -1615,20 +1615,25 @@ impl Srq {
         }
         let mut sges = [const { std::mem::MaybeUninit::<Sge>::uninit() }; N];
         let mut wrs = [const { std::mem::MaybeUninit::<r::ibv_recv_wr>::uninit() }; N];
+        // Every element is written through these, the pointers the chain itself holds.
+        let sbase = sges.as_mut_ptr().cast::<Sge>();
         let base = wrs.as_mut_ptr().cast::<r::ibv_recv_wr>();
         for i in 0..n {
             let (id, sge) = item(i);
             let mut wr = r::ibv_recv_wr::zeroed();
             wr.wr_id = id;
-            wr.sg_list = sges[i].write(sge) as *mut Sge as *mut r::ibv_sge;
+            wr.sg_list = sbase.wrapping_add(i).cast();
             wr.num_sge = 1;
-            // The next element of the array (`i + 1 < n <= N`), written before the post.
             wr.next = if i + 1 < n {
                 base.wrapping_add(i + 1)
             } else {
                 ptr::null_mut()
             };
-            wrs[i].write(wr);
+            // SAFETY: `i < n <= N`: inside both arrays, which outlive the post below.
+            unsafe {
+                sbase.add(i).write(sge);
+                base.add(i).write(wr);
+            }
         }
         let mut bad = ptr::null_mut();
         // SAFETY: valid SRQ; the first `n` work requests are written and linked in order
