@@ -247,7 +247,7 @@ impl AddressVector {
     }
 
     /// Runs `f` on the peer at `addr`, or fails with `-FI_EINVAL` for an unknown address.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn with_peer<R>(&self, addr: u64, f: impl FnOnce(&UdDest) -> R) -> Result<R> {
         let t = self.read();
         match t.get(addr) {

@@ -188,6 +188,10 @@ pub struct CompletionQueue {
     /// Owners found by the key their work requests carry (RDM endpoints: one key for all
     /// their connections, so no lookup by queue pair). Few per CQ; keys are never reused.
     keyed: RwLock<Vec<(u32, Weak<dyn RecvOwner>)>>,
+    /// The first keyed owner (an RDM endpoint usually has its CQs to itself), found with
+    /// no lock while `first_keyed_live` holds: cleared when it unregisters.
+    first_keyed: std::sync::OnceLock<(u32, Weak<dyn RecvOwner>)>,
+    first_keyed_live: AtomicBool,
     /// A datagram endpoint whose plain receives (`Kind::DgramPlain`) this CQ reports
     /// without it, and how many it reported: the endpoint compares it with what it posted.
     plain_ud: AtomicBool,
@@ -534,6 +538,8 @@ impl CompletionQueue {
             ordered: Mutex::new(()),
             serial,
             keyed: RwLock::new(Vec::new()),
+            first_keyed: std::sync::OnceLock::new(),
+            first_keyed_live: AtomicBool::new(false),
             plain_ud: AtomicBool::new(false),
             plain_ud_done: AtomicU64::new(0),
             peers: RwLock::new(Vec::new()),
@@ -975,13 +981,14 @@ impl CompletionQueue {
     /// The entry for a completion whose endpoint places it (`wr_id::is_owned`).
     fn owned(&self, w: &WorkCompletion) -> Option<Owned> {
         let owner = match wr_id::owner_key(w.wr_id()) {
-            Some(k) => self
-                .keyed
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .find(|(key, _)| *key == k)
-                .and_then(|(_, o)| o.upgrade()),
+            Some(k) => match self.first_keyed.get() {
+                Some((first, o))
+                    if *first == k && self.first_keyed_live.load(Ordering::Acquire) =>
+                {
+                    o.upgrade()
+                }
+                _ => self.keyed_owner(k),
+            },
             None => self
                 .owners
                 .read()
@@ -996,6 +1003,16 @@ impl CompletionQueue {
                 None
             }
         }
+    }
+
+    /// The keyed owner of `k` from the registry.
+    fn keyed_owner(&self, k: u32) -> Option<Arc<dyn RecvOwner>> {
+        self.keyed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(key, _)| *key == k)
+            .and_then(|(_, o)| o.upgrade())
     }
 
     /// Whether this read drives the peers: every read while one needs or asks for it,
@@ -1200,6 +1217,9 @@ impl CompletionQueue {
         let v = self.owners.read().unwrap_or_else(|p| p.into_inner());
         let mut k = self.keyed.write().unwrap_or_else(|p| p.into_inner());
         k.retain(|(_, o)| o.strong_count() > 0);
+        if self.first_keyed.set((key, owner.clone())).is_ok() {
+            self.first_keyed_live.store(true, Ordering::Release);
+        }
         k.push((key, owner));
         self.set(feature::OWNERS, true);
         drop(v);
@@ -1208,6 +1228,13 @@ impl CompletionQueue {
     pub(crate) fn unregister_keyed_owner(&self, key: u32) {
         let v = self.owners.read().unwrap_or_else(|p| p.into_inner());
         let mut k = self.keyed.write().unwrap_or_else(|p| p.into_inner());
+        if self
+            .first_keyed
+            .get()
+            .is_some_and(|(first, _)| *first == key)
+        {
+            self.first_keyed_live.store(false, Ordering::Release);
+        }
         k.retain(|(x, o)| *x != key && o.strong_count() > 0);
         self.set(feature::OWNERS, !v.is_empty() || !k.is_empty());
     }

@@ -426,6 +426,7 @@ impl DgramEndpoint {
     }
 
     /// Sends `len` bytes at `offset` of `mr` to `dest`, an address of the bound AV (`fi_send`).
+    #[inline]
     pub fn send(
         &self,
         mr: &MemoryRegion,
@@ -444,7 +445,7 @@ impl DgramEndpoint {
 
     /// One range posted at once (no `FI_MORE` chain): the whole of a plain send.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn send_one(
         &self,
         mr: &MemoryRegion,
@@ -482,7 +483,7 @@ impl DgramEndpoint {
     }
 
     /// The work request id and verbs flags of a send (signalled as `flags` ask).
-    #[inline]
+    #[inline(always)]
     fn send_slot(&self, context: u64, imm: Option<u32>, flags: Flags) -> (u64, u32) {
         let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
         let kind = wr_id::send_kind(imm);
@@ -633,7 +634,7 @@ impl DgramEndpoint {
     }
 
     /// Runs `post` with the destination of `dest`.
-    #[inline]
+    #[inline(always)]
     fn to_peer<R>(&self, dest: u64, post: impl FnOnce(&UdDest) -> R) -> Result<R> {
         let av = self.av.get().ok_or_else(not_enabled)?;
         av.with_peer(dest, post)
@@ -641,6 +642,7 @@ impl DgramEndpoint {
 
     /// Posts a receive of up to `len` bytes at `offset` of `mr` (`fi_recv`). In prefix
     /// mode the first 40 bytes receive the GRH and the length reported includes them.
+    #[inline(always)]
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
         let flags = self.info.rx_attr.op_flags;
         // A plain receive (room for any datagram, on an endpoint whose CQ reports them: no
@@ -664,6 +666,19 @@ impl DgramEndpoint {
                 return Ok(());
             }
         }
+        self.recv_general(mr, offset, len, context, flags)
+    }
+
+    /// `recv` of any other kind: out of line, so that the plain path inlines alone.
+    #[inline(never)]
+    fn recv_general(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
         self.recvmsg(mr, offset, len, context, flags)
     }
 

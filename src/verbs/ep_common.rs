@@ -405,7 +405,7 @@ pub(crate) fn check_recv_flags(flags: Flags, extra: Flags) -> Result<()> {
 }
 
 /// The element naming `len` bytes at `offset` of `mr`, a region of `domain`.
-#[inline]
+#[inline(always)]
 pub(crate) fn region_sge(
     mr: &MemoryRegion,
     domain: &Arc<Domain>,

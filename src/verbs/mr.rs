@@ -118,11 +118,13 @@ impl MemoryRegion {
         }
     }
 
+    #[inline]
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.mr
             .write_at(offset, src)
             .map_err(|_| self.range_error(offset, src.len()))
     }
+    #[inline]
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.mr
             .read_at(offset, dst)

@@ -168,6 +168,7 @@ impl Src<'_> {
     }
 
     /// Copies the bytes to `at` in `pool`.
+    #[inline]
     fn copy_to(&self, pool: &MemoryRegion, mut at: usize) -> Result<()> {
         let to = |at| Place::Region(pool.sys(), at);
         match self {
@@ -3031,7 +3032,7 @@ impl Shared {
     /// rendezvous read, or a message in a bounce buffer. What it completes for the
     /// application goes to that operation's CQ: returned when it is the one being read,
     /// written into the other otherwise.
-    #[inline]
+    #[inline(always)]
     fn completion(&self, en: &Enabled, wc: &WorkCompletion) -> Option<Owned> {
         let id = wr_id::index(wc.wr_id());
         let ok = wc.status() == sv::wc_status::IBV_WC_SUCCESS;
@@ -3177,9 +3178,11 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     let mut hdr = [0u8; Header::LEN + Rts::LEN];
     let off = id as usize * en.slot;
     let got = (wc.byte_len() as usize).min(hdr.len());
+    // The whole array (a bounce buffer holds at least 256 bytes): a fixed-size copy, no
+    // call; what lies past the message is stale and `decode` sees only `got` bytes.
     let parsed = en
         .rx_pool
-        .read_at(off, &mut hdr[..got])
+        .read_at(off, &mut hdr)
         .and_then(|_| Header::decode(&hdr[..got], wc.byte_len() as usize));
     let h = match parsed {
         Ok(h) => h,

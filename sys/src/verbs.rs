@@ -500,6 +500,7 @@ impl MemoryRegion {
     }
 
     /// Copies `src` into the region at `offset`.
+    #[inline]
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), i32> {
         self.sge(offset, src.len()).ok_or(libc::EINVAL)?;
         // SAFETY: bounds checked above; the region is valid memory (owned, or the
@@ -511,6 +512,7 @@ impl MemoryRegion {
     }
 
     /// Copies bytes of the region at `offset` into `dst`.
+    #[inline]
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), i32> {
         self.sge(offset, dst.len()).ok_or(libc::EINVAL)?;
         // SAFETY: bounds checked above; see write_at.
@@ -1084,7 +1086,7 @@ impl QpHandle {
 
     /// Posts one send of `len` bytes at `offset` in `mr`: inline when it fits, so the
     /// buffer is free again at once and the device skips a DMA read.
-    #[inline]
+    #[inline(always)]
     pub fn post_send_mr(
         &self,
         wr_id: u64,
@@ -1291,7 +1293,7 @@ impl QpHandle {
     }
 
     /// Posts one receive into the memory named by `sges` (checked by the device).
-    #[inline]
+    #[inline(always)]
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
         if sges.len() > self.max_recv_sge as usize {
             return Err(libc::EINVAL);

@@ -223,6 +223,7 @@ impl QpHandle {
     /// Sends a datagram from one range of a registered region (inline when it fits): the
     /// common case, with one element and no array to fill.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub fn post_ud_mr(
         &self,
         wr_id: u64,
