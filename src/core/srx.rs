@@ -514,6 +514,7 @@ impl<B: Clone> RxEngine<B> {
 
     /// Frees a claimed or arriving entry once its transport is done with it
     /// (`free_entry`).
+    #[inline]
     pub fn free(&mut self, id: u32) -> Result<()> {
         match self.slots[id as usize].state {
             State::Claimed | State::Arriving => {

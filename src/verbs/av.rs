@@ -260,6 +260,7 @@ impl AddressVector {
         }
     }
 
+    #[inline(always)]
     fn read(&self) -> std::sync::RwLockReadGuard<'_, AvTable<Dest>> {
         self.table.read().unwrap_or_else(|p| p.into_inner())
     }

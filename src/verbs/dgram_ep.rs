@@ -461,9 +461,11 @@ impl DgramEndpoint {
         check_domain(mr, &self.domain)?;
         let qp = self.qp()?;
         let (id, vflags) = self.send_slot(context, imm, flags);
-        self.to_peer(dest, |to| {
-            qp.post_ud_mr(id, mr.sys(), off, len, vflags, imm, to)
-        })?
+        self.to_peer(
+            dest,
+            #[inline(always)]
+            |to| qp.post_ud_mr(id, mr.sys(), off, len, vflags, imm, to),
+        )?
         .map_err(|e| region_post_error(e, mr, off, len, "send"))
     }
 

@@ -376,6 +376,7 @@ fn abandon(cq: Option<&CompletionQueue>, ids: impl Iterator<Item = u64>, e: i32)
     }
 }
 
+#[inline(always)]
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

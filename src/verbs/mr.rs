@@ -118,7 +118,7 @@ impl MemoryRegion {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.mr
             .write_at(offset, src)

@@ -498,6 +498,9 @@ struct Inner {
     /// The peer behind each queue pair ever connected (messages may still be polled after
     /// their connection went); the CQs route these QPs' completions here until close.
     qpns: HashMap<u32, QpRoute, QpnHash>,
+    /// The last message's queue pair and its route: consecutive messages mostly come on
+    /// one connection, which then costs no hashing. Cleared whenever `qpns` changes.
+    last_route: Option<(u32, QpRoute)>,
     tx_free: Vec<u32>,
     tx: Vec<TxMeta>,
     /// The RDMA work request of each send buffer carrying one (`TxMeta::rma`).
@@ -934,6 +937,7 @@ impl RdmEndpoint {
                     by_name: HashMap::new(),
                     conns: Vec::new(),
                     qpns: HashMap::default(),
+                    last_route: None,
                     sends: Slab::default(),
                     reads: Slab::default(),
                     fins: VecDeque::new(),
@@ -2014,6 +2018,7 @@ fn new_conn(g: &mut Inner, peer: u32) -> u32 {
 fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
     let qpn = ep.qp().map(|q| q.qp_num()).unwrap_or(0);
     g.qpns.insert(qpn, QpRoute { peer, conn: c });
+    g.last_route = None;
     g.conns[c as usize] = Some(ConnSlot::Open(Conn {
         ep,
         peer,
@@ -3212,7 +3217,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         _ => None,
     };
     // One lookup per message: who sent it, and on which connection.
-    let route = g.qpns.get(&wc.qp_num()).copied();
+    let route = route_of(&mut g, wc.qp_num());
     let src = route.map(|r| r.peer);
     let addr = match src {
         Some(p) => {
@@ -3399,12 +3404,26 @@ fn conn_done(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
     down.and_then(|_| reap(g, c))
 }
 
+/// Who sent on queue pair `qpn`, and on which connection.
+#[inline(always)]
+fn route_of(g: &mut Inner, qpn: u32) -> Option<QpRoute> {
+    match g.last_route {
+        Some((q, r)) if q == qpn => Some(r),
+        _ => {
+            let r = g.qpns.get(&qpn).copied();
+            g.last_route = r.map(|r| (qpn, r));
+            r
+        }
+    }
+}
+
 /// Stops naming a connection by its queue pair (its number may be reused).
 fn forget_qp(g: &mut Inner, ep: &MsgEndpoint) {
     if let Ok(qp) = ep.qp() {
         if let Some(r) = g.qpns.get_mut(&qp.qp_num()) {
             r.conn = NONE;
         }
+        g.last_route = None;
     }
 }
 
