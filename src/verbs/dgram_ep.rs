@@ -668,24 +668,12 @@ impl DgramEndpoint {
                 return Ok(());
             }
         }
-        self.recv_general(mr, offset, len, context, flags)
-    }
-
-    /// `recv` of any other kind: out of line, so that the plain path inlines alone.
-    #[inline(never)]
-    fn recv_general(
-        &self,
-        mr: &MemoryRegion,
-        offset: usize,
-        len: usize,
-        context: u64,
-        flags: Flags,
-    ) -> Result<()> {
         self.recvmsg(mr, offset, len, context, flags)
     }
 
     /// `fi_recvmsg` with one range: `FI_COMPLETION` under selective completion, `FI_MORE`
-    /// (posted at once).
+    /// (posted at once). Out of line, so that `recv`'s plain path inlines alone.
+    #[inline(never)]
     pub fn recvmsg(
         &self,
         mr: &MemoryRegion,
