@@ -189,7 +189,8 @@ pub struct CompletionQueue {
     /// their connections, so no lookup by queue pair). Few per CQ; keys are never reused.
     keyed: RwLock<Vec<(u32, Weak<dyn RecvOwner>)>>,
     /// The first keyed owner (an RDM endpoint usually has its CQs to itself), found with
-    /// no lock while `first_keyed_live` holds: cleared when it unregisters.
+    /// no lock while `first_keyed_live` holds: cleared when it unregisters. The `Weak`
+    /// stays (keys are never reused), holding the owner's allocation, not the owner.
     first_keyed: std::sync::OnceLock<(u32, Weak<dyn RecvOwner>)>,
     first_keyed_live: AtomicBool,
     /// A datagram endpoint whose plain receives (`Kind::DgramPlain`) this CQ reports
