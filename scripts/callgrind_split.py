@@ -109,7 +109,9 @@ def inlined_ours(by_addr, keys):
     for ob, addrs in want.items():
         addrs = sorted(set(addrs))
         try:
-            out = subprocess.run(["addr2line", "-a", "-i", "-e", ob] + [hex(a) for a in addrs],
+            # Addresses on stdin: a tool's functions can hold more than a command line takes.
+            out = subprocess.run(["addr2line", "-a", "-i", "-e", ob],
+                                 input="\n".join(hex(a) for a in addrs),
                                  capture_output=True, text=True, timeout=120).stdout
         except (OSError, subprocess.TimeoutExpired):
             return None
