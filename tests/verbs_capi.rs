@@ -176,6 +176,18 @@ fn c_program_connects_and_moves_data_through_libfabric() {
 }
 
 #[test]
+fn c_buffers_in_the_registration_cache_never_outlive_their_memory() {
+    // Both endpoints are in one process: without the shm peer, their traffic goes over verbs.
+    let verbs = ("FI_RVERBS_RDM_SHM", "0");
+    run_capi_section_with("rdm-mr-cache", &[verbs]);
+    // The same traffic with the cache off (each rendezvous registers for itself).
+    run_capi_section_with(
+        "rdm-mr-cache",
+        &[verbs, ("FI_RVERBS_MR_CACHE_MAX_COUNT", "0")],
+    );
+}
+
+#[test]
 fn c_program_writes_and_reads_remote_memory_through_fi_rma() {
     run_capi_section("rma");
 }

@@ -12,6 +12,7 @@ use rfabric::core::cq::{CqEntry as TaggedEntry, CqErrEntry};
 use rfabric::core::srx::Kind as RxKind;
 use rfabric::verbs::*;
 use rfabric::*;
+use rfabric_sys::mem::{ForeignBuf, Place};
 
 const ANY: u64 = u64::MAX;
 
@@ -691,6 +692,53 @@ fn rendezvous_uses_the_applications_registrations_when_their_access_allows() {
     // read, for that send only.
     let plain = MemoryRegion::alloc(&domain, n, Flags::SEND).unwrap();
     assert_eq!(rendezvous_registrations(&v, &txs, &plain, &dst, n, 4), 4);
+    quiet(&v, 0);
+    quiet(&v, 1);
+}
+
+#[test]
+fn c_buffers_are_registered_once_and_found_in_the_cache_after() {
+    let Some(info) = rdm_info() else { return };
+    let (v, txs, domain) = split_nodes(&info);
+    let n = (1 << 20) + 5;
+    v[0].ep.tsend(b"hello", 5, 1, 1).unwrap();
+    v[1].ep.trecv(recv_buf(&v[1], 0, 5), ANY, 5, 0, 2).unwrap();
+    assert_eq!(next_on(&v, &v[1].cq).unwrap().op_context, 2);
+    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 1);
+    // Buffers as a C caller's (no descriptor): heap memory, leaked so it stays valid.
+    let src = ForeignBuf::from_static(Box::leak(vec![0u8; n].into_boxed_slice()));
+    let dst = ForeignBuf::from_static(Box::leak(vec![0u8; n].into_boxed_slice()));
+    let before = rfabric_sys::verbs::registrations();
+    for k in 0..5u64 {
+        src.write_at(0, &pattern(n, k as u8)).unwrap();
+        v[1].ep
+            .trecv(
+                RecvBuf::Foreign(dst.slice(0, n).unwrap()),
+                ANY,
+                5,
+                0,
+                200 + k,
+            )
+            .unwrap();
+        v[0].ep
+            .send_foreign(src, 1, Some(5), None, 300 + k, Flags::empty())
+            .unwrap();
+        let e = next_on(&v, &v[1].cq).unwrap();
+        assert_eq!((e.op_context, e.len), (200 + k, n));
+        assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 300 + k);
+        let mut got = vec![];
+        rfabric_sys::mem::append_from(Place::Foreign(&dst, 0), n, &mut got).unwrap();
+        assert!(got == pattern(n, k as u8), "message {k}");
+    }
+    // One registration per buffer, for all five messages.
+    assert_eq!(rfabric_sys::verbs::registrations() - before, 2);
+    let s = domain
+        .mr_cache_stats()
+        .expect("the cache runs in the VM (root: userfaultfd)");
+    assert_eq!(
+        (s.misses, s.hits, s.uncached, s.invalidations),
+        (2, 8, 0, 0)
+    );
     quiet(&v, 0);
     quiet(&v, 1);
 }

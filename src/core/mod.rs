@@ -12,6 +12,7 @@ pub mod error;
 pub mod flags;
 pub mod info;
 pub mod log;
+pub mod mr_cache;
 pub mod peer;
 pub mod rdm;
 pub mod srx;

@@ -1,13 +1,14 @@
 //! The domain: one verbs device and a protection domain on it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use rfabric_sys::verbs::ProtectionDomain;
+use rfabric_sys::verbs::{self as sv, PinnedPages, ProtectionDomain};
 
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{Flags, MrMode};
 use crate::core::info::Info;
 use crate::verbs::info::{devices, Device};
+use crate::verbs::mr_cache::{self, Monitor, MrCache};
 use crate::verbs::{os_err, Fabric};
 
 /// An open domain (`fi_domain`): a PD on the device the info names.
@@ -19,7 +20,15 @@ pub struct Domain {
     fabric: Arc<Fabric>,
     /// RMA addresses are offsets into regions (`mr_mode` without `FI_MR_VIRT_ADDR`).
     offset_rma: bool,
+    /// `FI_RVERBS_MR_CACHE_MAX_COUNT` and `_MAX_SIZE`, read at open.
+    cache_limits: (usize, u64),
+    /// Registrations of unregistered application memory, made at the first rendezvous
+    /// that needs one (`None`: the cache is off or the kernel cannot monitor memory).
+    mr_cache: OnceLock<Option<MrCache<Arc<PinnedPages>>>>,
 }
+
+/// The process's memory monitor for domains' registration caches.
+static MONITOR: OnceLock<Option<Arc<Monitor<Arc<PinnedPages>>>>> = OnceLock::new();
 
 impl Domain {
     pub fn open(fabric: &Arc<Fabric>, info: &Info) -> Result<Arc<Domain>> {
@@ -33,6 +42,7 @@ impl Domain {
                     format!("no RDMA device named {name:?}: check fi_getinfo's domain name"),
                 )
             })?;
+        let cache_limits = mr_cache::limits()?;
         let pd = ProtectionDomain::new(device.context).map_err(os_err("ibv_alloc_pd"))?;
         crate::fi_info!("domain", "opened domain {} (pd on {})", name, device.name);
         Ok(Arc::new(Domain {
@@ -42,7 +52,47 @@ impl Domain {
             fabric: fabric.clone(),
             offset_rma: info.caps.contains(Flags::RMA)
                 && !info.domain_attr.mr_mode.contains(MrMode::VIRT_ADDR),
+            cache_limits,
+            mr_cache: OnceLock::new(),
         }))
+    }
+
+    fn mr_cache(&self) -> Option<&MrCache<Arc<PinnedPages>>> {
+        self.mr_cache
+            .get_or_init(|| {
+                let (count, bytes) = self.cache_limits;
+                if count == 0 || bytes == 0 {
+                    crate::fi_info!(
+                        "mr",
+                        "registration cache off (FI_RVERBS_MR_CACHE_MAX_COUNT or _MAX_SIZE is 0)"
+                    );
+                    return None;
+                }
+                mr_cache::monitor(&MONITOR).map(|m| MrCache::new(m, count, bytes))
+            })
+            .as_ref()
+    }
+
+    /// A registration of `len` bytes of the application's at `addr` for the device (a
+    /// rendezvous's source or landing, an RMA's local side) with at least `access`: from the
+    /// registration cache (kept while the memory stays mapped; local write and remote read),
+    /// or, when the cache is off or cannot take it, made for this operation alone.
+    pub(crate) fn pin(&self, addr: u64, len: usize, access: u32) -> Result<Arc<PinnedPages>> {
+        const CACHED: u32 = sv::access::LOCAL_WRITE | sv::access::REMOTE_READ;
+        let reg = |a, n, acc| PinnedPages::register(&self.pd, a, n, acc).map(Arc::new);
+        let cached = match self.mr_cache() {
+            Some(c) if access & !CACHED == 0 => c.get(addr, len, |a, n| reg(a, n, CACHED)),
+            _ => Err(libc::EINVAL),
+        };
+        // Read-only memory cannot take local write: registered as asked, for this use.
+        cached
+            .or_else(|_| reg(addr, len, access))
+            .map_err(|e| Error::os(e, "ibv_reg_mr of an application buffer"))
+    }
+
+    /// What the registration cache has done (`None` while it is off or unused).
+    pub fn mr_cache_stats(&self) -> Option<crate::core::mr_cache::CacheStats> {
+        self.mr_cache.get()?.as_ref().map(|c| c.stats())
     }
 
     /// Whether peers address RMA by offset into a region (`mr_mode` without

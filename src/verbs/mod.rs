@@ -15,6 +15,7 @@ pub mod eq;
 pub mod fabric;
 pub mod info;
 pub mod mr;
+pub(crate) mod mr_cache;
 pub mod msg_ep;
 pub(crate) mod multi_recv;
 pub mod pep;

@@ -128,10 +128,12 @@ impl RecvBuf {
             RecvBuf::Region { mr, offset, .. } => {
                 sv::MemoryRegion::register_view(mr, offset + at, n, sv::access::LOCAL_WRITE)
             }
-            RecvBuf::Foreign(f) => f
-                .slice(at, n)
-                .ok_or(libc::EINVAL)
-                .and_then(|b| b.register(domain.pd(), sv::access::LOCAL_WRITE)),
+            RecvBuf::Foreign(f) => {
+                let b = f.slice(at, n).ok_or_else(range)?;
+                let p = domain.pin(b.addr(), n, sv::access::LOCAL_WRITE)?;
+                let sge = p.sge_at(b.addr(), n).ok_or_else(range)?;
+                return Ok((Exposed::Pinned(p), sge));
+            }
         };
         let r = r.map_err(|e| Error::os(e, "ibv_reg_mr of a receive buffer (rendezvous)"))?;
         let sge = r.sge(0, n).ok_or_else(range)?;
@@ -140,12 +142,14 @@ impl RecvBuf {
 }
 
 /// Memory a rendezvous exposes (the sender's to the peer's read, the receiver's to the
-/// read's landing): a registration for that operation alone, or the application's own
-/// region when its access already allows it (held, so it outlives the operation).
+/// read's landing): a registration for that operation alone, the application's own
+/// region when its access already allows it, or a C buffer's pages (from the domain's
+/// registration cache); each held until the operation ends.
 #[derive(Debug)]
 enum Exposed {
     Own(#[allow(dead_code)] sv::MemoryRegion),
     App(#[allow(dead_code)] Arc<sv::MemoryRegion>),
+    Pinned(#[allow(dead_code)] Arc<sv::PinnedPages>),
 }
 
 /// Where a send's bytes come from.
@@ -236,7 +240,11 @@ impl Src<'_> {
             Src::Region(mr, off, len) => {
                 sv::MemoryRegion::register_view(mr.sys(), *off, *len, sv::access::REMOTE_READ)
             }
-            Src::Foreign(f) => f.register(domain.pd(), sv::access::REMOTE_READ),
+            Src::Foreign(f) => {
+                let p = domain.pin(f.addr(), f.len(), sv::access::REMOTE_READ)?;
+                let (addr, rkey) = (f.addr(), p.rkey());
+                return Ok((Exposed::Pinned(p), addr, rkey));
+            }
         };
         let r = r.map_err(|e| Error::os(e, "ibv_reg_mr of a send buffer (rendezvous)"))?;
         let (addr, rkey) = (r.addr(), r.rkey());

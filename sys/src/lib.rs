@@ -11,6 +11,7 @@ pub mod clock;
 pub mod cm;
 pub mod fabric;
 pub mod mem;
+pub mod uffd;
 pub mod verbs;
 pub mod wait;
 

@@ -3,9 +3,7 @@
 
 use std::ptr;
 
-use std::sync::Arc;
-
-use crate::verbs::{MemoryRegion, ProtectionDomain};
+use crate::verbs::MemoryRegion;
 
 /// A buffer of the application's, trusted by the contract of the call that gave it (see
 /// [`ForeignBuf::new`]): a receive's (written) or a large send's (read, or registered).
@@ -25,6 +23,15 @@ impl ForeignBuf {
         ForeignBuf {
             addr: addr as usize,
             len,
+        }
+    }
+
+    /// A buffer that lives for the rest of the process (leaked, and borrowed by nothing
+    /// else): valid for any operation, so no contract is left to the caller.
+    pub fn from_static(buf: &'static mut [u8]) -> Self {
+        ForeignBuf {
+            addr: buf.as_mut_ptr() as usize,
+            len: buf.len(),
         }
     }
 
@@ -130,16 +137,6 @@ pub fn append_from(src: Place<'_>, len: usize, dst: &mut Vec<u8>) -> Result<(), 
         dst.set_len(at + len);
     }
     Ok(())
-}
-
-impl ForeignBuf {
-    /// Registers the buffer with `access` for the device (an RDM rendezvous exposing it to
-    /// one peer's read, or receiving a read into it). Sound by `new`'s contract: the memory
-    /// stays valid until the provider is done with it, and the registration goes first.
-    pub fn register(&self, pd: &Arc<ProtectionDomain>, access: u32) -> Result<MemoryRegion, i32> {
-        // SAFETY: `new`'s contract covers the registration's life.
-        unsafe { MemoryRegion::register(pd, self.addr as *mut u8, self.len, access) }
-    }
 }
 
 #[cfg(test)]

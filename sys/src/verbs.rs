@@ -564,6 +564,48 @@ impl Drop for MemoryRegion {
     }
 }
 
+/// Pages of the application's registered for the device alone (a registration cache's
+/// entry). Whatever is mapped there when it is made stays pinned with it, even after the
+/// application unmaps the range, and it offers no CPU access to the memory: so it is sound
+/// whatever the application does with that memory meanwhile. The device writes into it only
+/// where a work request names it, whose poster vouches for the memory (a [`ForeignBuf`]'s
+/// contract).
+///
+/// [`ForeignBuf`]: crate::mem::ForeignBuf
+#[derive(Debug)]
+pub struct PinnedPages(MemoryRegion);
+
+impl PinnedPages {
+    /// Registers `addr..addr+len` (`EFAULT` if part of it is not mapped).
+    pub fn register(
+        pd: &Arc<ProtectionDomain>,
+        addr: u64,
+        len: usize,
+        access: u32,
+    ) -> Result<Self, i32> {
+        // SAFETY: ibv_reg_mr pins what is mapped there or fails; nothing reads or writes the
+        // memory through the result (no CPU access is offered).
+        unsafe { MemoryRegion::register_inner(pd, addr as *mut u8, len, access) }.map(PinnedPages)
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.0.addr
+    }
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+    pub fn rkey(&self) -> u32 {
+        self.0.rkey
+    }
+    /// The element for `len` bytes at `addr`, if inside.
+    pub fn sge_at(&self, addr: u64, len: usize) -> Option<Sge> {
+        self.0.sge_at(addr, len)
+    }
+}
+
 /// A work completion, laid out as `struct ibv_wc`.
 #[repr(transparent)]
 pub struct WorkCompletion(r::ibv_wc);

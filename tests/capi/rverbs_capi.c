@@ -5,6 +5,8 @@
  *          shared receive context, CQ error entries, EQ reads (FI_PEEK, too-small buffers)
  *   dgram  address vectors, names, send/recv, senddata, inject
  *   bad    the error codes of bad calls; nothing crashes
+ *   rdm-mr-cache  unregistered rendezvous buffers unmapped, emptied and moved between
+ *          messages carry their new bytes (the registration cache never goes stale)
  *
  * Built by tests/verbs_capi.rs with the system compiler; run with FI_PROVIDER_PATH naming
  * the directory holding librverbs-fi.so. Prints "ok <section>" per section; exits 1 with
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -1777,6 +1780,99 @@ static void rdm_section(void)
 /* FI_PEER_TRANSFER over RDM endpoints: the offload peer's traffic is matched apart from
  * the application's (neither takes the other's receives), completes through its callbacks
  * with the sender's fi_addr_t as source, and never reaches the application's CQs. */
+/* One tagged rendezvous message of `n` bytes from `sb` (pattern `seed`) into `rb`, bytes
+ * checked: one receive and one send posted, both completed. */
+static void rdm_rndv_once(struct rdm_pair *p, uint8_t *sb, uint8_t *rb, size_t n, uint8_t seed)
+{
+	struct fi_cq_tagged_entry e;
+	fi_addr_t src;
+
+	fill(sb, n, seed);
+	memset(rb, 0, n);
+	OK(fi_trecv(p->ep[1], rb, n, NULL, FI_ADDR_UNSPEC, 0x77, 0, (void *)11));
+	RDM_POST(p->cq[0], p->cq[1], fi_tsend(p->ep[0], sb, n, NULL, 1, 0x77, (void *)12));
+	EXPECT(rdm_next(p->cq[1], p->cq[0], &e, &src), 1);
+	TRUE(e.op_context == (void *)11 && e.len == n);
+	EXPECT(rdm_next(p->cq[0], p->cq[1], &e, &src), 1);
+	EXPECT(e.op_context, (void *)12);
+	check(rb, n, seed);
+}
+
+/* Anonymous memory at `hint` (just unmapped there), or anywhere when that is taken. */
+static uint8_t *map_at(void *hint, size_t len)
+{
+	uint8_t *m = mmap(hint, len, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS | (hint ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+	if (m == MAP_FAILED && hint)
+		m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	TRUE(m != MAP_FAILED);
+	return m;
+}
+
+/* Unregistered buffers past the segmented size are registered for the peer's read and the
+ * read's landing, and kept in the domain's registration cache. An entry must never outlive
+ * its memory: a buffer unmapped and mapped again at the same address, emptied with
+ * madvise, or moved with mremap carries (or receives) its new bytes, not the old pages'. */
+static void rdm_mr_cache_section(void)
+{
+	struct fi_info *h = fi_allocinfo(), *info;
+	struct rdm_pair p;
+	/* Buffers that fill their mappings, as glibc's large allocations do: the kernel keeps a
+	 * watched range as a mapping of its own, and mremap moves only whole mappings. */
+	const size_t n = (1 << 20) + 5, len = (1 << 20) + 4096;
+	uint8_t *sb, *rb, *old;
+	int same = 0;
+
+	TRUE(h);
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_MSG | FI_TAGGED;
+	h->domain_attr->mr_mode = 0;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	rdm_pair_open(info, &p, 0);
+	sb = map_at(NULL, len);
+	rb = map_at(NULL, len);
+	for (int k = 0; k < 3; k++)
+		rdm_rndv_once(&p, sb, rb, n, (uint8_t)k);
+
+	/* Unmapped and mapped again: new pages at the same address, on both sides. */
+	old = sb;
+	TRUE(munmap(sb, len) == 0);
+	sb = map_at(old, len);
+	same += sb == old;
+	rdm_rndv_once(&p, sb, rb, n, 40);
+	old = rb;
+	TRUE(munmap(rb, len) == 0);
+	rb = map_at(old, len);
+	same += rb == old;
+	rdm_rndv_once(&p, sb, rb, n, 41);
+
+	/* Emptied: the pages are replaced by zero pages on the next touch. */
+	TRUE(madvise(sb, len, MADV_DONTNEED) == 0);
+	TRUE(madvise(rb, len, MADV_DONTNEED) == 0);
+	rdm_rndv_once(&p, sb, rb, n, 42);
+
+	/* Moved: the old address is no longer this memory. */
+	sb = mremap(sb, len, 2 * len, MREMAP_MAYMOVE);
+	TRUE(sb != MAP_FAILED);
+	rdm_rndv_once(&p, sb, rb, n, 43);
+
+	/* Heap buffers freed and allocated again (glibc maps and unmaps large ones). */
+	for (int k = 0; k < 4; k++) {
+		uint8_t *hs = malloc(n), *hr = malloc(n);
+		TRUE(hs && hr);
+		rdm_rndv_once(&p, hs, hr, n, (uint8_t)(50 + k));
+		free(hs);
+		free(hr);
+	}
+	TRUE(munmap(sb, 2 * len) == 0 && munmap(rb, len) == 0);
+	rdm_pair_close(&p);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	TRUE(same >= 1); /* else nothing here tests an address used again */
+	printf("ok rdm-mr-cache\n");
+}
+
 static void rdm_transfer_section(void)
 {
 	struct fi_info *h = fi_allocinfo(), *info;
@@ -2418,6 +2514,8 @@ int main(int argc, char **argv)
 		hints_section();
 	if (!only || !strcmp(only, "rdm"))
 		rdm_section();
+	if (!only || !strcmp(only, "rdm-mr-cache"))
+		rdm_mr_cache_section();
 	if (!only || !strcmp(only, "rma"))
 		rma_section();
 	if (!only || !strcmp(only, "rdm-rma"))

@@ -373,13 +373,11 @@ impl RdmEndpoint {
                 *e = Some(match *s {
                     Src::Region(mr, off, len) => region_sge(mr, off, len)?,
                     Src::Foreign(f) => {
-                        let r = f
-                            .register(self.sh.domain.pd(), 0)
-                            .map_err(|e| Error::os(e, "ibv_reg_mr of a write's buffer"))?;
-                        let sge = r.sge(0, f.len()).ok_or_else(|| {
+                        let p = self.sh.domain.pin(f.addr(), f.len(), 0)?;
+                        let sge = p.sge_at(f.addr(), f.len()).ok_or_else(|| {
                             Error::new(errno::EINVAL, "a write's buffer outside its registration")
                         })?;
-                        (sge, Arc::new(Exposed::Own(r)))
+                        (sge, Arc::new(Exposed::Pinned(p)))
                     }
                     Src::Slices(_) => return Err(Error::new(
                         errno::EMSGSIZE,
