@@ -637,6 +637,14 @@ fn large_messages_are_read_by_the_receiver_in_order_with_eager_ones_between() {
     assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 78);
 }
 
+/// One small message from node 0 to node 1, which connects them.
+fn connect_first(v: &[Node], txs: &[Arc<CompletionQueue>]) {
+    v[0].ep.tsend(b"hello", 5, 1, 1).unwrap();
+    v[1].ep.trecv(recv_buf(&v[1], 0, 5), ANY, 5, 0, 2).unwrap();
+    assert_eq!(next_on(v, &v[1].cq).unwrap().op_context, 2);
+    assert_eq!(next_on(v, &txs[0]).unwrap().op_context, 1);
+}
+
 /// Rendezvous sends of `n` bytes from `src` into `dst` (one at a time, bytes checked);
 /// returns the memory registrations they made.
 fn rendezvous_registrations(
@@ -673,10 +681,7 @@ fn rendezvous_uses_the_applications_registrations_when_their_access_allows() {
     let n = (1 << 20) + 5;
     // Connect first: a connection registers nothing of the application's, but count only
     // the transfers.
-    v[0].ep.tsend(b"hello", 5, 1, 1).unwrap();
-    v[1].ep.trecv(recv_buf(&v[1], 0, 5), ANY, 5, 0, 2).unwrap();
-    assert_eq!(next_on(&v, &v[1].cq).unwrap().op_context, 2);
-    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 1);
+    connect_first(&v, &txs);
     // The sender granted FI_REMOTE_READ, the receiver FI_RECV (the device writes it): both
     // sides use the application's own registration, whatever the number of messages.
     let readable = MemoryRegion::alloc(&domain, n, Flags::SEND | Flags::REMOTE_READ).unwrap();
@@ -701,10 +706,7 @@ fn c_buffers_are_registered_once_and_found_in_the_cache_after() {
     let Some(info) = rdm_info() else { return };
     let (v, txs, domain) = split_nodes(&info);
     let n = (1 << 20) + 5;
-    v[0].ep.tsend(b"hello", 5, 1, 1).unwrap();
-    v[1].ep.trecv(recv_buf(&v[1], 0, 5), ANY, 5, 0, 2).unwrap();
-    assert_eq!(next_on(&v, &v[1].cq).unwrap().op_context, 2);
-    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 1);
+    connect_first(&v, &txs);
     // Buffers as a C caller's (no descriptor): heap memory, leaked so it stays valid.
     let src = ForeignBuf::from_static(Box::leak(vec![0u8; n].into_boxed_slice()));
     let dst = ForeignBuf::from_static(Box::leak(vec![0u8; n].into_boxed_slice()));
