@@ -68,7 +68,10 @@ impl Domain {
                     );
                     return None;
                 }
-                mr_cache::monitor(&MONITOR).map(|m| MrCache::new(m, count, bytes))
+                // A child after fork cannot use its parent's monitor (it watches the parent).
+                mr_cache::monitor(&MONITOR)
+                    .filter(|m| m.ours())
+                    .map(|m| MrCache::new(m, count, bytes))
             })
             .as_ref()
     }

@@ -81,6 +81,11 @@ impl<R: Clone + Send + 'static> Monitor<R> {
         Ok(m)
     }
 
+    /// Whether this process started it (a child after fork has a copy it must not use).
+    pub(crate) fn ours(&self) -> bool {
+        self.uffd.ours()
+    }
+
     fn run(&self) {
         loop {
             if let Err(e) = self.uffd.wait(-1) {
@@ -174,6 +179,9 @@ impl<R: Clone + Send + 'static> MrCache<R> {
     }
 
     pub(crate) fn stats(&self) -> CacheStats {
+        if !self.monitor.ours() {
+            return CacheStats::default();
+        }
         lock(&self.monitor.world)
             .caches
             .get(&self.id)
@@ -193,6 +201,10 @@ impl<R: Clone + Send + 'static> MrCache<R> {
     ) -> Result<R, i32> {
         let m = &*self.monitor;
         let (s, e) = (page_down(addr), page_up(addr.saturating_add(len as u64)));
+        if !m.ours() {
+            // A child after fork: the monitor watches the parent's memory, not this one's.
+            return register(s, (e - s) as usize);
+        }
         let (span, events) = {
             let mut w = lock(&m.world);
             let events = w.events;
@@ -269,6 +281,9 @@ impl<R: Clone + Send + 'static> MrCache<R> {
     /// Drops every entry (in use ones stay registered with their holders).
     pub(crate) fn flush(&self) {
         let m = &*self.monitor;
+        if !m.ours() {
+            return; // a child after fork holds its parent's entries: they are not its own
+        }
         let mut gone = vec![];
         {
             let mut w = lock(&m.world);
@@ -287,6 +302,21 @@ impl<R: Clone + Send + 'static> MrCache<R> {
 
 impl<R: Clone + Send + 'static> Drop for MrCache<R> {
     fn drop(&mut self) {
+        if !self.monitor.ours() {
+            // A child after fork: the lock may have been held by the parent's monitor
+            // thread, which did not come along; leave the copy alone.
+            return;
+        }
+        let s = self.stats();
+        crate::fi_info!(
+            "mr",
+            "registration cache closed: {} hits, {} misses, {} not cached, {} evicted, {} dropped by the memory monitor",
+            s.hits,
+            s.misses,
+            s.uncached,
+            s.evictions,
+            s.invalidations
+        );
         self.flush();
         lock(&self.monitor.world).caches.remove(&self.id);
     }

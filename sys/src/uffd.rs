@@ -5,6 +5,7 @@
 //! `linux/userfaultfd.h` (API 0xAA).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::last_errno;
 
@@ -63,6 +64,14 @@ pub enum Event {
     Other(u8),
 }
 
+/// Set in a child process after `fork`: a userfaultfd acts on the address space that opened
+/// it, so the child must not use its parent's (it would watch the parent's memory).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn after_fork_in_child() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
 /// An open userfaultfd with the unmap, remove and remap events enabled.
 #[derive(Debug)]
 pub struct Userfaultfd {
@@ -105,7 +114,18 @@ impl Userfaultfd {
         if api.features & want != want {
             return Err(libc::ENOTSUP);
         }
+        static ATFORK: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+        ATFORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(after_fork_in_child));
+        });
         Ok(Userfaultfd { fd, user_mode_only })
+    }
+
+    /// Whether this process opened it (not a child that inherited it across `fork`).
+    #[inline]
+    pub fn ours(&self) -> bool {
+        !FORKED.load(Ordering::Relaxed)
     }
 
     pub fn user_mode_only(&self) -> bool {
@@ -389,5 +409,23 @@ mod tests {
         u.unregister(m.addr(), 4096).unwrap();
         v.register(m.addr(), 4096).unwrap();
         assert_eq!(u.read_event(), Ok(None));
+    }
+
+    #[test]
+    fn a_child_after_fork_knows_the_userfaultfd_is_its_parents() {
+        let u = Userfaultfd::open().expect("userfaultfd");
+        assert!(u.ours());
+        // SAFETY: the child only reads an atomic and exits without unwinding.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: leaves the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(if u.ours() { 1 } else { 0 }) };
+        }
+        assert!(pid > 0);
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{status:#x}");
+        assert!(u.ours(), "the parent's own is still its own");
     }
 }
