@@ -67,6 +67,16 @@ pub const KNOBS: &[Knob] = &[
         default: "65536",
         help: "largest RDM message sent in segments (several bounce buffers, copied on both sides, no registration); larger ones go by rendezvous (RDMA read); at most 64 bounce buffers' worth, 0 for none",
     },
+    Knob {
+        name: "FI_RVERBS_MR_CACHE_MAX_COUNT",
+        default: "1024",
+        help: "registrations an RDM domain's registration cache keeps (C buffers of rendezvous, watched by a userfaultfd memory monitor); 0 turns the cache off",
+    },
+    Knob {
+        name: "FI_RVERBS_MR_CACHE_MAX_SIZE",
+        default: "(half the memory per online CPU)",
+        help: "bytes the registration cache may pin; a larger registration is made for its operation only; 0 turns the cache off",
+    },
 ];
 
 /// Reads a numeric knob; a malformed value is an error naming the variable, not a silent default.
@@ -103,6 +113,47 @@ mod tests {
                 k.name
             );
             assert!(!k.help.is_empty() && !k.default.is_empty());
+        }
+    }
+
+    /// Every knob the sources read is in the table (so `rfab_info --env` lists it) and in the
+    /// README's table of knobs.
+    #[test]
+    fn every_knob_the_sources_name_is_listed_and_documented() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let mut dirs = vec![root.join("src")];
+        let mut names = std::collections::BTreeSet::new();
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                for (i, _) in text.match_indices("FI_RVERBS_") {
+                    let n: String = text[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                        .collect();
+                    // `FI_RVERBS_*` in prose names the family, not a knob.
+                    if !n.ends_with('_') {
+                        names.insert(n);
+                    }
+                }
+            }
+        }
+        // Not knobs: the C extension interface's name, and this module's test variable.
+        names.remove("FI_RVERBS_PEER_OPS");
+        names.remove("FI_RVERBS_TEST_KNOB");
+        assert!(names.len() >= 10, "{names:?}");
+        for n in &names {
+            assert!(KNOBS.iter().any(|k| k.name == n), "{n} is not in KNOBS");
+            assert!(
+                readme.contains(&format!("| `{n}` |")),
+                "{n} is not in the README's knob table"
+            );
         }
     }
 
