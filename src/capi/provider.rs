@@ -93,5 +93,10 @@ unsafe extern "C" fn getinfo(
 }
 
 unsafe extern "C" fn cleanup() {
-    // fi_prov_ini allocates nothing.
+    // fi_prov_ini allocates nothing; the registration cache's monitor thread must end before
+    // libfabric unloads this library.
+    guarded("cleanup", || {
+        crate::verbs::domain::stop_mr_monitor();
+        Ok(())
+    });
 }

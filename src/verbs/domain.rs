@@ -30,6 +30,15 @@ pub struct Domain {
 /// The process's memory monitor for domains' registration caches.
 static MONITOR: OnceLock<Option<Arc<Monitor<Arc<PinnedPages>>>>> = OnceLock::new();
 
+/// Stops the registration caches' memory monitor, if it started: the provider is about to
+/// be unloaded (libfabric's `fi_fini` calls the provider's `cleanup`, then `dlclose`), so
+/// nothing may stay watched and its thread must not outlive the code it runs.
+pub fn stop_mr_monitor() {
+    if let Some(Some(m)) = MONITOR.get() {
+        m.stop();
+    }
+}
+
 impl Domain {
     pub fn open(fabric: &Arc<Fabric>, info: &Info) -> Result<Arc<Domain>> {
         let name = &info.domain_attr.name;

@@ -16,7 +16,9 @@
 //! The thread is not on any data path; it sleeps in `poll` until memory it watches changes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 
 use rfabric_sys::uffd::{Event, Userfaultfd};
 
@@ -49,6 +51,9 @@ struct World<R> {
 pub(crate) struct Monitor<R> {
     uffd: Userfaultfd,
     world: Mutex<World<R>>,
+    /// Set by [`Monitor::stop`]: nothing is watched or cached any more.
+    stopped: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl<R: Clone + Send + 'static> Monitor<R> {
@@ -63,12 +68,15 @@ impl<R: Clone + Send + 'static> Monitor<R> {
                 events: 0,
                 next_id: 0,
             }),
+            stopped: AtomicBool::new(false),
+            thread: Mutex::new(None),
         });
         let run = m.clone();
-        std::thread::Builder::new()
+        let t = std::thread::Builder::new()
             .name("rverbs-mr-monitor".into())
             .spawn(move || run.run())
             .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+        *lock(&m.thread) = Some(t);
         crate::fi_info!(
             "mr",
             "registration cache: memory monitor started (userfaultfd{})",
@@ -86,12 +94,45 @@ impl<R: Clone + Send + 'static> Monitor<R> {
         self.uffd.ours()
     }
 
+    /// Stops watching and caching for good (the provider is being unloaded: libfabric's
+    /// `fi_fini` calls its `cleanup`, then `dlclose`): every entry leaves its cache, so no range
+    /// is watched and no unmap waits for a reader, and the thread ends. Later lookups
+    /// register for their operation alone.
+    pub(crate) fn stop(&self) {
+        if !self.ours() || self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut gone = vec![];
+        {
+            let mut w = lock(&self.world);
+            let World {
+                caches, coverage, ..
+            } = &mut *w;
+            for c in caches.values_mut() {
+                for r in c.clear() {
+                    gone.push(self.forget(coverage, r));
+                }
+            }
+        }
+        drop(gone);
+        self.uffd.interrupt();
+        if let Some(t) = lock(&self.thread).take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+        crate::fi_info!("mr", "registration cache: memory monitor stopped");
+    }
+
     fn run(&self) {
         loop {
             if let Err(e) = self.uffd.wait(-1) {
                 crate::fi_warn!("mr", "memory monitor: poll failed (errno {e})");
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 continue;
+            }
+            if self.stopped.load(Ordering::Acquire) {
+                return;
             }
             let mut gone = vec![];
             {
@@ -201,8 +242,9 @@ impl<R: Clone + Send + 'static> MrCache<R> {
     ) -> Result<R, i32> {
         let m = &*self.monitor;
         let (s, e) = (page_down(addr), page_up(addr.saturating_add(len as u64)));
-        if !m.ours() {
-            // A child after fork: the monitor watches the parent's memory, not this one's.
+        if !m.ours() || m.stopped.load(Ordering::Acquire) {
+            // A child after fork (the monitor watches the parent's memory, not this one's),
+            // or a provider being unloaded.
             return register(s, (e - s) as usize);
         }
         let (span, events) = {
@@ -237,7 +279,7 @@ impl<R: Clone + Send + 'static> MrCache<R> {
         let mut gone = vec![];
         {
             let mut w = lock(&m.world);
-            let moved = w.events != events;
+            let moved = w.events != events || m.stopped.load(Ordering::Acquire);
             let World {
                 caches, coverage, ..
             } = &mut *w;
@@ -471,6 +513,26 @@ mod tests {
         drop(buf);
         assert_eq!(two.stats().invalidations, 1);
         settle(&live, 0);
+    }
+
+    #[test]
+    fn a_stopped_monitor_lets_go_of_everything_and_caches_nothing_more() {
+        let m = Monitor::<Arc<Fake>>::start().expect("userfaultfd");
+        let cache = MrCache::new(&m, 16, 1 << 30);
+        let live = Arc::new(AtomicU64::new(0));
+        let mut buf = AnonMap::new(8 * 4096, None).unwrap();
+        buf.fill(5);
+        drop(cache.get(buf.addr(), 8 * 4096, fake(&live)).unwrap());
+        assert_eq!(live.load(Ordering::SeqCst), 1);
+        m.stop();
+        assert!(lock(&m.thread).is_none(), "the thread was joined");
+        assert_eq!(live.load(Ordering::SeqCst), 0, "entries deregistered");
+        // Nothing is watched: emptying the memory waits for no reader.
+        buf.discard(0, 8 * 4096).unwrap();
+        drop(cache.get(buf.addr(), 4096, fake(&live)).unwrap());
+        assert_eq!(live.load(Ordering::SeqCst), 0, "not cached");
+        drop(buf);
+        m.stop(); // twice is harmless
     }
 
     #[test]

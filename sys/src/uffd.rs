@@ -76,6 +76,8 @@ extern "C" fn after_fork_in_child() {
 #[derive(Debug)]
 pub struct Userfaultfd {
     fd: OwnedFd,
+    /// An eventfd that ends a `wait` early ([`Userfaultfd::interrupt`]).
+    bell: OwnedFd,
     /// Opened with `UFFD_USER_MODE_ONLY` (unprivileged): faults the kernel takes on a
     /// registered missing page fail instead of waiting for the monitor.
     user_mode_only: bool,
@@ -114,12 +116,23 @@ impl Userfaultfd {
         if api.features & want != want {
             return Err(libc::ENOTSUP);
         }
+        // SAFETY: eventfd(2) takes a count and flags; the result is checked before use.
+        let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if bell < 0 {
+            return Err(last_errno());
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        let bell = unsafe { OwnedFd::from_raw_fd(bell) };
         static ATFORK: std::sync::Once = std::sync::Once::new();
         // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
         ATFORK.call_once(|| unsafe {
             libc::pthread_atfork(None, None, Some(after_fork_in_child));
         });
-        Ok(Userfaultfd { fd, user_mode_only })
+        Ok(Userfaultfd {
+            fd,
+            bell,
+            user_mode_only,
+        })
     }
 
     /// Whether this process opened it (not a child that inherited it across `fork`).
@@ -166,22 +179,31 @@ impl Userfaultfd {
         rc
     }
 
-    /// Sleeps until an event is pending (`true`) or `timeout_ms` passes (-1: no limit).
+    /// Sleeps until an event is pending (`true`), or `timeout_ms` passes (-1: no limit) or
+    /// [`Userfaultfd::interrupt`] is called (`false`).
     pub fn wait(&self, timeout_ms: i32) -> Result<bool, i32> {
-        let mut fd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
+        let mut fds = [self.fd.as_raw_fd(), self.bell.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        match unsafe { libc::poll(&mut fd, 1, timeout_ms) } {
-            n if n > 0 => Ok(true),
+        });
+        // SAFETY: two valid pollfds.
+        match unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) } {
+            n if n > 0 => Ok(fds[0].revents != 0),
             0 => Ok(false),
             _ => match last_errno() {
                 libc::EINTR => Ok(false),
                 e => Err(e),
             },
         }
+    }
+
+    /// Ends the current and every later [`Userfaultfd::wait`] at once.
+    pub fn interrupt(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from `one` to our eventfd; a full counter (EAGAIN) still
+        // leaves it readable, which is all a waiter needs.
+        unsafe { libc::write(self.bell.as_raw_fd(), one.as_ptr().cast(), one.len()) };
     }
 
     /// The next event, without blocking (`None`: nothing pending). Reading an unmap,
