@@ -255,15 +255,17 @@ impl Coverage {
     }
 
     /// Whether any cached range covers `addr`.
-    pub fn covers(&self, addr: u64) -> bool {
+    #[cfg(test)]
+    fn covers(&self, addr: u64) -> bool {
         self.segs
             .range(..=addr)
             .next_back()
             .is_some_and(|(_, &(e, c))| e > addr && c > 0)
     }
 
-    /// Segments kept (for tests: the map does not grow without bound).
-    pub fn segments(&self) -> usize {
+    /// Segments kept (the map does not grow without bound).
+    #[cfg(test)]
+    fn segments(&self) -> usize {
         self.segs.len()
     }
 }

@@ -269,9 +269,12 @@ impl<R: Clone + Send + 'static> MrCache<R> {
         let (span, reg) = match register(span.0, (span.1 - span.0) as usize) {
             Ok(r) => (span, r),
             Err(err) => {
-                if err == libc::ENOMEM || err == libc::EAGAIN {
+                let memlock = err == libc::ENOMEM || err == libc::EAGAIN;
+                if memlock {
                     // Out of lockable memory (RLIMIT_MEMLOCK): give back what is cached.
                     self.flush();
+                } else if span == (s, e) {
+                    return Err(err); // nothing else to try (an unmapped buffer: EFAULT)
                 }
                 ((s, e), register(s, (e - s) as usize)?)
             }
@@ -424,6 +427,12 @@ mod tests {
         }
     }
 
+    /// A cache of 16 entries on a monitor of its own, and the count of live stand-ins.
+    fn fixture() -> (MrCache<Arc<Fake>>, Arc<AtomicU64>) {
+        let m = Monitor::<Arc<Fake>>::start().expect("userfaultfd");
+        (MrCache::new(&m, 16, 1 << 30), Arc::new(AtomicU64::new(0)))
+    }
+
     /// The monitor's thread handles an event before the call that caused it returns, but
     /// drops the registrations just after: wait for that.
     fn settle(live: &AtomicU64, want: u64) {
@@ -438,9 +447,7 @@ mod tests {
 
     #[test]
     fn a_buffer_is_registered_once_and_its_entry_goes_with_its_memory() {
-        let m = Monitor::<Arc<Fake>>::start().expect("userfaultfd");
-        let cache = MrCache::new(&m, 16, 1 << 30);
-        let live = Arc::new(AtomicU64::new(0));
+        let (cache, live) = fixture();
         let mut buf = AnonMap::new(64 * 1024, None).unwrap();
         buf.fill(1);
         let a = cache.get(buf.addr(), 64 * 1024, fake(&live)).unwrap();
@@ -464,9 +471,7 @@ mod tests {
 
     #[test]
     fn discarded_moved_and_refaulted_memory_drops_its_entries() {
-        let m = Monitor::<Arc<Fake>>::start().expect("userfaultfd");
-        let cache = MrCache::new(&m, 16, 1 << 30);
-        let live = Arc::new(AtomicU64::new(0));
+        let (cache, live) = fixture();
         let mut buf = AnonMap::new(16 * 4096, None).unwrap();
         buf.fill(3);
         let whole = cache.get(buf.addr(), 16 * 4096, fake(&live)).unwrap();
@@ -516,14 +521,26 @@ mod tests {
     }
 
     #[test]
+    fn a_registration_that_fails_is_tried_once_and_its_error_returned() {
+        let (cache, _) = fixture();
+        let tries = AtomicU64::new(0);
+        let r = cache.get(1 << 20, 4096, |_, _| -> Result<Arc<Fake>, i32> {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err(libc::EFAULT)
+        });
+        assert_eq!(r.map(|_| ()), Err(libc::EFAULT));
+        assert_eq!(tries.load(Ordering::SeqCst), 1);
+        assert_eq!(cache.stats().misses, 1);
+    }
+
+    #[test]
     fn a_stopped_monitor_lets_go_of_everything_and_caches_nothing_more() {
-        let m = Monitor::<Arc<Fake>>::start().expect("userfaultfd");
-        let cache = MrCache::new(&m, 16, 1 << 30);
-        let live = Arc::new(AtomicU64::new(0));
+        let (cache, live) = fixture();
         let mut buf = AnonMap::new(8 * 4096, None).unwrap();
         buf.fill(5);
         drop(cache.get(buf.addr(), 8 * 4096, fake(&live)).unwrap());
         assert_eq!(live.load(Ordering::SeqCst), 1);
+        let m = cache.monitor.clone();
         m.stop();
         assert!(lock(&m.thread).is_none(), "the thread was joined");
         assert_eq!(live.load(Ordering::SeqCst), 0, "entries deregistered");
@@ -537,9 +554,7 @@ mod tests {
 
     #[test]
     fn memory_the_monitor_cannot_watch_is_registered_for_the_operation_only() {
-        let m = Monitor::<Arc<Fake>>::start().expect("userfaultfd");
-        let cache = MrCache::new(&m, 16, 1 << 30);
-        let live = Arc::new(AtomicU64::new(0));
+        let (cache, live) = fixture();
         // A file mapping (the test binary's text): userfaultfd refuses it.
         let text = page_down(settle as fn(&AtomicU64, u64) as usize as u64);
         let r = cache.get(text, 4096, fake(&live)).unwrap();
@@ -547,7 +562,7 @@ mod tests {
         drop(r);
         assert_eq!(live.load(Ordering::SeqCst), 0, "not kept");
         // Larger than the cache: the same.
-        let small = MrCache::new(&m, 16, 4096);
+        let small = MrCache::new(&cache.monitor, 16, 4096);
         let buf = AnonMap::new(2 * 4096, None).unwrap();
         drop(small.get(buf.addr(), 2 * 4096, fake(&live)).unwrap());
         assert_eq!(

@@ -588,15 +588,6 @@ impl PinnedPages {
         unsafe { MemoryRegion::register_inner(pd, addr as *mut u8, len, access) }.map(PinnedPages)
     }
 
-    pub fn addr(&self) -> u64 {
-        self.0.addr
-    }
-    pub fn len(&self) -> usize {
-        self.0.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.0.len == 0
-    }
     pub fn rkey(&self) -> u32 {
         self.0.rkey
     }

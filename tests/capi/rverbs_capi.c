@@ -6,7 +6,8 @@
  *   dgram  address vectors, names, send/recv, senddata, inject
  *   bad    the error codes of bad calls; nothing crashes
  *   rdm-mr-cache  unregistered rendezvous buffers unmapped, emptied and moved between
- *          messages carry their new bytes (the registration cache never goes stale)
+ *          messages carry their new bytes (the registration cache never goes stale);
+ *          inaccessible buffers fail cleanly
  *
  * Built by tests/verbs_capi.rs with the system compiler; run with FI_PROVIDER_PATH naming
  * the directory holding librverbs-fi.so. Prints "ok <section>" per section; exits 1 with
@@ -1864,6 +1865,33 @@ static void rdm_mr_cache_section(void)
 		rdm_rndv_once(&p, hs, hr, n, (uint8_t)(50 + k));
 		free(hs);
 		free(hr);
+	}
+	/* A hostile caller: a buffer that is not mapped (a range just unmapped; PROT_NONE
+	 * would not do: the kernel pins such pages for a read-only registration, as for any
+	 * provider). The send fails at the call and posts nothing; a receive into it fails at
+	 * delivery, and both its side and the sender's get an error entry (FI_EIO): of the two
+	 * posted, two completed. The good buffers still go through. */
+	{
+		uint8_t *bad = map_at(NULL, len);
+		struct fi_cq_tagged_entry e;
+		struct fi_cq_err_entry err = {0};
+		fi_addr_t src;
+		ssize_t r;
+
+		TRUE(munmap(bad, len) == 0);
+		r = fi_tsend(p.ep[0], bad, n, NULL, 1, 0x77, (void *)13);
+		TRUE(r < 0 && r != -FI_EAGAIN);
+		fill(sb, n, 60);
+		OK(fi_trecv(p.ep[1], bad, n, NULL, FI_ADDR_UNSPEC, 0x77, 0, (void *)14));
+		RDM_POST(p.cq[0], p.cq[1], fi_tsend(p.ep[0], sb, n, NULL, 1, 0x77, (void *)15));
+		EXPECT(rdm_next(p.cq[1], p.cq[0], &e, &src), -FI_EAVAIL);
+		EXPECT(fi_cq_readerr(p.cq[1], &err, 0), 1);
+		TRUE(err.op_context == (void *)14 && err.err == FI_EIO);
+		memset(&err, 0, sizeof err);
+		EXPECT(rdm_next(p.cq[0], p.cq[1], &e, &src), -FI_EAVAIL);
+		EXPECT(fi_cq_readerr(p.cq[0], &err, 0), 1);
+		TRUE(err.op_context == (void *)15 && err.err == FI_EIO);
+		rdm_rndv_once(&p, sb, rb, n, 61);
 	}
 	TRUE(munmap(sb, 2 * len) == 0 && munmap(rb, len) == 0);
 	rdm_pair_close(&p);
