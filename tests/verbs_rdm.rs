@@ -637,6 +637,265 @@ fn large_messages_are_read_by_the_receiver_in_order_with_eager_ones_between() {
     assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 78);
 }
 
+/// C-style buffers (no descriptor): leaked heap memory holding `pattern(len, seed)`.
+fn foreign(len: usize, seed: u8) -> ForeignBuf {
+    ForeignBuf::from_static(Box::leak(pattern(len, seed).into_boxed_slice()))
+}
+
+fn foreign_bytes(f: &ForeignBuf, n: usize) -> Vec<u8> {
+    let mut got = vec![];
+    rfabric_sys::mem::append_from(Place::Foreign(f, 0), n, &mut got).unwrap();
+    got
+}
+
+#[test]
+fn gathered_sends_past_the_segmented_size_are_read_range_by_range() {
+    let Some(info) = rdm_info() else { return };
+    assert_eq!(
+        info.tx_attr.iov_limit, 32,
+        "an announcement lists 32 ranges"
+    );
+    let (v, txs, _domain) = split_nodes(&info);
+    connect_first(&v, &txs);
+    // Ranges of every kind: past the segmented size together, an empty one, a 1-byte one.
+    let iov = [
+        foreign(70_000, 1),
+        foreign(0, 2),
+        foreign(1, 3),
+        foreign(200_003, 4),
+    ];
+    let want: Vec<u8> = [pattern(70_000, 1), pattern(1, 3), pattern(200_003, 4)].concat();
+    let n = want.len();
+    let dst = foreign(n, 0);
+    // Posted first, then unexpected (the announcement keeps its ranges while it waits).
+    for (k, posted) in [(0u64, true), (1, false)] {
+        if posted {
+            v[1].ep
+                .trecv(RecvBuf::Foreign(dst), ANY, 5, 0, 100 + k)
+                .unwrap();
+        }
+        v[0].ep
+            .send_foreign_iov(&iov, 1, Some(5), Some(77), 200 + k, Flags::empty())
+            .unwrap();
+        if !posted {
+            quiet(&v, 1);
+            dst.slice(0, n).unwrap().write_at(0, &vec![0u8; n]).unwrap();
+            v[1].ep
+                .trecv(RecvBuf::Foreign(dst), ANY, 5, 0, 100 + k)
+                .unwrap();
+        }
+        let e = next_on(&v, &v[1].cq).unwrap();
+        assert_eq!((e.op_context, e.len, e.data), (100 + k, n, 77));
+        assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 200 + k);
+        assert!(foreign_bytes(&dst, n) == want, "message {k}");
+    }
+    // Into a smaller receive: what fits (across the ranges), FI_ETRUNC with olen; the
+    // sender completes.
+    let small = foreign(100_000, 0);
+    v[1].ep
+        .trecv(RecvBuf::Foreign(small), ANY, 6, 0, 300)
+        .unwrap();
+    v[0].ep
+        .send_foreign_iov(&iov, 1, Some(6), None, 301, Flags::empty())
+        .unwrap();
+    match next_on(&v, &v[1].cq) {
+        Err(e) if e.errno() == errno::EAVAIL => {
+            let e = v[1].cq.readerr().unwrap();
+            assert_eq!(
+                (e.op_context, e.err, e.len, e.olen),
+                (300, errno::ETRUNC, 100_000, n - 100_000)
+            );
+        }
+        other => panic!("expected a truncated receive, got {other:?}"),
+    }
+    assert!(foreign_bytes(&small, 100_000) == want[..100_000]);
+    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 301);
+    // As many ranges as the limit, each 4 KiB (128 KiB in all); one more is refused.
+    let many: Vec<ForeignBuf> = (0..32).map(|i| foreign(4096, i as u8)).collect();
+    let want: Vec<u8> = (0..32).flat_map(|i| pattern(4096, i as u8)).collect();
+    let dst = foreign(want.len(), 0);
+    v[1].ep
+        .trecv(RecvBuf::Foreign(dst), ANY, 7, 0, 400)
+        .unwrap();
+    v[0].ep
+        .send_foreign_iov(&many, 1, Some(7), None, 401, Flags::empty())
+        .unwrap();
+    assert_eq!(next_on(&v, &v[1].cq).unwrap().len, want.len());
+    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 401);
+    assert!(foreign_bytes(&dst, want.len()) == want);
+    let over: Vec<ForeignBuf> = (0..33).map(|_| foreign(4096, 0)).collect();
+    let before = v[0].ep.send_buffers();
+    let e = v[0]
+        .ep
+        .send_foreign_iov(&over, 1, Some(7), None, 402, Flags::empty())
+        .unwrap_err();
+    assert_eq!(e.errno(), errno::EINVAL, "{e}");
+    assert_eq!(v[0].ep.send_buffers(), before, "nothing posted");
+    quiet(&v, 0);
+    quiet(&v, 1);
+}
+
+#[test]
+fn messages_larger_than_one_read_are_read_in_pieces_and_reads_past_the_budget_wait() {
+    let Some(info) = rdm_info() else { return };
+    let (v, txs, domain) = split_nodes(&info);
+    let one = domain.device().port.max_msg_sz as usize;
+    let max = v[0].ep.max_msg_size();
+    assert_eq!(info.ep_attr.max_msg_size, max);
+    assert!(max >= (16 * one).min(1 << 30), "{max} for reads of {one}");
+    connect_first(&v, &txs);
+    // Two reads' worth and some: three pieces, from a C buffer into another.
+    let n = 2 * one + 12_345;
+    let src = foreign(n, 9);
+    let dst = foreign(n, 0);
+    v[1].ep.trecv(RecvBuf::Foreign(dst), ANY, 5, 0, 10).unwrap();
+    v[0].ep
+        .send_foreign(src, 1, Some(5), None, 11, Flags::empty())
+        .unwrap();
+    assert_eq!(next_on(&v, &v[1].cq).unwrap().len, n);
+    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 11);
+    assert!(foreign_bytes(&dst, n) == pattern(n, 9));
+    // Past the largest message: refused, nothing posted (the memory is never touched).
+    let huge = ForeignBuf::from_static(Box::leak(vec![0u8; max + 1].into_boxed_slice()));
+    let e = v[0]
+        .ep
+        .send_foreign(huge, 1, None, None, 14, Flags::empty())
+        .unwrap_err();
+    assert_eq!(e.errno(), errno::EMSGSIZE, "{e}");
+    // More matched rendezvous messages than reads in flight at once (32): the rest wait
+    // their turn, in order, and every one arrives whole.
+    let k = 48;
+    let m = 70_001;
+    let src = MemoryRegion::alloc(&domain, k * m, Flags::SEND).unwrap();
+    let dst = MemoryRegion::alloc(&domain, k * m, Flags::RECV).unwrap();
+    for i in 0..k {
+        src.write_at(i * m, &pattern(m, i as u8)).unwrap();
+        v[1].ep
+            .trecv(
+                RecvBuf::region(&dst, i * m, m).unwrap(),
+                ANY,
+                8,
+                0,
+                1000 + i as u64,
+            )
+            .unwrap();
+    }
+    for i in 0..k {
+        retry(&v, || {
+            v[0].ep
+                .send_region(&src, i * m, m, 1, Some(8), 2000 + i as u64, Flags::empty())
+        });
+    }
+    let mut got = vec![];
+    for _ in 0..k {
+        let e = next_on(&v, &v[1].cq).unwrap();
+        assert_eq!(e.len, m);
+        got.push(e.op_context - 1000);
+    }
+    // Receives of one tag complete in the order they matched.
+    assert_eq!(got, (0..k as u64).collect::<Vec<_>>());
+    for i in 0..k {
+        let mut b = vec![0u8; m];
+        dst.read_at(i * m, &mut b).unwrap();
+        assert!(b == pattern(m, i as u8), "message {i}");
+    }
+    let mut sent: Vec<u64> = (0..k)
+        .map(|_| next_on(&v, &txs[0]).unwrap().op_context)
+        .collect();
+    sent.sort();
+    assert_eq!(sent, (2000..2000 + k as u64).collect::<Vec<_>>());
+    quiet(&v, 0);
+    quiet(&v, 1);
+}
+
+#[test]
+fn a_sender_that_leaves_before_its_announced_messages_are_read_fails_each_receive_once() {
+    let Some(info) = rdm_info() else { return };
+    let (mut v, txs, domain) = split_nodes(&info);
+    connect_first(&v, &txs);
+    // More announced messages than reads in flight at once wait unexpected; the sender
+    // closes; then receives match them all at once.
+    let (k, m) = (48u64, 200_003);
+    let src = MemoryRegion::alloc(&domain, m, Flags::SEND).unwrap();
+    let dst = MemoryRegion::alloc(&domain, k as usize * m, Flags::RECV).unwrap();
+    for i in 0..k {
+        retry(&v, || {
+            v[0].ep
+                .send_region(&src, 0, m, 1, Some(8), 100 + i, Flags::empty())
+        });
+    }
+    quiet(&v, 1);
+    drop(v.remove(0));
+    let receiver = v.remove(0);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(500) {
+        receiver.ep.progress();
+    }
+    for i in 0..k {
+        let at = i as usize * m;
+        receiver
+            .ep
+            .trecv(RecvBuf::region(&dst, at, m).unwrap(), ANY, 8, 0, i)
+            .unwrap();
+    }
+    let mut n = [0u64; 3];
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        receiver.ep.progress();
+        tally(&receiver.cq, k, &mut n);
+    }
+    // What is still being read when the receiver closes completes as cancelled.
+    let Node { ep, cq, .. } = receiver;
+    drop(ep);
+    tally(&cq, k, &mut n);
+    assert_eq!(
+        n.iter().sum::<u64>(),
+        k,
+        "every receive completes once: {n:?}"
+    );
+    assert!(n[1] > 0, "the sender's memory left with it: {n:?}");
+    // A receiver that closes while its reads are in flight or waiting to be posted
+    // completes each of their receives as cancelled.
+    let (mut v, txs, _) = split_nodes(&info);
+    connect_first(&v, &txs);
+    for i in 0..k {
+        retry(&v, || {
+            v[0].ep
+                .send_region(&src, 0, m, 1, Some(8), 100 + i, Flags::empty())
+        });
+    }
+    quiet(&v, 1);
+    let receiver = v.remove(1);
+    for i in 0..k {
+        let at = i as usize * m;
+        receiver
+            .ep
+            .trecv(RecvBuf::region(&dst, at, m).unwrap(), ANY, 8, 0, i)
+            .unwrap();
+    }
+    let Node { ep, cq, .. } = receiver;
+    drop(ep);
+    let mut n = [0u64; 3];
+    tally(&cq, k, &mut n);
+    assert_eq!(n, [0, 0, k]);
+}
+
+/// Counts what `cq` holds of receives with contexts below `k`: read, failed, cancelled.
+fn tally(cq: &CompletionQueue, k: u64, n: &mut [u64; 3]) {
+    loop {
+        let mut e = [TaggedEntry::default(); 1];
+        match cq.read(&mut e) {
+            Ok(1) => n[0] += 1,
+            Err(err) if err.errno() == errno::EAVAIL => {
+                let e = cq.readerr().unwrap();
+                assert!(e.op_context < k, "{e:?}");
+                n[if e.err == errno::ECANCELED { 2 } else { 1 }] += 1;
+            }
+            _ => return,
+        }
+    }
+}
+
 /// One small message from node 0 to node 1, which connects them.
 fn connect_first(v: &[Node], txs: &[Arc<CompletionQueue>]) {
     v[0].ep.tsend(b"hello", 5, 1, 1).unwrap();

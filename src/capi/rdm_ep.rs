@@ -414,35 +414,15 @@ pub(crate) unsafe fn send_buf(buf: *const c_void, len: usize) -> Result<ForeignB
     Ok(unsafe { ForeignBuf::new(buf as *mut u8, len) })
 }
 
-/// A send iov: one range goes as an application buffer (any size), several are gathered
-/// into the eager buffer as slices.
+/// A send iov, as application buffers valid until the send completes: gathered into
+/// bounce buffers when small, read by the receiver range by range when large.
 ///
 /// # Safety
 /// `iov` is NULL or holds `count` readable elements, unchanged until the send completes.
-unsafe fn send_any<R>(
-    iov: *const libc::iovec,
-    count: usize,
-    one: impl FnOnce(ForeignBuf) -> Result<R>,
-    many: impl FnOnce(&[&[u8]]) -> Result<R>,
-) -> Result<R> {
-    if count == 1 && !iov.is_null() {
-        // SAFETY: one element, per the caller's contract.
-        let v = unsafe { *iov };
-        // SAFETY: the element's buffer, per the caller's contract.
-        return one(unsafe { send_buf(v.iov_base, v.iov_len) }?);
-    }
-    // SAFETY: forwarded.
-    unsafe { send_iov(iov, count, many) }
-}
-
-/// The ranges of a send iov as slices.
-///
-/// # Safety
-/// `iov` is NULL or holds `count` readable elements.
 unsafe fn send_iov<R>(
     iov: *const libc::iovec,
     count: usize,
-    f: impl FnOnce(&[&[u8]]) -> Result<R>,
+    f: impl FnOnce(&[ForeignBuf]) -> Result<R>,
 ) -> Result<R> {
     if count > MAX_IOV || (count > 0 && iov.is_null()) {
         return Err(Error::new(
@@ -450,12 +430,12 @@ unsafe fn send_iov<R>(
             format!("a send iov of {count} ranges (0 to {MAX_IOV})"),
         ));
     }
-    let mut v: [&[u8]; MAX_IOV] = [&[]; MAX_IOV];
+    let mut v = [ForeignBuf::from_static(&mut []); MAX_IOV];
     for (i, slot) in v.iter_mut().enumerate().take(count) {
         // SAFETY: count elements, each with iov_len readable bytes (the caller's contract).
         *slot = unsafe {
             let e = *iov.add(i);
-            bytes(e.iov_base, e.iov_len, "iov_base")?
+            send_buf(e.iov_base, e.iov_len)?
         };
     }
     f(&v[..count])
@@ -562,12 +542,10 @@ unsafe fn send_gather(what: &str, ep: *mut fi::fid_ep, m: Gather, flags: Option<
         unsafe {
             let e = rdm(ep)?;
             let flags = flags.unwrap_or_else(|| e.tx_default());
-            send_any(
-                m.iov,
-                m.count,
-                |b| e.send_foreign(b, m.dest, m.tag, m.data, m.context, flags),
-                |v| e.sendmsg(v, m.dest, m.tag, m.data, m.context, flags),
-            )
+            send_iov(m.iov, m.count, |v| match v {
+                [one] => e.send_foreign(*one, m.dest, m.tag, m.data, m.context, flags),
+                _ => e.send_foreign_iov(v, m.dest, m.tag, m.data, m.context, flags),
+            })
         }
         .map(|()| 0)
     })

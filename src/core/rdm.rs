@@ -180,6 +180,77 @@ impl Rts {
     }
 }
 
+/// Ranges an announcement lists at most (a send gathered from that many, `tx_attr.iov_limit`).
+pub const RTS_RANGES_MAX: usize = 32;
+
+/// One range of a message gathered from several and announced for reading (`fi_sendv` past
+/// the segmented size): the announcement lists them after its [`Rts`], whose own `addr` and
+/// `rkey` are then unused; the receiver reads them in order, as one message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RtsRange {
+    pub addr: u64,
+    pub len: u64,
+    pub rkey: u32,
+}
+
+impl RtsRange {
+    pub const LEN: usize = 24;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> RtsRange {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        RtsRange {
+            addr: u64_at(0),
+            len: u64_at(8),
+            rkey: u32::from_le_bytes(b[16..20].try_into().unwrap_or_default()),
+        }
+    }
+}
+
+impl Rts {
+    /// The ranges an announcement whose body is `body` bytes lists after its head: 0 when
+    /// the head names the one range, else 2 to [`RTS_RANGES_MAX`].
+    pub fn ranges_in(body: usize) -> Result<usize> {
+        let tail = body.checked_sub(Self::LEN);
+        match tail.map(|t| (t / RtsRange::LEN, t % RtsRange::LEN)) {
+            Some((0, 0)) => Ok(0),
+            Some((n, 0)) if (2..=RTS_RANGES_MAX).contains(&n) => Ok(n),
+            _ => Err(Error::new(
+                errno::EIO,
+                format!("malformed RDM announcement: a {body}-byte body"),
+            )),
+        }
+    }
+
+    /// The ranges listed in `tail` (the bytes after the head), which must add up to the
+    /// message's size.
+    pub fn decode_ranges(&self, tail: &[u8]) -> Result<Box<[RtsRange]>> {
+        let v: Box<[RtsRange]> = tail
+            .chunks_exact(RtsRange::LEN)
+            .map(RtsRange::decode)
+            .collect();
+        let sum = v.iter().try_fold(0u64, |s, r| s.checked_add(r.len));
+        if v.len() < 2 || v.len() > RTS_RANGES_MAX || sum != Some(self.size) {
+            return Err(Error::new(
+                errno::EIO,
+                format!(
+                    "malformed RDM announcement: {} ranges of {sum:?} bytes for a {}-byte message",
+                    v.len(),
+                    self.size
+                ),
+            ));
+        }
+        Ok(v)
+    }
+}
+
 /// The end of a rendezvous (`Op::Fin` body): which send, and how it went (0, or the
 /// positive libfabric errno the receiver met reading it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -539,6 +610,53 @@ mod tests {
             h
         );
         assert!(Op::RtsTag.tagged() && Op::Tag.tagged() && !Op::RtsMsg.tagged());
+    }
+
+    #[test]
+    fn a_gathered_announcement_lists_its_ranges_after_the_head() {
+        let ranges = [
+            RtsRange {
+                addr: 0x1000,
+                len: 70_000,
+                rkey: 5,
+            },
+            RtsRange {
+                addr: 0x9_0000,
+                len: 1,
+                rkey: 6,
+            },
+            RtsRange {
+                addr: 0xff_0000,
+                len: 1 << 33,
+                rkey: 7,
+            },
+        ];
+        let head = Rts {
+            addr: 0,
+            rkey: 0,
+            size: ranges.iter().map(|r| r.len).sum(),
+            id: 4,
+        };
+        let mut body = head.encode().to_vec();
+        ranges
+            .iter()
+            .for_each(|r| body.extend_from_slice(&r.encode()));
+        assert_eq!(Rts::ranges_in(body.len()).unwrap(), 3);
+        let back = Rts::decode(&body).unwrap();
+        assert_eq!(&*back.decode_ranges(&body[Rts::LEN..]).unwrap(), &ranges);
+        // A plain announcement lists none; one listed range, a ragged or overlong tail, and
+        // ranges that do not add up to the size are malformed.
+        assert_eq!(Rts::ranges_in(Rts::LEN).unwrap(), 0);
+        for bad in [Rts::LEN + RtsRange::LEN, Rts::LEN + 50, Rts::LEN - 1] {
+            assert_eq!(Rts::ranges_in(bad).unwrap_err().errno(), errno::EIO);
+        }
+        let long = Rts::LEN + (RTS_RANGES_MAX + 1) * RtsRange::LEN;
+        assert!(Rts::ranges_in(long).is_err());
+        let short = Rts {
+            size: head.size - 1,
+            ..head
+        };
+        assert!(short.decode_ranges(&body[Rts::LEN..]).is_err());
     }
 
     #[test]

@@ -349,12 +349,13 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     i.tx_attr.comp_order = fi::FI_ORDER_NONE;
     i.rx_attr.comp_order = fi::FI_ORDER_NONE;
     i.tx_attr.inject_size = eager;
-    i.tx_attr.iov_limit = rfabric_sys::verbs::MAX_IOV;
+    i.tx_attr.iov_limit = crate::verbs::rdm_ep::tx_iov_limit()?;
     i.rx_attr.iov_limit = 1;
     i.ep_attr.ep_type = EpType::Rdm;
     i.ep_attr.protocol = fi::FI_PROTO_UNSPEC;
-    // Larger than the eager size, the receiver reads the message (rendezvous).
-    i.ep_attr.max_msg_size = dev.port.max_msg_sz as usize;
+    // Larger than the eager size, the receiver reads the message (rendezvous), in as many
+    // RDMA reads as the port's message size needs.
+    i.ep_attr.max_msg_size = crate::verbs::rdm_ep::max_msg_size(dev.port.max_msg_sz as usize);
     i.ep_attr.max_order_raw_size = 0;
     i.ep_attr.max_order_war_size = 0;
     i.ep_attr.max_order_waw_size = 0;

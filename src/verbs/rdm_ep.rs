@@ -24,7 +24,9 @@ use crate::core::eq::EqEvent;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags};
 use crate::core::info::{Info, RxAttr};
-use crate::core::rdm::{host_id, Fin, Header, Op, PeerLink, RdmName, Request, Rts, SendPath};
+use crate::core::rdm::{
+    host_id, Fin, Header, Op, PeerLink, RdmName, Request, Rts, RtsRange, SendPath, RTS_RANGES_MAX,
+};
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
 use crate::verbs::cntr::{Counter, EpCounters};
 use crate::verbs::cq::{Owned, PeerProgress, PeerTransferSink, QpnHash, RecvOwner};
@@ -60,6 +62,27 @@ fn buffer_size() -> Result<usize> {
 pub(crate) fn eager_size() -> Result<usize> {
     Ok(buffer_size()? - Header::LEN)
 }
+
+/// Ranges a send may gather (`tx_attr.iov_limit`): as many as an announcement lists in one
+/// bounce buffer, at most [`RTS_RANGES_MAX`] (32 with the default 8 KiB buffers).
+pub(crate) fn tx_iov_limit() -> Result<usize> {
+    let room = buffer_size()? - Header::LEN - Rts::LEN;
+    Ok((room / RtsRange::LEN).min(RTS_RANGES_MAX))
+}
+
+/// RDMA reads one rendezvous message may take, at most, for the RDM `max_msg_size`.
+const READ_PIECES: usize = 16;
+
+/// The largest RDM message for a port whose messages (one RDMA read) go up to `one` bytes:
+/// [`READ_PIECES`] reads' worth, up to 1 GiB, and never less than one read.
+pub(crate) fn max_msg_size(one: usize) -> usize {
+    one.max(one.saturating_mul(READ_PIECES).min(1 << 30))
+}
+
+/// Rendezvous reads in flight on an endpoint, at most: each holds a place in its
+/// connection's send queue and an entry of the send CQ, reserved at `fi_enable` beside the
+/// send buffers'; more wait, in the order their messages matched, for one to finish.
+const READS_MAX: usize = 32;
 
 /// Where a receive's bytes go: registered memory of the application's, or a C buffer.
 #[derive(Clone, Debug)]
@@ -150,6 +173,8 @@ enum Exposed {
     Own(#[allow(dead_code)] sv::MemoryRegion),
     App(#[allow(dead_code)] Arc<sv::MemoryRegion>),
     Pinned(#[allow(dead_code)] Arc<sv::PinnedPages>),
+    /// A gathered send's ranges, one exposure each.
+    Many(#[allow(dead_code)] Box<[Exposed]>),
 }
 
 /// Where a send's bytes come from.
@@ -160,6 +185,9 @@ enum Src<'a> {
     Region(&'a MemoryRegion, usize, usize),
     /// An application buffer valid until the send completes (C callers).
     Foreign(ForeignBuf),
+    /// Application buffers gathered in order, valid until the send completes (C callers'
+    /// `fi_sendv`, `fi_sendmsg`).
+    Iov(&'a [ForeignBuf]),
 }
 
 impl Src<'_> {
@@ -168,6 +196,7 @@ impl Src<'_> {
             Src::Slices(v) => v.iter().map(|b| b.len()).sum(),
             Src::Region(_, _, len) => *len,
             Src::Foreign(f) => f.len(),
+            Src::Iov(v) => v.iter().map(ForeignBuf::len).sum(),
         }
     }
 
@@ -185,6 +214,7 @@ impl Src<'_> {
                 .map_err(|_| mr.range_error(*off, *len)),
             Src::Foreign(f) => copy(Place::Foreign(f, 0), to(at), f.len())
                 .map_err(|e| Error::os(e, "copying a send buffer")),
+            Src::Iov(_) => self.copy_range_to(pool, at, 0, self.len()),
         }
     }
 
@@ -214,6 +244,26 @@ impl Src<'_> {
                 .map_err(|_| mr.range_error(off + from, n)),
             Src::Foreign(f) => copy(Place::Foreign(f, from), to, n)
                 .map_err(|e| Error::os(e, "copying a send buffer")),
+            Src::Iov(v) => {
+                let (mut skip, mut at, mut left) = (from, at, n);
+                for f in v.iter() {
+                    if left == 0 {
+                        break;
+                    }
+                    if skip >= f.len() {
+                        skip -= f.len();
+                        continue;
+                    }
+                    let k = (f.len() - skip).min(left);
+                    let to = Place::Region(pool.sys(), at);
+                    copy(Place::Foreign(f, skip), to, k)
+                        .map_err(|e| Error::os(e, "copying a send buffer"))?;
+                    at += k;
+                    left -= k;
+                    skip = 0;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -245,11 +295,45 @@ impl Src<'_> {
                 let (addr, rkey) = (f.addr(), p.rkey());
                 return Ok((Exposed::Pinned(p), addr, rkey));
             }
+            Src::Iov(_) => unreachable!("gathered sends are exposed range by range"),
         };
         let r = r.map_err(|e| Error::os(e, "ibv_reg_mr of a send buffer (rendezvous)"))?;
         let (addr, rkey) = (r.addr(), r.rkey());
         Ok((Exposed::Own(r), addr, rkey))
     }
+}
+
+/// A rendezvous send's memory, as its announcement names it: one range in the head, or a
+/// gathered send's list after it.
+enum Announced {
+    One(u64, u32),
+    Many(Box<[RtsRange]>),
+}
+
+/// Exposes a rendezvous send for the peer's read: its one range, or each non-empty range
+/// of a gathered C send (two or more of them are listed in the announcement).
+fn expose_send(src: &Src<'_>, domain: &Domain) -> Result<(Exposed, Announced)> {
+    let Src::Iov(v) = src else {
+        let (reg, addr, rkey) = src.expose(domain)?;
+        return Ok((reg, Announced::One(addr, rkey)));
+    };
+    let mut parts = v.iter().filter(|f| !f.is_empty());
+    if parts.clone().count() == 1 {
+        let one = *parts.next().unwrap_or(&v[0]);
+        return expose_send(&Src::Foreign(one), domain);
+    }
+    let mut regs = Vec::with_capacity(v.len());
+    let mut ranges = Vec::with_capacity(v.len());
+    for f in parts {
+        let p = domain.pin(f.addr(), f.len(), sv::access::REMOTE_READ)?;
+        ranges.push(RtsRange {
+            addr: f.addr(),
+            len: f.len() as u64,
+            rkey: p.rkey(),
+        });
+        regs.push(Exposed::Pinned(p));
+    }
+    Ok((Exposed::Many(regs.into()), Announced::Many(ranges.into())))
 }
 
 /// Where a queue pair's messages come from: the peer (kept after its connection went, for
@@ -382,6 +466,9 @@ struct RxMeta {
     conn: u32,
     /// An unexpected message that keeps its bounce buffer until a receive takes it.
     held: bool,
+    /// A gathered announcement's ranges, listed after its head in the buffer (0: the head
+    /// names the one range).
+    ranges: u8,
 }
 
 /// A segmented message being put together (in a copy aside) from its segments.
@@ -404,7 +491,25 @@ struct RndvSend {
     _reg: Option<Exposed>,
 }
 
-/// A rendezvous read in flight, for a matched receive.
+/// What a rendezvous reads: the announcement's one range, or a gathered send's list.
+#[derive(Debug)]
+enum Remote {
+    One(RtsRange),
+    Many(Box<[RtsRange]>),
+}
+
+impl Remote {
+    fn range(&self, i: usize) -> Option<RtsRange> {
+        match self {
+            Remote::One(r) => (i == 0).then_some(*r),
+            Remote::Many(v) => v.get(i).copied(),
+        }
+    }
+}
+
+/// A rendezvous read under way, for a matched receive: the sender's ranges, read in order
+/// into the receive's buffer in pieces of at most the port's message size, at most
+/// [`READS_MAX`] pieces of the endpoint's reads in flight at a time.
 #[derive(Debug)]
 struct RndvRead {
     context: u64,
@@ -421,7 +526,26 @@ struct RndvRead {
     id: u32,
     /// A peer's transfer: its completion goes to the transfer link.
     peer: bool,
+    remote: Remote,
+    /// The receive's buffer as the device writes it (its address and key; `n` bytes).
+    local: sv::Sge,
+    /// The next piece's remote range and offset in it, and the bytes posted before it.
+    at: (usize, u64),
+    posted: usize,
+    /// Pieces posted and not completed.
+    out: u32,
+    /// In `Inner::read_wait`: pieces of it remain to be posted.
+    waiting: bool,
+    /// The first failure (a libfabric errno; 0 for none): no piece is posted after it.
+    status: i32,
     _reg: Option<Exposed>,
+}
+
+impl RndvRead {
+    /// Nothing of it in flight or left to post: its receive completes.
+    fn finished(&self) -> bool {
+        self.out == 0 && !self.waiting
+    }
 }
 
 /// Slots reused by index, for in-flight operations.
@@ -460,6 +584,16 @@ impl<T> Slab<T> {
             self.free.push(i);
         }
         t
+    }
+
+    fn get_mut(&mut self, i: u32) -> Option<&mut T> {
+        self.v.get_mut(i as usize)?.as_mut()
+    }
+
+    /// Takes every entry out (the endpoint closing).
+    fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.free.clear();
+        self.v.drain(..).flatten()
     }
 }
 
@@ -520,6 +654,13 @@ struct Inner {
     rx: Vec<RxMeta>,
     sends: Slab<RndvSend>,
     reads: Slab<RndvRead>,
+    /// Rendezvous reads with pieces left to post, oldest first, and the pieces of all
+    /// reads in flight (at most `READS_MAX`).
+    read_wait: VecDeque<u32>,
+    reads_out: u32,
+    /// Reads that failed to post a piece outside a completion of theirs, finished (their
+    /// receives completed) by the next progress call.
+    reads_failed: Vec<u32>,
     /// Notices waiting for a send buffer, by connection.
     fins: VecDeque<(u32, Fin)>,
     /// Messages set aside by `FI_PEEK|FI_CLAIM`, by the claiming context.
@@ -581,6 +722,8 @@ struct Enabled {
     opened: AtomicU32,
     /// Notices wait for a send buffer (checked without the lock).
     fins_waiting: std::sync::atomic::AtomicBool,
+    /// `Inner::reads_failed` holds reads to finish (checked without the lock).
+    reads_parked: AtomicBool,
     /// Connections being set up: while any is, every progress call reads the connection
     /// events; otherwise one in `CM_POLL_EVERY` does (a read is a system call).
     in_setup: AtomicU32,
@@ -892,8 +1035,9 @@ impl RdmEndpoint {
             1,
             (dev.attr.max_srq_wr.max(1) as usize).min(1 << wr_id::INDEX_BITS),
         );
-        // One CQ entry per send buffer and per SRQ receive, whatever the number of peers.
-        c.cqs.reserve(tx_n as u32, rx_n as u32)?;
+        // One CQ entry per send buffer, rendezvous read and SRQ receive, whatever the
+        // number of peers.
+        c.cqs.reserve((tx_n + READS_MAX) as u32, rx_n as u32)?;
         let reserved = (|| {
             let (Some(tx_cq), Some(rx_cq)) = (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone()) else {
                 unreachable!("reserve checked both CQs are bound")
@@ -948,6 +1092,9 @@ impl RdmEndpoint {
                     last_route: None,
                     sends: Slab::default(),
                     reads: Slab::default(),
+                    read_wait: VecDeque::new(),
+                    reads_out: 0,
+                    reads_failed: Vec::new(),
                     fins: VecDeque::new(),
                     claimed: HashMap::new(),
                     addr_peer: Vec::new(),
@@ -986,6 +1133,7 @@ impl RdmEndpoint {
                 rx_selective: c.rx_selective,
                 opened: AtomicU32::new(0),
                 fins_waiting: std::sync::atomic::AtomicBool::new(false),
+                reads_parked: AtomicBool::new(false),
                 in_setup: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
                 cm_wakes: false,
@@ -1077,10 +1225,15 @@ impl RdmEndpoint {
         crate::core::addr::fill_name(&self.getname()?.to_bytes(), buf, addrlen)
     }
 
-    /// The largest message it carries: what one RDMA read moves (the port's
-    /// `max_msg_sz`); larger than the eager size, the receiver reads it (rendezvous).
+    /// The largest message it carries (`ep_attr.max_msg_size`): larger than the eager
+    /// size, the receiver reads it (rendezvous), in pieces of at most [`Self::read_max`].
     pub fn max_msg_size(&self) -> usize {
-        self.sh.domain.device().port.max_msg_sz as usize
+        max_msg_size(self.read_max())
+    }
+
+    /// The most one RDMA work request moves: the port's `max_msg_sz`.
+    pub(crate) fn read_max(&self) -> usize {
+        (self.sh.domain.device().port.max_msg_sz as usize).clamp(1, u32::MAX as usize)
     }
 
     /// `fi_inject` size: every message up to the eager size is copied at once.
@@ -1104,6 +1257,32 @@ impl RdmEndpoint {
         flags: Flags,
     ) -> Result<()> {
         self.post_to(Src::Foreign(buf), dest, tag, data, context, flags)
+    }
+
+    /// A send gathered from application buffers valid until it completes (C callers'
+    /// `fi_sendv`, `fi_sendmsg`, …): copied when eager or segmented; larger, the receiver
+    /// reads the ranges in order (rendezvous). At most `tx_attr.iov_limit` ranges.
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_foreign_iov(
+        &self,
+        bufs: &[ForeignBuf],
+        dest: u64,
+        tag: Option<u64>,
+        data: Option<u64>,
+        context: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        let limit = tx_iov_limit()?;
+        if bufs.len() > limit {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "a send iov of {} ranges: at most {limit} (tx_attr.iov_limit)",
+                    bufs.len()
+                ),
+            ));
+        }
+        self.post_to(Src::Iov(bufs), dest, tag, data, context, flags)
     }
 
     /// Bytes of registered memory it receives into: its bounce buffers, fixed at enable
@@ -1346,7 +1525,7 @@ impl RdmEndpoint {
             }
         }
         let reg = if len > eager && segs == 1 {
-            Some(src.expose(&self.sh.domain)?)
+            Some(expose_send(&src, &self.sh.domain)?)
         } else {
             None
         };
@@ -1422,36 +1601,47 @@ impl RdmEndpoint {
                     .write_at(off, &hdr.encode())
                     .and_then(|_| src.copy_to(&en.tx_pool, off + Header::LEN))
             }
-            Some((reg, addr, rkey)) => {
-                let rts = Rts {
-                    addr,
-                    rkey,
-                    size: len as u64,
-                    id: 0,
+            Some((reg, announced)) => {
+                // A gathered send lists its ranges after the head (whose own are unused).
+                let (addr, rkey, ranges) = match &announced {
+                    Announced::One(addr, rkey) => (*addr, *rkey, &[][..]),
+                    Announced::Many(v) => (0, 0, &v[..]),
                 };
+                let body = Rts::LEN + ranges.len() * RtsRange::LEN;
                 let id = g.sends.insert(RndvSend {
                     meta: user,
                     _reg: Some(reg),
                 });
+                let rts = Rts {
+                    addr,
+                    rkey,
+                    size: len as u64,
+                    id,
+                };
                 g.tx[slot as usize] = TxMeta {
                     quiet: true,
                     rndv: id,
-                    wire: (Header::LEN + Rts::LEN) as u32,
+                    wire: (Header::LEN + body) as u32,
                     ..user
                 };
                 let hdr = Header {
                     op: if op.tagged() { Op::RtsTag } else { Op::RtsMsg },
                     tag,
                     data,
-                    len: Rts::LEN as u32,
+                    len: body as u32,
                     ack: None,
                     total: 0,
                     peer: user.peer,
                 };
-                en.tx_pool.write_at(off, &hdr.encode()).and_then(|_| {
-                    en.tx_pool
-                        .write_at(off + Header::LEN, &Rts { id, ..rts }.encode())
-                })
+                let at = off + Header::LEN + Rts::LEN;
+                en.tx_pool
+                    .write_at(off, &hdr.encode())
+                    .and_then(|_| en.tx_pool.write_at(off + Header::LEN, &rts.encode()))
+                    .and_then(|_| {
+                        ranges.iter().enumerate().try_for_each(|(i, r)| {
+                            en.tx_pool.write_at(at + i * RtsRange::LEN, &r.encode())
+                        })
+                    })
             }
         };
         if let Err(e) = copied {
@@ -2366,6 +2556,8 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         },
         _ => Ok(()),
     };
+    // A gathered announcement's ranges are read before its buffer goes back.
+    let remote = m.rts.map(|r| remote_of(en, g, slot, &r, m.ranges));
     let _ = g.engine.free(id);
     release_holder(en, g, slot);
     let Some(rts) = m.rts else {
@@ -2405,7 +2597,12 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         );
         return counted_rx(en, e.kind.peer(), d);
     }
-    let (reg, sge) = match ebuf.as_ref().map(|b| b.expose(&en.domain, e.offset, n)) {
+    let remote = match remote {
+        Some(Ok(r)) => r,
+        Some(Err(err)) => return failed(g, err),
+        None => unreachable!("an announced message has its ranges"),
+    };
+    let (reg, local) = match ebuf.as_ref().map(|b| b.expose(&en.domain, e.offset, n)) {
         Some(Ok(r)) => r,
         Some(Err(err)) => return failed(g, err),
         None => return failed(g, Error::new(errno::EINVAL, "a receive without a buffer")),
@@ -2422,40 +2619,152 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         conn: m.conn,
         id: rts.id,
         peer: e.kind.peer(),
+        remote,
+        local,
+        at: (0, 0),
+        posted: 0,
+        out: 0,
+        waiting: true,
+        status: 0,
         _reg: Some(reg),
     });
-    let posted = match open_conn_mut(g, m.conn) {
-        // Read indices travel in work request ids below 2^24.
-        _ if rid >= 1 << wr_id::INDEX_BITS => Err(Error::new(
-            errno::EAGAIN,
-            "too many rendezvous reads in flight",
-        )),
-        Some(c) => {
-            c.ep.qp()
-                .and_then(|qp| {
-                    qp.post_read(
-                        wr_id::keyed(rid, en.key, Kind::RdmRead),
-                        sge,
-                        rts.addr,
-                        rts.rkey,
-                        send_flags::SIGNALED,
-                    )
-                    .map_err(|e| Error::os(e, "ibv_post_send (RDMA read)"))
-                })
-                .map(|()| c.in_flight += 1)
+    // Read indices travel in work request ids below 2^24.
+    if rid >= 1 << wr_id::INDEX_BITS {
+        drop(g.reads.take(rid));
+        return failed(
+            g,
+            Error::new(errno::EAGAIN, "too many rendezvous reads under way"),
+        );
+    }
+    g.read_wait.push_back(rid);
+    // Reads that wait mean the budget is spent: this one goes when their pieces complete.
+    if g.read_wait.len() == 1 {
+        pump_reads(en, g);
+    }
+    // Its first piece could not be posted (its connection went): it fails here.
+    if g.reads_failed.last() == Some(&rid) {
+        g.reads_failed.pop();
+        let r = g.reads.take(rid);
+        let err = Error::new(errno::ECONNABORTED, "the sender's connection is gone");
+        drop(r);
+        return failed(g, err);
+    }
+    None
+}
+
+/// The ranges announced message `rts` (in holder `slot`, listing `ranges` after its head)
+/// is read from.
+fn remote_of(en: &Enabled, g: &Inner, slot: u32, rts: &Rts, ranges: u8) -> Result<Remote> {
+    if ranges == 0 {
+        return Ok(Remote::One(RtsRange {
+            addr: rts.addr,
+            len: rts.size,
+            rkey: rts.rkey,
+        }));
+    }
+    let mut tail = [0u8; RTS_RANGES_MAX * RtsRange::LEN];
+    let tail = &mut tail[..ranges as usize * RtsRange::LEN];
+    match spilled(en, slot) {
+        Some(i) => {
+            let kept = g.spill[i].get(Rts::LEN..Rts::LEN + tail.len());
+            tail.copy_from_slice(kept.ok_or_else(|| {
+                Error::new(errno::EIO, "an announcement set aside without its ranges")
+            })?);
         }
-        None => Err(Error::new(
-            errno::ECONNABORTED,
-            "the sender's connection is gone",
-        )),
-    };
-    match posted {
-        Ok(()) => None,
-        Err(err) => {
-            drop(g.reads.take(rid));
-            failed(g, err)
+        None => en
+            .rx_pool
+            .read_at(slot as usize * en.slot + Header::LEN + Rts::LEN, tail)?,
+    }
+    rts.decode_ranges(tail).map(Remote::Many)
+}
+
+/// Posts pieces of the waiting rendezvous reads, oldest first, while fewer than
+/// [`READS_MAX`] are in flight. A read that cannot post one (its connection went) posts no
+/// more; with nothing of it in flight, it goes to `reads_failed` to be finished.
+fn pump_reads(en: &Enabled, g: &mut Inner) {
+    while (g.reads_out as usize) < READS_MAX {
+        let Some(&rid) = g.read_wait.front() else {
+            return;
+        };
+        let more = post_piece(en, g, rid);
+        if matches!(more, Ok(true)) {
+            continue;
+        }
+        g.read_wait.pop_front();
+        let Some(r) = g.reads.get_mut(rid) else {
+            continue;
+        };
+        r.waiting = false;
+        if let Err(err) = more {
+            crate::fi_warn!("rdm", "rendezvous read of {} bytes: {err}", r.n);
+            if r.status == 0 {
+                r.status = errno::EIO;
+            }
+        }
+        if r.finished() && r.status != 0 {
+            g.reads_failed.push(rid);
         }
     }
+}
+
+/// Posts the next piece of read `rid`; true when more remain to post.
+fn post_piece(en: &Enabled, g: &mut Inner, rid: u32) -> Result<bool> {
+    let max = (en.domain.device().port.max_msg_sz as u64).clamp(1, u32::MAX as u64);
+    let Some(r) = g.reads.get_mut(rid) else {
+        return Ok(false);
+    };
+    if r.status != 0 || r.posted >= r.n {
+        return Ok(false);
+    }
+    // The next non-empty range (the sender lists none, but the wire is not trusted).
+    let range = loop {
+        let Some(range) = r.remote.range(r.at.0) else {
+            return Err(Error::new(
+                errno::EIO,
+                "the announced ranges end before the message",
+            ));
+        };
+        if r.at.1 < range.len {
+            break range;
+        }
+        r.at = (r.at.0 + 1, 0);
+    };
+    let len = (range.len - r.at.1).min((r.n - r.posted) as u64).min(max) as u32;
+    let sge = sv::Sge {
+        addr: r.local.addr + r.posted as u64,
+        length: len,
+        lkey: r.local.lkey,
+    };
+    let (addr, rkey, conn) = (range.addr + r.at.1, range.rkey, r.conn);
+    match open_conn_mut(g, conn) {
+        Some(c) => {
+            c.ep.qp().and_then(|qp| {
+                qp.post_read(
+                    wr_id::keyed(rid, en.key, Kind::RdmRead),
+                    sge,
+                    addr,
+                    rkey,
+                    send_flags::SIGNALED,
+                )
+                .map_err(|e| Error::os(e, "ibv_post_send (RDMA read)"))
+            })?;
+            c.in_flight += 1;
+        }
+        None => {
+            return Err(Error::new(
+                errno::ECONNABORTED,
+                "the sender's connection is gone",
+            ))
+        }
+    }
+    g.reads_out += 1;
+    let Some(r) = g.reads.get_mut(rid) else {
+        unreachable!("looked up above")
+    };
+    r.out += 1;
+    r.posted += len as usize;
+    r.at.1 += len as u64;
+    Ok(r.posted < r.n)
 }
 
 /// Drops the message of claimed entry `id`: its bounce buffer goes back to the SRQ, and an
@@ -2661,6 +2970,7 @@ fn segment(
                         ack: h.ack,
                         conn,
                         held: false,
+                        ranges: 0,
                     },
                 },
             );
@@ -2775,11 +3085,11 @@ fn to_owned(c: Option<Done>) -> Option<Owned> {
 impl Shared {
     /// The MSG info its connections are opened with: the device's own MSG attributes (an
     /// RDM info's inject size is the eager size, far above what a QP inlines), one send
-    /// element, send queues as deep as the endpoint's send buffers.
+    /// element, send queues as deep as the endpoint's send buffers and rendezvous reads.
     fn msg_info(&self) -> Result<Info> {
         let dev = self.domain.device();
         let mut i = crate::verbs::info::msg_info(dev)?;
-        i.tx_attr.size = self.info.tx_attr.size.clamp(1, dev.attr.max_qp_wr as usize);
+        i.tx_attr.size = (self.info.tx_attr.size + READS_MAX).clamp(1, dev.attr.max_qp_wr as usize);
         i.tx_attr.iov_limit = 1;
         i.rx_attr.size = 1;
         i.rx_attr.iov_limit = 1;
@@ -2860,6 +3170,9 @@ impl Shared {
         if en.fins_waiting.load(Ordering::Relaxed) {
             let mut g = lock(&en.inner);
             flush_fins(en, &mut g);
+        }
+        if en.reads_parked.load(Ordering::Relaxed) {
+            finish_failed(en);
         }
         // One CQ and no local path: it calls this one read in PEER_POLL_EVERY while
         // nothing is being set up. Otherwise every read calls it, and it looks for
@@ -3143,18 +3456,48 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
 #[inline(never)]
 fn read_completion(en: &Enabled, id: u32, wc_status: u32) -> Option<Owned> {
     let ok = wc_status == sv::wc_status::IBV_WC_SUCCESS;
-    let same = Arc::ptr_eq(&en.tx_cq, &en.rx_cq);
     let mut g = lock(&en.inner);
-    let r = g.reads.take(id)?;
-    let status = if ok {
-        0
-    } else {
-        crate::verbs::cq::status_errno(wc_status)
-    };
-    queue_fin(en, &mut g, r.conn, Fin { id: r.id, status });
-    let gone = conn_done(&mut g, r.conn);
+    let r = g.reads.get_mut(id)?;
+    r.out -= 1;
+    if !ok && r.status == 0 {
+        r.status = crate::verbs::cq::status_errno(wc_status);
+    }
+    let (finished, conn) = (r.finished(), r.conn);
+    g.reads_out -= 1;
+    let gone = conn_done(&mut g, conn);
+    // Its place in the budget goes to the next piece waiting.
+    if !g.read_wait.is_empty() {
+        pump_reads(en, &mut g);
+        park_failed(en, &g);
+    }
+    let r = if finished { g.reads.take(id) } else { None };
+    if let Some(r) = &r {
+        queue_fin(
+            en,
+            &mut g,
+            r.conn,
+            Fin {
+                id: r.id,
+                status: r.status,
+            },
+        );
+    }
     drop(g);
-    drop((gone, r._reg));
+    drop(gone);
+    let done = read_done(en, r?)?;
+    // Polled from the send CQ: the receive's completion belongs to the receive CQ.
+    if Arc::ptr_eq(&en.tx_cq, &en.rx_cq) {
+        return to_owned(Some(done));
+    }
+    write_out(&en.rx_cq, Some(Some(done)));
+    None
+}
+
+/// The receive of finished read `r` (its notice queued): its completion, or `None` for a
+/// success nobody asked to see or a peer's transfer (which goes to its link here).
+fn read_done(en: &Enabled, r: RndvRead) -> Option<Done> {
+    let ok = r.status == 0;
+    drop(r._reg);
     let done = recv_done(
         r.context,
         r.flags,
@@ -3165,7 +3508,7 @@ fn read_completion(en: &Enabled, id: u32, wc_status: u32) -> Option<Owned> {
         if ok { r.n } else { 0 },
         0,
         r.quiet,
-        (!ok).then_some(status),
+        (!ok).then_some(r.status),
     );
     let done = counted_rx(en, r.peer, done);
     if r.peer {
@@ -3176,12 +3519,44 @@ fn read_completion(en: &Enabled, id: u32, wc_status: u32) -> Option<Owned> {
         }
         return None;
     }
-    // Polled from the send CQ: the receive's completion belongs to the receive CQ.
-    if same {
-        return to_owned(done);
+    done
+}
+
+/// Has the next progress call finish the reads `pump_reads` failed (a completion handler
+/// may not write its own CQ).
+fn park_failed(en: &Enabled, g: &Inner) {
+    if !g.reads_failed.is_empty() && !en.reads_parked.swap(true, Ordering::Relaxed) {
+        en.rx_cq.want_progress(true);
     }
-    write_out(&en.rx_cq, Some(done));
-    None
+}
+
+/// Finishes the reads parked by `park_failed`: each receive completes in error.
+#[cold]
+fn finish_failed(en: &Enabled) {
+    let mut g = lock(&en.inner);
+    if en.reads_parked.swap(false, Ordering::Relaxed) {
+        en.rx_cq.want_progress(false);
+    }
+    let failed: Vec<_> = std::mem::take(&mut g.reads_failed)
+        .into_iter()
+        .filter_map(|id| g.reads.take(id))
+        .collect();
+    for r in &failed {
+        queue_fin(
+            en,
+            &mut g,
+            r.conn,
+            Fin {
+                id: r.id,
+                status: r.status,
+            },
+        );
+    }
+    drop(g);
+    for r in failed {
+        let done = read_done(en, r);
+        write_out(&en.rx_cq, Some(done));
+    }
 }
 
 /// A message in bounce buffer `id`: matched and delivered, or queued unexpected.
@@ -3213,16 +3588,18 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         drop(g);
         return rma::remote_read(en, id);
     }
-    let rts = match h.op {
-        Op::RtsMsg | Op::RtsTag => match Rts::decode(body) {
-            Ok(r) => Some(r),
+    let (rts, ranges) = match h.op {
+        Op::RtsMsg | Op::RtsTag => match Rts::decode(body)
+            .and_then(|r| Ok((Some(r), Rts::ranges_in(h.len as usize)? as u8)))
+        {
+            Ok(r) => r,
             Err(e) => {
                 crate::fi_warn!("rdm", "dropping a message: {e}");
                 let _ = post_bounce(en, id);
                 return None;
             }
         },
-        _ => None,
+        _ => (None, 0),
     };
     // One lookup per message: who sent it, and on which connection.
     let route = route_of(&mut g, wc.qp_num());
@@ -3256,6 +3633,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         ack: h.ack,
         conn,
         held: false,
+        ranges,
     };
     match arrive(&mut g, kind, addr, h.tag, size, id) {
         Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
@@ -3265,7 +3643,12 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
                 &mut g,
                 id,
                 e,
-                if rts.is_some() { 0 } else { h.len as usize },
+                // An announcement's body is set aside only for the ranges it lists.
+                if rts.is_some() && ranges == 0 {
+                    0
+                } else {
+                    h.len as usize
+                },
             );
             None
         }
@@ -3520,6 +3903,9 @@ impl Drop for Shared {
         if *en.fins_waiting.get_mut() {
             en.tx_cq.want_progress(false);
         }
+        if *en.reads_parked.get_mut() {
+            en.rx_cq.want_progress(false);
+        }
         let g = en.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         for c in g.conns.iter().flatten() {
             if let ConnSlot::Open(conn) = c {
@@ -3540,8 +3926,23 @@ impl Drop for RdmEndpoint {
         }
         if let Some(en) = self.sh.on.get() {
             local::close(en);
-            // Nothing posted is lost: each receive still waiting completes as cancelled.
-            let posted = lock(&en.inner).engine.cancel_all();
+            // Nothing posted is lost: each receive still waiting completes as cancelled, as
+            // does each whose message was still being read.
+            let mut g = lock(&en.inner);
+            let reading: Vec<_> = g.reads.drain().filter(|r| !r.peer).collect();
+            g.read_wait.clear();
+            g.reads_failed.clear();
+            let posted = g.engine.cancel_all();
+            drop(g);
+            for r in reading {
+                let _ = en.rx_cq.writeerr(CqErrEntry {
+                    op_context: r.context,
+                    flags: r.flags.bits(),
+                    tag: r.tag,
+                    err: errno::ECANCELED,
+                    ..Default::default()
+                });
+            }
             for e in posted {
                 let kind = if e.kind.tagged() {
                     Flags::TAGGED

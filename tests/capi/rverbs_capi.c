@@ -1731,6 +1731,56 @@ static void rdm_section(void)
 		free(br);
 	}
 
+	/* Gathered past the segmented size (fi_tsendv, fi_tsendmsg): the receiver reads the
+	 * ranges in order; as many as tx_attr.iov_limit, one more is refused. Then a message of
+	 * more than two RDMA reads (the port's max_msg_sz each), below max_msg_size. */
+	{
+		size_t part[3] = {70000, 1, 200003}, total = 270004;
+		struct iovec iov[33];
+		uint8_t *g = malloc(total), *br = malloc(total);
+		TRUE(g && br);
+		EXPECT(info->tx_attr->iov_limit, 32);
+		fill(g, total, 13);
+		for (size_t i = 0, at = 0; i < 3; at += part[i], i++)
+			iov[i] = (struct iovec){.iov_base = g + at, .iov_len = part[i]};
+		OK(fi_trecv(ep[1], br, total, NULL, FI_ADDR_UNSPEC, 0x79, 0, (void *)24));
+		RDM_POST(cq[0], cq[1], fi_tsendv(ep[0], iov, NULL, 3, 1, 0x79, (void *)25));
+		EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+		TRUE(e.op_context == (void *)24 && e.len == total);
+		check(br, total, 13);
+		EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+		EXPECT(e.op_context, (void *)25);
+		memset(br, 0, total);
+		struct fi_msg_tagged tm = {.msg_iov = iov, .iov_count = 3, .addr = 1, .tag = 0x7a,
+					   .context = (void *)26, .data = 0xdada};
+		RDM_POST(cq[0], cq[1], fi_tsendmsg(ep[0], &tm, FI_REMOTE_CQ_DATA | FI_COMPLETION));
+		OK(fi_trecv(ep[1], br, total, NULL, FI_ADDR_UNSPEC, 0x7a, 0, (void *)27));
+		EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+		TRUE(e.op_context == (void *)27 && e.len == total && e.data == 0xdada);
+		check(br, total, 13);
+		EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+		EXPECT(e.op_context, (void *)26);
+		for (int i = 0; i < 33; i++)
+			iov[i] = (struct iovec){.iov_base = g, .iov_len = 4096};
+		EXPECT(fi_tsendv(ep[0], iov, NULL, 33, 1, 0x7b, NULL), -FI_EINVAL);
+		free(g);
+		free(br);
+		size_t n = 17 << 20; /* three reads of rxe's 8 MiB */
+		TRUE(info->ep_attr->max_msg_size >= n);
+		uint8_t *ls = malloc(n), *lr = malloc(n);
+		TRUE(ls && lr);
+		fill(ls, n, 14);
+		OK(fi_trecv(ep[1], lr, n, NULL, FI_ADDR_UNSPEC, 0x7c, 0, (void *)28));
+		RDM_POST(cq[0], cq[1], fi_tsend(ep[0], ls, n, NULL, 1, 0x7c, (void *)29));
+		EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+		TRUE(e.op_context == (void *)28 && e.len == n);
+		check(lr, n, 14);
+		EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+		EXPECT(e.op_context, (void *)29);
+		free(ls);
+		free(lr);
+	}
+
 	/* Cancel: the receive completes as FI_ECANCELED; a second cancel finds nothing. */
 	OK(fi_trecv(ep[1], rbuf, BUF, NULL, 0, 99, 0, (void *)6));
 	OK(fi_cancel(&ep[1]->fid, (void *)6));

@@ -597,6 +597,13 @@ pub(super) fn post_local(
             iov[0] = (f.addr(), len);
             1
         }
+        Src::Iov(v) if v.len() <= iov.len() => {
+            for (d, f) in iov.iter_mut().zip(v.iter()) {
+                *d = (f.addr(), f.len());
+            }
+            v.len()
+        }
+        Src::Iov(_) => 0,
     };
     if len <= l.path.inject_size() && !dc && n > 0 {
         let r = l.path.send(
@@ -627,7 +634,11 @@ pub(super) fn post_local(
         return Ok(true);
     }
     let eager = en.slot - super::Header::LEN;
-    let copy = matches!(src, Src::Slices(_)) || (matches!(src, Src::Region(..)) && len <= eager);
+    // A gathered C send goes from the application's ranges (as many as the path takes)
+    // past a send buffer's worth; below, it is copied as borrowed slices are.
+    let copy = matches!(src, Src::Slices(_))
+        || (matches!(src, Src::Region(..) | Src::Iov(_)) && len <= eager)
+        || (matches!(src, Src::Iov(_)) && n == 0);
     if copy && len > eager {
         return Ok(false);
     }
@@ -645,11 +656,13 @@ pub(super) fn post_local(
             return Err(e);
         }
         let addr = en.tx_pool.sys().sge(off, len.max(1)).map_or(0, |s| s.addr);
-        ((addr, len), None)
+        iov[0] = (addr, len);
+        (&iov[..1], None)
     } else {
         match src {
-            Src::Region(mr, ..) => (iov[0], Some(mr.sys().clone())),
-            _ => (iov[0], None),
+            Src::Region(mr, ..) => (&iov[..1], Some(mr.sys().clone())),
+            Src::Iov(_) => (&iov[..n], None),
+            _ => (&iov[..1], None),
         }
     };
     let rndv = match hold {
@@ -673,7 +686,7 @@ pub(super) fn post_local(
             tagged,
             tag: user.tag,
             data,
-            iov: &[at],
+            iov: at,
             context: Some(wr_id::keyed(slot, en.key, Kind::RdmSend)),
             delivery_complete: dc,
         },

@@ -379,7 +379,7 @@ impl RdmEndpoint {
                         })?;
                         (sge, Arc::new(Exposed::Pinned(p)))
                     }
-                    Src::Slices(_) => return Err(Error::new(
+                    Src::Slices(_) | Src::Iov(_) => return Err(Error::new(
                         errno::EMSGSIZE,
                         format!("a {total}-byte write from a borrowed slice: writes larger than a send buffer ({} bytes) come from a MemoryRegion (write_region)", en.slot),
                     )),
@@ -459,7 +459,7 @@ impl RdmEndpoint {
 
     /// The most one work request moves (the device's message size).
     fn piece_max(&self) -> usize {
-        self.max_msg_size().clamp(1, u32::MAX as usize)
+        self.read_max()
     }
 
     /// The default flags of the endpoint's transmit operations (`tx_attr.op_flags`).
