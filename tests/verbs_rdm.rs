@@ -2626,13 +2626,16 @@ fn rdm_rma_by_offset_when_mr_mode_lacks_virt_addr_and_messages_keep_their_own_ke
 fn rdm_writes_and_reads_of_every_size_connect_on_first_use_and_move_the_bytes() {
     let Some(info) = rdm_rma_info() else { return };
     let v = nodes(&info, 2, false);
-    const LEN: usize = 1 << 21;
+    // Up to two of the device's messages and some (rxe's 8 MiB): three work requests.
+    let one = v[0].domain.device().port.max_msg_sz as usize;
+    let huge = 2 * one + 5;
+    let len = huge.max(1 << 21);
     let remote = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
-    let target = MemoryRegion::alloc(&v[1].domain, LEN, remote).unwrap();
-    let src = MemoryRegion::alloc(&v[0].domain, LEN, Flags::SEND).unwrap();
-    let back = MemoryRegion::alloc(&v[0].domain, LEN, Flags::RECV).unwrap();
+    let target = MemoryRegion::alloc(&v[1].domain, len, remote).unwrap();
+    let src = MemoryRegion::alloc(&v[0].domain, len, Flags::SEND).unwrap();
+    let back = MemoryRegion::alloc(&v[0].domain, len, Flags::RECV).unwrap();
     // Read-only to the device: small reads land in a send buffer, larger ones register it.
-    let plain = MemoryRegion::alloc(&v[0].domain, LEN, Flags::SEND).unwrap();
+    let plain = MemoryRegion::alloc(&v[0].domain, len, Flags::SEND).unwrap();
     let slot = v[0].ep.inject_size() + 32;
     let sizes = [
         0,
@@ -2644,14 +2647,15 @@ fn rdm_writes_and_reads_of_every_size_connect_on_first_use_and_move_the_bytes() 
         slot + 1,
         65536,
         1 << 20,
-        LEN,
+        1 << 21,
+        huge,
     ];
     let (mut posted, mut completed) = (0, 0);
     for (k, &n) in sizes.iter().enumerate() {
         let seed = k as u8 + 1;
         let rma = RmaIov {
             addr: target.addr(),
-            len: LEN,
+            len,
             key: target.key(),
         };
         let ctx = 100 + k as u64;
