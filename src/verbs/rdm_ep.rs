@@ -214,8 +214,15 @@ impl Src<'_> {
                 .map_err(|_| mr.range_error(*off, *len)),
             Src::Foreign(f) => copy(Place::Foreign(f, 0), to(at), f.len())
                 .map_err(|e| Error::os(e, "copying a send buffer")),
-            Src::Iov(_) => self.copy_range_to(pool, at, 0, self.len()),
+            Src::Iov(_) => self.copy_gathered(pool, at),
         }
+    }
+
+    /// `copy_to` of a gathered send (kept out of the one-buffer path).
+    #[cold]
+    #[inline(never)]
+    fn copy_gathered(&self, pool: &MemoryRegion, at: usize) -> Result<()> {
+        self.copy_range_to(pool, at, 0, self.len())
     }
 
     /// Copies `n` bytes from offset `from` to `at` in `pool` (one segment).
@@ -451,6 +458,66 @@ fn stage_segments(
         src.copy_range_to(&en.tx_pool, off + Header::LEN, from, n)?;
     }
     Ok(())
+}
+
+/// Stages the announcement of a rendezvous send of `len` bytes in send buffer `slot`: its
+/// exposed memory `reg` (held until the receiver's notice) and the ranges it names.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn stage_rts(
+    en: &Enabled,
+    g: &mut Inner,
+    slot: u32,
+    reg: Exposed,
+    announced: Announced,
+    op: Op,
+    tag: u64,
+    data: Option<u64>,
+    len: usize,
+    user: TxMeta,
+) -> Result<()> {
+    let off = slot as usize * en.slot;
+    // A gathered send lists its ranges after the head (whose own are unused).
+    let (addr, rkey, ranges) = match &announced {
+        Announced::One(addr, rkey) => (*addr, *rkey, &[][..]),
+        Announced::Many(v) => (0, 0, &v[..]),
+    };
+    let body = Rts::LEN + ranges.len() * RtsRange::LEN;
+    let id = g.sends.insert(RndvSend {
+        meta: user,
+        _reg: Some(reg),
+    });
+    let rts = Rts {
+        addr,
+        rkey,
+        size: len as u64,
+        id,
+    };
+    g.tx[slot as usize] = TxMeta {
+        quiet: true,
+        rndv: id,
+        wire: (Header::LEN + body) as u32,
+        ..user
+    };
+    let hdr = Header {
+        op: if op.tagged() { Op::RtsTag } else { Op::RtsMsg },
+        tag,
+        data,
+        len: body as u32,
+        ack: None,
+        total: 0,
+        peer: user.peer,
+    };
+    let at = off + Header::LEN + Rts::LEN;
+    en.tx_pool
+        .write_at(off, &hdr.encode())
+        .and_then(|_| en.tx_pool.write_at(off + Header::LEN, &rts.encode()))
+        .and_then(|_| {
+            ranges
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, r)| en.tx_pool.write_at(at + i * RtsRange::LEN, &r.encode()))
+        })
 }
 
 const NONE: u32 = u32::MAX;
@@ -1602,46 +1669,7 @@ impl RdmEndpoint {
                     .and_then(|_| src.copy_to(&en.tx_pool, off + Header::LEN))
             }
             Some((reg, announced)) => {
-                // A gathered send lists its ranges after the head (whose own are unused).
-                let (addr, rkey, ranges) = match &announced {
-                    Announced::One(addr, rkey) => (*addr, *rkey, &[][..]),
-                    Announced::Many(v) => (0, 0, &v[..]),
-                };
-                let body = Rts::LEN + ranges.len() * RtsRange::LEN;
-                let id = g.sends.insert(RndvSend {
-                    meta: user,
-                    _reg: Some(reg),
-                });
-                let rts = Rts {
-                    addr,
-                    rkey,
-                    size: len as u64,
-                    id,
-                };
-                g.tx[slot as usize] = TxMeta {
-                    quiet: true,
-                    rndv: id,
-                    wire: (Header::LEN + body) as u32,
-                    ..user
-                };
-                let hdr = Header {
-                    op: if op.tagged() { Op::RtsTag } else { Op::RtsMsg },
-                    tag,
-                    data,
-                    len: body as u32,
-                    ack: None,
-                    total: 0,
-                    peer: user.peer,
-                };
-                let at = off + Header::LEN + Rts::LEN;
-                en.tx_pool
-                    .write_at(off, &hdr.encode())
-                    .and_then(|_| en.tx_pool.write_at(off + Header::LEN, &rts.encode()))
-                    .and_then(|_| {
-                        ranges.iter().enumerate().try_for_each(|(i, r)| {
-                            en.tx_pool.write_at(at + i * RtsRange::LEN, &r.encode())
-                        })
-                    })
+                stage_rts(en, &mut g, slot, reg, announced, op, tag, data, len, user)
             }
         };
         if let Err(e) = copied {
@@ -2556,11 +2584,9 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         },
         _ => Ok(()),
     };
-    // A gathered announcement's ranges are read before its buffer goes back.
-    let remote = m.rts.map(|r| remote_of(en, g, slot, &r, m.ranges));
     let _ = g.engine.free(id);
-    release_holder(en, g, slot);
     let Some(rts) = m.rts else {
+        release_holder(en, g, slot);
         let failed = copied.err().map(|_| errno::EIO);
         if let Some(id) = m.ack {
             let status = failed.unwrap_or(0);
@@ -2571,6 +2597,9 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         );
         return counted_rx(en, e.kind.peer(), d);
     };
+    // A gathered announcement's ranges are read before its buffer goes back.
+    let remote = remote_of(en, g, slot, &rts, m.ranges);
+    release_holder(en, g, slot);
     // Rendezvous: read what fits, then tell the sender.
     let fin = |g: &mut Inner, status| queue_fin(en, g, m.conn, Fin { id: rts.id, status });
     let failed = |g: &mut Inner, err: Error| {
@@ -2598,9 +2627,8 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         return counted_rx(en, e.kind.peer(), d);
     }
     let remote = match remote {
-        Some(Ok(r)) => r,
-        Some(Err(err)) => return failed(g, err),
-        None => unreachable!("an announced message has its ranges"),
+        Ok(r) => r,
+        Err(err) => return failed(g, err),
     };
     let (reg, local) = match ebuf.as_ref().map(|b| b.expose(&en.domain, e.offset, n)) {
         Some(Ok(r)) => r,
@@ -2650,6 +2678,13 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         return failed(g, err);
     }
     None
+}
+
+/// The announcement in a message's `body` (of `len` bytes in all), with the number of
+/// ranges it lists after its head (kept off the eager path).
+#[inline(never)]
+fn announcement(body: &[u8], len: u32) -> Result<(Rts, u8)> {
+    Ok((Rts::decode(body)?, Rts::ranges_in(len as usize)? as u8))
 }
 
 /// The ranges announced message `rts` (in holder `slot`, listing `ranges` after its head)
@@ -3589,10 +3624,8 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         return rma::remote_read(en, id);
     }
     let (rts, ranges) = match h.op {
-        Op::RtsMsg | Op::RtsTag => match Rts::decode(body)
-            .and_then(|r| Ok((Some(r), Rts::ranges_in(h.len as usize)? as u8)))
-        {
-            Ok(r) => r,
+        Op::RtsMsg | Op::RtsTag => match announcement(body, h.len) {
+            Ok((r, n)) => (Some(r), n),
             Err(e) => {
                 crate::fi_warn!("rdm", "dropping a message: {e}");
                 let _ = post_bounce(en, id);
