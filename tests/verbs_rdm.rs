@@ -896,6 +896,142 @@ fn tally(cq: &CompletionQueue, k: u64, n: &mut [u64; 3]) {
     }
 }
 
+/// A receive that scatters into three ranges (a C buffer, a region, a C buffer), with room
+/// for `total` bytes, and a way to read them back as one.
+fn scatter3(dst: &MemoryRegion, total: usize) -> (RecvBuf, impl Fn(usize) -> Vec<u8>) {
+    let (first, mid) = (total / 3, (total / 3).min(dst.len()));
+    let a = foreign(first, 0);
+    let c = foreign(total - first - mid, 0);
+    let b = RecvBuf::region(dst, 0, mid).unwrap();
+    let buf = RecvBuf::scatter([RecvBuf::Foreign(a), b, RecvBuf::Foreign(c)]).unwrap();
+    assert_eq!(buf.len(), total);
+    let dst = dst.clone();
+    let back = move |n: usize| {
+        let mut v = foreign_bytes(&a, first);
+        let mut m = vec![0u8; mid];
+        dst.read_at(0, &mut m).unwrap();
+        v.extend(m);
+        v.extend(foreign_bytes(&c, c.len()));
+        v.truncate(n);
+        v
+    };
+    (buf, back)
+}
+
+/// Sends `n` bytes tagged 5 from node 0 to node 1 into a three-range receive posted before
+/// or after (`posted`), and checks they arrive whole across the ranges.
+fn scatter_round(
+    v: &[Node],
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+    n: usize,
+    posted: bool,
+    k: u64,
+) {
+    let (buf, back) = scatter3(dst, n + 7);
+    src.write_at(0, &pattern(n, k as u8)).unwrap();
+    if posted {
+        v[1].ep.trecv(buf.clone(), ANY, 5, 0, 100 + k).unwrap();
+    }
+    retry(v, || {
+        v[0].ep
+            .send_region(src, 0, n, 1, Some(5), 200 + k, Flags::empty())
+    });
+    if !posted {
+        quiet(v, 1);
+        v[1].ep.trecv(buf, ANY, 5, 0, 100 + k).unwrap();
+    }
+    let t = Instant::now();
+    let e = loop {
+        for x in v {
+            x.ep.progress();
+        }
+        let mut e = [TaggedEntry::default(); 1];
+        match v[1].cq.read(&mut e) {
+            Ok(1) if e[0].op_context == 100 + k => break e[0],
+            Ok(_) => {}
+            Err(err) if err.is_again() => {}
+            Err(err) => panic!("{err}: {:?}", v[1].cq.readerr()),
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no receive in 20 s");
+    };
+    assert_eq!(e.len, n, "{n} bytes");
+    assert!(
+        back(n) == pattern(n, k as u8),
+        "{n} bytes scattered, posted {posted}"
+    );
+}
+
+#[test]
+fn scatter_receives_fill_their_ranges_in_order_for_every_protocol() {
+    let Some(info) = rdm_info() else { return };
+    assert_eq!(info.rx_attr.iov_limit, 3);
+    let (v, txs, domain) = split_nodes(&info);
+    connect_first(&v, &txs);
+    let src = MemoryRegion::alloc(&domain, 1 << 20, Flags::SEND).unwrap();
+    let dst = MemoryRegion::alloc(&domain, 1 << 20, Flags::RECV).unwrap();
+    // Eager within the first range and across all three, segmented, and read (rendezvous,
+    // landing in each range), each posted and unexpected.
+    let mut k = 0;
+    for n in [0, 100, 5000, 30_000, 300_001] {
+        for posted in [true, false] {
+            scatter_round(&v, &src, &dst, n, posted, k);
+            k += 1;
+        }
+    }
+    for _ in 0..k {
+        next_on(&v, &txs[0]).unwrap();
+    }
+    // Larger than the three ranges: what fits, FI_ETRUNC with olen.
+    let (buf, back) = scatter3(&dst, 3000);
+    v[1].ep.trecv(buf, ANY, 6, 0, 50).unwrap();
+    src.write_at(0, &pattern(200_000, 3)).unwrap();
+    v[0].ep
+        .send_region(&src, 0, 200_000, 1, Some(6), 51, Flags::empty())
+        .unwrap();
+    let e = next_err(&v, 1);
+    assert_eq!(
+        (e.op_context, e.err, e.len, e.olen),
+        (50, errno::ETRUNC, 3000, 197_000)
+    );
+    assert!(back(3000) == pattern(200_000, 3)[..3000]);
+    // Four ranges, a list inside a list and a scattering multi-receive are refused.
+    let one = || RecvBuf::Foreign(foreign(10, 0));
+    assert_eq!(
+        RecvBuf::scatter([one(), one(), one(), one()])
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL
+    );
+    let two = RecvBuf::scatter([one(), one()]).unwrap();
+    assert!(RecvBuf::scatter([one(), two.clone()]).is_err());
+    let e = v[1]
+        .ep
+        .recvmsg(two, RxKind::Msg, ANY, 0, 0, 60, Flags::MULTI_RECV)
+        .unwrap_err();
+    assert_eq!(e.errno(), errno::EINVAL, "{e}");
+}
+
+#[test]
+fn scatter_receives_take_local_messages_too() {
+    let Some(info) = rdm_info() else { return };
+    let v = local_nodes(&info, 2);
+    let src = MemoryRegion::alloc(&v[0].domain, 1 << 20, Flags::SEND).unwrap();
+    let dst = MemoryRegion::alloc(&v[1].domain, 1 << 20, Flags::RECV).unwrap();
+    // shm's inject size and past it (copied by CMA from the sender's memory).
+    let mut k = 0;
+    for n in [64, 3000, 100_000] {
+        for posted in [true, false] {
+            scatter_round(&v, &src, &dst, n, posted, k);
+            k += 1;
+        }
+    }
+    assert!(
+        !v[0].ep.connected(1),
+        "the local pair never connects over verbs"
+    );
+}
+
 /// One small message from node 0 to node 1, which connects them.
 fn connect_first(v: &[Node], txs: &[Arc<CompletionQueue>]) {
     v[0].ep.tsend(b"hello", 5, 1, 1).unwrap();

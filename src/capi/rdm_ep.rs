@@ -21,6 +21,7 @@ use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpOpt, Flags};
 use crate::core::info::Info;
 use crate::core::srx::Kind;
+use crate::verbs::rdm_ep::RX_IOV_MAX;
 use crate::verbs::{Domain, RdmEndpoint, RecvBuf};
 
 pub(crate) type CRdmEp = Obj<fi::fid_ep, Arc<RdmEndpoint>>;
@@ -377,25 +378,34 @@ pub(crate) unsafe fn recv_buf(buf: *mut c_void, len: usize) -> Result<RecvBuf> {
     }))
 }
 
-/// The one buffer of a receive iov: RDM receives take one range (`rx_attr.iov_limit`).
+/// The buffer of a receive iov: its one range, or up to `rx_attr.iov_limit` filled in order.
 ///
 /// # Safety
 /// `iov` is NULL or holds `count` elements, each writable until the receive completes.
 unsafe fn recv_iov(iov: *const libc::iovec, count: usize) -> Result<RecvBuf> {
-    match count {
-        // SAFETY: no element to read.
-        0 => unsafe { recv_buf(std::ptr::null_mut(), 0) },
-        1 if !iov.is_null() => {
-            // SAFETY: one element, per the caller's contract.
-            let v = unsafe { *iov };
-            // SAFETY: the element's buffer, per the caller's contract.
-            unsafe { recv_buf(v.iov_base, v.iov_len) }
-        }
-        _ => Err(Error::new(
+    if count > RX_IOV_MAX || (count > 0 && iov.is_null()) {
+        return Err(Error::new(
             errno::EINVAL,
-            format!("a receive iov of {count} ranges: RDM receives take one (rx_attr.iov_limit)"),
-        )),
+            format!("a receive iov of {count} ranges (0 to {RX_IOV_MAX}, rx_attr.iov_limit)"),
+        ));
     }
+    if count <= 1 {
+        // SAFETY: at most one element, per the caller's contract.
+        let v = (count == 1).then(|| unsafe { *iov });
+        let (base, len) = v.map_or((std::ptr::null_mut(), 0), |v| (v.iov_base, v.iov_len));
+        // SAFETY: the element's buffer, per the caller's contract.
+        return unsafe { recv_buf(base, len) };
+    }
+    let mut parts: [RecvBuf; RX_IOV_MAX] =
+        std::array::from_fn(|_| RecvBuf::Foreign(ForeignBuf::EMPTY));
+    for (i, p) in parts.iter_mut().enumerate().take(count) {
+        // SAFETY: count elements, each writable for iov_len bytes (the caller's contract).
+        *p = unsafe {
+            let v = *iov.add(i);
+            recv_buf(v.iov_base, v.iov_len)?
+        };
+    }
+    RecvBuf::scatter(parts.into_iter().take(count))
 }
 
 /// A send buffer of the application's, valid until the send completes (fi_msg(3)): read

@@ -350,7 +350,7 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     i.rx_attr.comp_order = fi::FI_ORDER_NONE;
     i.tx_attr.inject_size = eager;
     i.tx_attr.iov_limit = crate::verbs::rdm_ep::tx_iov_limit()?;
-    i.rx_attr.iov_limit = 1;
+    i.rx_attr.iov_limit = crate::verbs::rdm_ep::RX_IOV_MAX;
     i.ep_attr.ep_type = EpType::Rdm;
     i.ep_attr.protocol = fi::FI_PROTO_UNSPEC;
     // Larger than the eager size, the receiver reads the message (rendezvous), in as many

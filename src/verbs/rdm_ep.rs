@@ -84,7 +84,12 @@ pub(crate) fn max_msg_size(one: usize) -> usize {
 /// send buffers'; more wait, in the order their messages matched, for one to finish.
 const READS_MAX: usize = 32;
 
-/// Where a receive's bytes go: registered memory of the application's, or a C buffer.
+/// The most ranges one receive scatters into (`rx_attr.iov_limit`): with the scratch the
+/// endpoint appends for a local message, shm's limit of 4.
+pub const RX_IOV_MAX: usize = 3;
+
+/// Where a receive's bytes go: registered memory of the application's, a C buffer, or
+/// several of those filled in order ([`RecvBuf::scatter`]).
 #[derive(Clone, Debug)]
 pub enum RecvBuf {
     Region {
@@ -93,6 +98,15 @@ pub enum RecvBuf {
         len: usize,
     },
     Foreign(ForeignBuf),
+    Scatter(Scatter),
+}
+
+/// Two to [`RX_IOV_MAX`] ranges a receive fills in order, as one buffer (`fi_recvv`,
+/// `fi_trecvmsg` with an iov): made by [`RecvBuf::scatter`], so no range is itself a list.
+#[derive(Clone, Debug)]
+pub struct Scatter {
+    parts: Arc<[RecvBuf]>,
+    len: usize,
 }
 
 impl RecvBuf {
@@ -108,10 +122,35 @@ impl RecvBuf {
         })
     }
 
+    /// One buffer made of `parts` in order: the part itself when there is one, else a
+    /// scatter list of at most [`RX_IOV_MAX`] ranges, none of them a list.
+    pub fn scatter(parts: impl IntoIterator<Item = RecvBuf>) -> Result<Self> {
+        let parts: Arc<[RecvBuf]> = parts.into_iter().collect();
+        let bad = |why: String| Err(Error::new(errno::EINVAL, why));
+        if parts.len() > RX_IOV_MAX {
+            return bad(format!(
+                "a receive iov of {} ranges: at most {RX_IOV_MAX} (rx_attr.iov_limit)",
+                parts.len()
+            ));
+        }
+        if parts.iter().any(|p| matches!(p, RecvBuf::Scatter(_))) {
+            return bad("a scatter list inside a scatter list".into());
+        }
+        let Some(len) = parts.iter().try_fold(0usize, |s, p| s.checked_add(p.len())) else {
+            return bad("a receive iov larger than memory".into());
+        };
+        match &parts[..] {
+            [] => Ok(RecvBuf::Foreign(ForeignBuf::EMPTY)),
+            [one] => Ok(one.clone()),
+            _ => Ok(RecvBuf::Scatter(Scatter { parts, len })),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             RecvBuf::Region { len, .. } => *len,
             RecvBuf::Foreign(f) => f.len(),
+            RecvBuf::Scatter(s) => s.len,
         }
     }
 
@@ -123,14 +162,107 @@ impl RecvBuf {
         match self {
             RecvBuf::Region { mr, offset, .. } => mr.addr() + *offset as u64,
             RecvBuf::Foreign(f) => f.addr(),
+            RecvBuf::Scatter(s) => s.parts.first().map_or(0, RecvBuf::addr),
         }
     }
 
+    /// Its ranges, in order (itself, unless it is a scatter list).
+    fn parts(&self) -> &[RecvBuf] {
+        match self {
+            RecvBuf::Scatter(s) => &s.parts,
+            one => std::slice::from_ref(one),
+        }
+    }
+
+    /// Where byte `at` of a one-range buffer is.
     fn target(&self, at: usize) -> Place<'_> {
         match self {
             RecvBuf::Region { mr, offset, .. } => Place::Region(mr, offset + at),
             RecvBuf::Foreign(f) => Place::Foreign(f, at),
+            // Callers split a scatter list into its ranges first (`fill`).
+            RecvBuf::Scatter(_) => Place::Foreign(&EMPTY, at),
         }
+    }
+
+    /// Writes `n` bytes from offset `at` on, with `put(to, from, k)`: `k` bytes of the
+    /// source from its offset `from` to `to`, once per range they touch.
+    #[inline(always)]
+    fn fill(
+        &self,
+        at: usize,
+        n: usize,
+        mut put: impl FnMut(Place<'_>, usize, usize) -> std::result::Result<(), i32>,
+    ) -> std::result::Result<(), i32> {
+        let RecvBuf::Scatter(s) = self else {
+            return put(self.target(at), 0, n);
+        };
+        let (mut skip, mut done) = (at, 0);
+        for p in s.parts.iter() {
+            if done == n {
+                break;
+            }
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            let k = (p.len() - skip).min(n - done);
+            put(p.target(skip), done, k)?;
+            done += k;
+            skip = 0;
+        }
+        if done < n {
+            return Err(errno::EINVAL);
+        }
+        Ok(())
+    }
+
+    /// `(address, bytes)` of each range the `n` bytes from `at` cover, in order.
+    fn ranges(&self, at: usize, n: usize) -> [(u64, usize); RX_IOV_MAX] {
+        let mut out = [(0u64, 0usize); RX_IOV_MAX];
+        let (mut skip, mut left, mut i) = (at, n, 0);
+        for p in self.parts() {
+            if left == 0 || i == RX_IOV_MAX {
+                break;
+            }
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            let k = (p.len() - skip).min(left);
+            out[i] = (p.addr() + skip as u64, k);
+            i += 1;
+            left -= k;
+            skip = 0;
+        }
+        out
+    }
+
+    /// `n` bytes from `at` for the device to write, range by range ([`Self::expose`]).
+    fn expose_landing(&self, domain: &Domain, at: usize, n: usize) -> Result<(Exposed, Landing)> {
+        let RecvBuf::Scatter(s) = self else {
+            let (reg, sge) = self.expose(domain, at, n)?;
+            return Ok((reg, Landing::One(sge)));
+        };
+        let (mut regs, mut sges) = (Vec::new(), Vec::new());
+        let (mut skip, mut left) = (at, n);
+        for p in s.parts.iter() {
+            if left == 0 {
+                break;
+            }
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            let k = (p.len() - skip).min(left);
+            if k > 0 {
+                let (reg, sge) = p.expose(domain, skip, k)?;
+                regs.push(reg);
+                sges.push(sge);
+            }
+            left -= k;
+            skip = 0;
+        }
+        Ok((Exposed::Many(regs.into()), Landing::Many(sges.into())))
     }
 
     /// `n` bytes at `at` for the device to write (a rendezvous read lands there): the
@@ -157,10 +289,38 @@ impl RecvBuf {
                 let sge = p.sge_at(b.addr(), n).ok_or_else(range)?;
                 return Ok((Exposed::Pinned(p), sge));
             }
+            RecvBuf::Scatter(_) => return Err(range()),
         };
         let r = r.map_err(|e| Error::os(e, "ibv_reg_mr of a receive buffer (rendezvous)"))?;
         let sge = r.sge(0, n).ok_or_else(range)?;
         Ok((Exposed::Own(r), sge))
+    }
+}
+
+/// An empty buffer, for a scatter list asked for one place (never written: `fill` splits).
+static EMPTY: ForeignBuf = ForeignBuf::EMPTY;
+
+/// Where a rendezvous read lands: the receive's one range, or each range of a scatter list.
+#[derive(Debug)]
+enum Landing {
+    One(sv::Sge),
+    Many(Box<[sv::Sge]>),
+}
+
+impl Landing {
+    /// Where byte `pos` lands, and how many bytes from there the range holds.
+    fn at(&self, mut pos: usize) -> Option<(u64, u32, usize)> {
+        match self {
+            Landing::One(s) => Some((s.addr + pos as u64, s.lkey, usize::MAX)),
+            Landing::Many(v) => v.iter().find_map(|s| {
+                if pos < s.length as usize {
+                    Some((s.addr + pos as u64, s.lkey, s.length as usize - pos))
+                } else {
+                    pos -= s.length as usize;
+                    None
+                }
+            }),
+        }
     }
 }
 
@@ -594,8 +754,8 @@ struct RndvRead {
     /// A peer's transfer: its completion goes to the transfer link.
     peer: bool,
     remote: Remote,
-    /// The receive's buffer as the device writes it (its address and key; `n` bytes).
-    local: sv::Sge,
+    /// The receive's buffer as the device writes it (its first `n` bytes).
+    local: Landing,
     /// The next piece's remote range and offset in it, and the bytes posted before it.
     at: (usize, u64),
     posted: usize,
@@ -1863,6 +2023,12 @@ impl RdmEndpoint {
         } else {
             flags
         };
+        if flags.contains(Flags::MULTI_RECV) && matches!(buf, RecvBuf::Scatter(_)) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "FI_MULTI_RECV takes one buffer, not an iov of several",
+            ));
+        }
         let size = buf.len();
         let mut g = lock(&en.inner);
         // A receive takes one waiting message; a multi-receive buffer as many as fit.
@@ -2575,12 +2741,19 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     let copied = match (&ebuf, m.rts) {
         (_, Some(_)) => Ok(()),
         (Some(b), None) if n > 0 => match spilled(en, slot) {
-            None => copy(
-                Place::Region(en.rx_pool.sys(), slot as usize * en.slot + Header::LEN),
-                b.target(e.offset),
-                n,
-            ),
-            Some(i) => copy_in(&g.spill[i][..n.min(g.spill[i].len())], b.target(e.offset)),
+            None => {
+                let body = slot as usize * en.slot + Header::LEN;
+                let pool = en.rx_pool.sys();
+                b.fill(e.offset, n, |to, from, k| {
+                    copy(Place::Region(pool, body + from), to, k)
+                })
+            }
+            Some(i) => {
+                let kept = &g.spill[i][..n.min(g.spill[i].len())];
+                b.fill(e.offset, kept.len(), |to, from, k| {
+                    copy_in(&kept[from..from + k], to)
+                })
+            }
         },
         _ => Ok(()),
     };
@@ -2630,7 +2803,10 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         Ok(r) => r,
         Err(err) => return failed(g, err),
     };
-    let (reg, local) = match ebuf.as_ref().map(|b| b.expose(&en.domain, e.offset, n)) {
+    let (reg, local) = match ebuf
+        .as_ref()
+        .map(|b| b.expose_landing(&en.domain, e.offset, n))
+    {
         Some(Ok(r)) => r,
         Some(Err(err)) => return failed(g, err),
         None => return failed(g, Error::new(errno::EINVAL, "a receive without a buffer")),
@@ -2764,11 +2940,20 @@ fn post_piece(en: &Enabled, g: &mut Inner, rid: u32) -> Result<bool> {
         }
         r.at = (r.at.0 + 1, 0);
     };
-    let len = (range.len - r.at.1).min((r.n - r.posted) as u64).min(max) as u32;
+    let Some((to, lkey, room)) = r.local.at(r.posted) else {
+        return Err(Error::new(
+            errno::EIO,
+            "a rendezvous read past its receive buffer",
+        ));
+    };
+    let len = (range.len - r.at.1)
+        .min((r.n - r.posted) as u64)
+        .min(room as u64)
+        .min(max) as u32;
     let sge = sv::Sge {
-        addr: r.local.addr + r.posted as u64,
+        addr: to,
         length: len,
-        lkey: r.local.lkey,
+        lkey,
     };
     let (addr, rkey, conn) = (range.addr + r.at.1, range.rkey, r.conn);
     match open_conn_mut(g, conn) {

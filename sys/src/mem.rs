@@ -14,6 +14,9 @@ pub struct ForeignBuf {
 }
 
 impl ForeignBuf {
+    /// No bytes: valid for any operation.
+    pub const EMPTY: ForeignBuf = ForeignBuf { addr: 0, len: 0 };
+
     /// # Safety
     /// `addr..addr+len` must be memory that stays valid until the provider is done with it
     /// (the operation completed or was cancelled): writable, with nothing else relying on

@@ -1763,6 +1763,26 @@ static void rdm_section(void)
 		for (int i = 0; i < 33; i++)
 			iov[i] = (struct iovec){.iov_base = g, .iov_len = 4096};
 		EXPECT(fi_tsendv(ep[0], iov, NULL, 33, 1, 0x7b, NULL), -FI_EINVAL);
+		/* Received into three ranges (fi_trecvv), small and past the segmented size: the
+		 * message fills them in order; a fourth range is refused. */
+		EXPECT(info->rx_attr->iov_limit, 3);
+		for (size_t n = 100; n <= 200000; n *= 2000) {
+			struct iovec riov[4];
+			size_t cut[3] = {n / 3, n / 3, n - 2 * (n / 3)};
+			memset(br, 0, total);
+			for (size_t i = 0, at = 0; i < 3; at += cut[i], i++)
+				riov[i] = (struct iovec){.iov_base = br + at + i * 64, .iov_len = cut[i]};
+			OK(fi_trecvv(ep[1], riov, NULL, 3, FI_ADDR_UNSPEC, 0x7d, 0, (void *)30));
+			RDM_POST(cq[0], cq[1], fi_tsend(ep[0], g, n, NULL, 1, 0x7d, (void *)31));
+			EXPECT(rdm_next(cq[1], cq[0], &e, &src), 1);
+			TRUE(e.op_context == (void *)30 && e.len == n);
+			for (size_t i = 0, at = 0; i < 3; at += cut[i], i++)
+				TRUE(!memcmp(br + at + i * 64, g + at, cut[i]));
+			EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+			EXPECT(e.op_context, (void *)31);
+			riov[3] = riov[2];
+			EXPECT(fi_trecvv(ep[1], riov, NULL, 4, FI_ADDR_UNSPEC, 0x7d, 0, NULL), -FI_EINVAL);
+		}
 		free(g);
 		free(br);
 		size_t n = 17 << 20; /* three reads of rxe's 8 MiB */

@@ -21,6 +21,7 @@ use crate::capi::fid::guarded;
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::rdm::RdmName;
+use crate::verbs::rdm_ep::RX_IOV_MAX;
 use crate::verbs::rdm_ep::{LocalEntry, LocalOwner, LocalPath, LocalSend};
 use crate::verbs::RdmEndpoint;
 
@@ -31,12 +32,15 @@ const CHUNK: usize = 256;
 /// Chunks at most: as many engine slots as any endpoint holds (about a million).
 const MAX_CHUNKS: usize = 4096;
 
-/// One engine slot's C face: the receive's range, and scratch past it.
+/// Ranges of a C entry: a receive's (it may scatter) and the scratch past them.
+const ENTRY_IOV: usize = RX_IOV_MAX + 1;
+
+/// One engine slot's C face: the receive's ranges, and scratch past them.
 #[repr(C)]
 struct PeerEntry {
     c: UnsafeCell<fi::fi_peer_rx_entry>,
-    iov: UnsafeCell<[libc::iovec; 2]>,
-    desc: UnsafeCell<[*mut c_void; 2]>,
+    iov: UnsafeCell<[libc::iovec; ENTRY_IOV]>,
+    desc: UnsafeCell<[*mut c_void; ENTRY_IOV]>,
     /// Handed out with a receive's buffer: the owner frees the slot when shm's completion
     /// of it is read (`LocalOwner::recv_done`), so shm's `free_entry` has nothing to do.
     matched: UnsafeCell<bool>,
@@ -51,9 +55,9 @@ impl PeerEntry {
                 [libc::iovec {
                     iov_base: null_mut(),
                     iov_len: 0,
-                }; 2],
+                }; ENTRY_IOV],
             ),
-            desc: UnsafeCell::new([null_mut(); 2]),
+            desc: UnsafeCell::new([null_mut(); ENTRY_IOV]),
             matched: UnsafeCell::new(false),
         }
     }
@@ -179,21 +183,30 @@ impl LocalSrx {
             c.owner_context = id as usize as *mut c_void;
             *pe.matched.get() = e.buf.is_some();
             match e.buf {
-                Some((addr, len)) => {
+                Some(first) => {
                     let iov = &mut *pe.iov.get();
-                    iov[0] = libc::iovec {
-                        iov_base: addr as *mut c_void,
-                        iov_len: len,
-                    };
+                    // The receive's ranges (a scatter list's non-empty ones), then scratch.
+                    let mut n = 0;
+                    let more = e.more.iter().filter(|r| r.1 > 0);
+                    for (addr, len) in std::iter::once(&first).chain(more) {
+                        iov[n] = libc::iovec {
+                            iov_base: *addr as *mut c_void,
+                            iov_len: *len,
+                        };
+                        n += 1;
+                    }
                     let extra = e.scratch.min(self.scratch.len);
-                    iov[1] = libc::iovec {
-                        iov_base: self.scratch.at.cast(),
-                        iov_len: extra,
-                    };
-                    *pe.desc.get() = [null_mut(); 2];
+                    if extra > 0 {
+                        iov[n] = libc::iovec {
+                            iov_base: self.scratch.at.cast(),
+                            iov_len: extra,
+                        };
+                        n += 1;
+                    }
+                    *pe.desc.get() = [null_mut(); ENTRY_IOV];
                     c.iov = iov.as_mut_ptr();
                     c.desc = (*pe.desc.get()).as_mut_ptr();
-                    c.count = if extra > 0 { 2 } else { 1 };
+                    c.count = n;
                 }
                 None => {
                     c.iov = null_mut();

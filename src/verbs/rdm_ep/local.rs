@@ -65,6 +65,8 @@ pub struct LocalEntry {
     pub context: u64,
     /// Where the message goes (address, bytes), for a matched entry.
     pub buf: Option<(u64, usize)>,
+    /// The next ranges of a receive that scatters (`RecvBuf::scatter`; empty ones unused).
+    pub more: [(u64, usize); super::RX_IOV_MAX - 1],
     /// Bytes of scratch to append past `buf` for what does not fit (discarded; the owner
     /// reports the truncation): the path must never be handed less room than the message.
     pub scratch: usize,
@@ -520,6 +522,7 @@ pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
     let quiet = en.rx_selective && !e.flags.contains(Flags::COMPLETION);
     let tagged = e.kind.tagged();
     let max = en.local.get().map_or(0, |l| l.max);
+    let mut more = [(0, 0); super::RX_IOV_MAX - 1];
     let (buf, scratch) = match e.buf.as_ref() {
         Some(b) => {
             let cap = b.len().saturating_sub(e.offset);
@@ -538,7 +541,9 @@ pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
                 quiet,
                 live: true,
             };
-            (Some((b.addr() + e.offset as u64, n)), scratch)
+            let r = b.ranges(e.offset, n);
+            more.copy_from_slice(&r[1..]);
+            (Some(r[0]), scratch)
         }
         None => (None, 0),
     };
@@ -550,6 +555,7 @@ pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
         flags: (e.flags & Flags::MULTI_RECV) | Flags::COMPLETION,
         context: u64::from(id),
         buf,
+        more,
         scratch,
     }
 }

@@ -290,6 +290,12 @@ impl RdmEndpoint {
         if bufs.len() > MAX_IOV {
             return Err(iov_limit(bufs.len()));
         }
+        if bufs.iter().any(|b| matches!(b, RecvBuf::Scatter(_))) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "an RMA iov's elements are single ranges (a scatter list is for receives)",
+            ));
+        }
         let total: usize = bufs.iter().map(RecvBuf::len).sum();
         let (en, rkey) = self.rma_check(Flags::READ, total, rma, context, flags)?;
         // Small ranges land in a send buffer (no registration); larger ones in the
