@@ -278,6 +278,7 @@ impl<B: Clone> RxEngine<B> {
         &mut self.slots[id as usize]
     }
 
+    #[inline(always)]
     fn alloc(&mut self) -> Result<u32> {
         let id = self.free;
         if id == NIL {
@@ -293,6 +294,7 @@ impl<B: Clone> RxEngine<B> {
         Ok(id)
     }
 
+    #[inline(always)]
     fn release(&mut self, id: u32) {
         let free = self.free;
         let s = &mut self.slots[id as usize];
@@ -521,10 +523,7 @@ impl<B: Clone> RxEngine<B> {
                 self.release(id);
                 Ok(())
             }
-            s => Err(Error::new(
-                errno::EINVAL,
-                format!("entry {id} is {s:?}: only claimed or arriving entries are freed"),
-            )),
+            s => Err(not_freeable(id, s)),
         }
     }
 
@@ -610,6 +609,16 @@ impl<B: Clone> RxEngine<B> {
             .map(|&k| self.lists[list_of(UNEXPECTED, k)].head)
             .find(|&h| h != NIL)
     }
+}
+
+/// Why entry `id` in state `s` cannot be freed (kept out of `free`'s inlined path).
+#[cold]
+#[inline(never)]
+fn not_freeable(id: u32, s: State) -> Error {
+    Error::new(
+        errno::EINVAL,
+        format!("entry {id} is {s:?}: only claimed or arriving entries are freed"),
+    )
 }
 
 #[cfg(test)]
