@@ -196,44 +196,28 @@ impl RecvBuf {
         let RecvBuf::Scatter(s) = self else {
             return put(self.target(at), 0, n);
         };
-        let (mut skip, mut done) = (at, 0);
-        for p in s.parts.iter() {
-            if done == n {
-                break;
-            }
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            let k = (p.len() - skip).min(n - done);
-            put(p.target(skip), done, k)?;
-            done += k;
-            skip = 0;
+        let lens = s.parts.iter().map(RecvBuf::len);
+        match walk(lens, at, n, |i, skip, k, done| {
+            put(s.parts[i].target(skip), done, k)
+        })? {
+            done if done < n => Err(errno::EINVAL),
+            _ => Ok(()),
         }
-        if done < n {
-            return Err(errno::EINVAL);
-        }
-        Ok(())
     }
 
     /// `(address, bytes)` of each range the `n` bytes from `at` cover, in order.
     fn ranges(&self, at: usize, n: usize) -> [(u64, usize); RX_IOV_MAX] {
         let mut out = [(0u64, 0usize); RX_IOV_MAX];
-        let (mut skip, mut left, mut i) = (at, n, 0);
-        for p in self.parts() {
-            if left == 0 || i == RX_IOV_MAX {
-                break;
+        let parts = self.parts();
+        let mut j = 0;
+        let _ = walk(parts.iter().map(RecvBuf::len), at, n, |i, skip, k, _| {
+            // A scatter list holds at most RX_IOV_MAX ranges.
+            if let Some(o) = out.get_mut(j) {
+                *o = (parts[i].addr() + skip as u64, k);
+                j += 1;
             }
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            let k = (p.len() - skip).min(left);
-            out[i] = (p.addr() + skip as u64, k);
-            i += 1;
-            left -= k;
-            skip = 0;
-        }
+            Ok::<(), ()>(())
+        });
         out
     }
 
@@ -244,24 +228,14 @@ impl RecvBuf {
             return Ok((reg, Landing::One(sge)));
         };
         let (mut regs, mut sges) = (Vec::new(), Vec::new());
-        let (mut skip, mut left) = (at, n);
-        for p in s.parts.iter() {
-            if left == 0 {
-                break;
-            }
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            let k = (p.len() - skip).min(left);
+        walk(s.parts.iter().map(RecvBuf::len), at, n, |i, skip, k, _| {
             if k > 0 {
-                let (reg, sge) = p.expose(domain, skip, k)?;
+                let (reg, sge) = s.parts[i].expose(domain, skip, k)?;
                 regs.push(reg);
                 sges.push(sge);
             }
-            left -= k;
-            skip = 0;
-        }
+            Ok::<(), Error>(())
+        })?;
         Ok((Exposed::Many(regs.into()), Landing::Many(sges.into())))
     }
 
@@ -295,6 +269,32 @@ impl RecvBuf {
         let sge = r.sge(0, n).ok_or_else(range)?;
         Ok((Exposed::Own(r), sge))
     }
+}
+
+/// Walks `n` bytes from offset `at` of consecutive ranges of lengths `lens`: `f(i, skip,
+/// k, done)` for each range `i` they touch, with `k` bytes from its offset `skip` and
+/// `done` bytes before them. Returns the bytes the ranges held (less than `n` when short).
+fn walk<E>(
+    lens: impl Iterator<Item = usize>,
+    at: usize,
+    n: usize,
+    mut f: impl FnMut(usize, usize, usize, usize) -> std::result::Result<(), E>,
+) -> std::result::Result<usize, E> {
+    let (mut skip, mut done) = (at, 0);
+    for (i, len) in lens.enumerate() {
+        if done == n {
+            break;
+        }
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let k = (len - skip).min(n - done);
+        f(i, skip, k, done)?;
+        done += k;
+        skip = 0;
+    }
+    Ok(done)
 }
 
 /// An empty buffer, for a scatter list asked for one place (never written: `fill` splits).
@@ -389,48 +389,25 @@ impl Src<'_> {
     fn copy_range_to(&self, pool: &MemoryRegion, at: usize, from: usize, n: usize) -> Result<()> {
         let to = Place::Region(pool.sys(), at);
         match self {
-            Src::Slices(v) => {
-                let (mut skip, mut at, mut left) = (from, at, n);
-                for b in v.iter() {
-                    if left == 0 {
-                        break;
-                    }
-                    if skip >= b.len() {
-                        skip -= b.len();
-                        continue;
-                    }
-                    let k = (b.len() - skip).min(left);
-                    pool.write_at(at, &b[skip..skip + k])?;
-                    at += k;
-                    left -= k;
-                    skip = 0;
-                }
-                Ok(())
-            }
+            Src::Slices(v) => walk(v.iter().map(|b| b.len()), from, n, |i, skip, k, done| {
+                pool.write_at(at + done, &v[i][skip..skip + k])
+            })
+            .map(drop),
             Src::Region(mr, off, _) => copy(Place::Region(mr.sys(), off + from), to, n)
                 .map_err(|_| mr.range_error(off + from, n)),
             Src::Foreign(f) => copy(Place::Foreign(f, from), to, n)
                 .map_err(|e| Error::os(e, "copying a send buffer")),
-            Src::Iov(v) => {
-                let (mut skip, mut at, mut left) = (from, at, n);
-                for f in v.iter() {
-                    if left == 0 {
-                        break;
-                    }
-                    if skip >= f.len() {
-                        skip -= f.len();
-                        continue;
-                    }
-                    let k = (f.len() - skip).min(left);
-                    let to = Place::Region(pool.sys(), at);
-                    copy(Place::Foreign(f, skip), to, k)
-                        .map_err(|e| Error::os(e, "copying a send buffer"))?;
-                    at += k;
-                    left -= k;
-                    skip = 0;
-                }
-                Ok(())
-            }
+            Src::Iov(v) => walk(
+                v.iter().map(ForeignBuf::len),
+                from,
+                n,
+                |i, skip, k, done| {
+                    let to = Place::Region(pool.sys(), at + done);
+                    copy(Place::Foreign(&v[i], skip), to, k)
+                        .map_err(|e| Error::os(e, "copying a send buffer"))
+                },
+            )
+            .map(drop),
         }
     }
 
@@ -772,6 +749,15 @@ impl RndvRead {
     /// Nothing of it in flight or left to post: its receive completes.
     fn finished(&self) -> bool {
         self.out == 0 && !self.waiting
+    }
+
+    /// The notice that tells the sender it is done (its status: 0, or why it failed).
+    fn tell_sender(&self, en: &Enabled, g: &mut Inner) {
+        let fin = Fin {
+            id: self.id,
+            status: self.status,
+        };
+        queue_fin(en, g, self.conn, fin);
     }
 }
 
@@ -3692,15 +3678,7 @@ fn read_completion(en: &Enabled, id: u32, wc_status: u32) -> Option<Owned> {
     }
     let r = if finished { g.reads.take(id) } else { None };
     if let Some(r) = &r {
-        queue_fin(
-            en,
-            &mut g,
-            r.conn,
-            Fin {
-                id: r.id,
-                status: r.status,
-            },
-        );
+        r.tell_sender(en, &mut g);
     }
     drop(g);
     drop(gone);
@@ -3762,15 +3740,7 @@ fn finish_failed(en: &Enabled) {
         .filter_map(|id| g.reads.take(id))
         .collect();
     for r in &failed {
-        queue_fin(
-            en,
-            &mut g,
-            r.conn,
-            Fin {
-                id: r.id,
-                status: r.status,
-            },
-        );
+        r.tell_sender(en, &mut g);
     }
     drop(g);
     for r in failed {
