@@ -251,6 +251,92 @@ impl Rts {
     }
 }
 
+/// One RDMA read of a rendezvous: `len` bytes at `offset` of announced range `range`,
+/// landing at byte `at` of the receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub range: usize,
+    pub offset: u64,
+    pub at: usize,
+    pub len: u32,
+}
+
+/// The reads a rendezvous takes: the first `n` bytes of the announced ranges, in order,
+/// each read within one announced range, one landing range and `max` bytes (the port's
+/// message size).
+#[derive(Clone, Copy, Debug)]
+pub struct ReadPlan {
+    n: usize,
+    max: u64,
+    /// The next read's range and offset in it, and the bytes planned before it.
+    range: usize,
+    offset: u64,
+    at: usize,
+}
+
+impl ReadPlan {
+    pub fn new(n: usize, max: usize) -> ReadPlan {
+        ReadPlan {
+            n,
+            max: (max as u64).clamp(1, u32::MAX as u64),
+            range: 0,
+            offset: 0,
+            at: 0,
+        }
+    }
+
+    /// Bytes planned (and, once the caller posted them, read or in flight).
+    pub fn planned(&self) -> usize {
+        self.at
+    }
+
+    /// The next read over `ranges`, whose landing holds `room` bytes in one piece from the
+    /// next byte; `None` once all `n` bytes are planned. Ranges that end before the message
+    /// are malformed (`EIO`).
+    pub fn next(&self, ranges: &[RtsRange], room: usize) -> Result<Option<Piece>> {
+        if self.at >= self.n {
+            return Ok(None);
+        }
+        let (mut range, mut offset) = (self.range, self.offset);
+        // The next non-empty range (a sender lists none empty, but the wire is not trusted).
+        let r = loop {
+            let Some(r) = ranges.get(range) else {
+                return Err(Error::new(
+                    errno::EIO,
+                    "the announced ranges end before the message",
+                ));
+            };
+            if offset < r.len {
+                break r;
+            }
+            (range, offset) = (range + 1, 0);
+        };
+        let len = (r.len - offset)
+            .min((self.n - self.at) as u64)
+            .min(room as u64)
+            .min(self.max);
+        if len == 0 {
+            return Err(Error::new(
+                errno::EIO,
+                "a rendezvous read past its receive buffer",
+            ));
+        }
+        Ok(Some(Piece {
+            range,
+            offset,
+            at: self.at,
+            len: len as u32,
+        }))
+    }
+
+    /// `p` (the last `next`) was posted: the plan moves past it.
+    pub fn advance(&mut self, p: &Piece) {
+        self.range = p.range;
+        self.offset = p.offset + p.len as u64;
+        self.at += p.len as usize;
+    }
+}
+
 /// The end of a rendezvous (`Op::Fin` body): which send, and how it went (0, or the
 /// positive libfabric errno the receiver met reading it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -657,6 +743,86 @@ mod tests {
             ..head
         };
         assert!(short.decode_ranges(&body[Rts::LEN..]).is_err());
+    }
+
+    /// Every piece `plan` gives over `ranges` with landing ranges `landing`.
+    fn pieces(ranges: &[RtsRange], landing: &[usize], n: usize, max: usize) -> Vec<Piece> {
+        let mut plan = ReadPlan::new(n, max);
+        let mut out = vec![];
+        while let Some(p) = {
+            // Room left in the landing range holding byte `planned`.
+            let (mut pos, mut room) = (plan.planned(), usize::MAX);
+            for &l in landing {
+                if pos < l {
+                    room = l - pos;
+                    break;
+                }
+                pos -= l;
+            }
+            plan.next(ranges, room).unwrap()
+        } {
+            plan.advance(&p);
+            out.push(p);
+        }
+        out
+    }
+
+    #[test]
+    fn a_read_plan_covers_the_message_once_within_every_range_and_the_read_size() {
+        let r = |len| RtsRange {
+            addr: 0,
+            len,
+            rkey: 0,
+        };
+        let ranges = [r(70_000), r(0), r(1), r(200_003)];
+        let total = 270_004;
+        // Remote ranges, landing ranges and the read size all cut pieces.
+        let got = pieces(&ranges, &[1000, 100_000, 169_004], total, 65536);
+        let mut at = 0;
+        for p in &got {
+            assert_eq!(p.at, at, "in order, no gap");
+            assert!(p.len as usize <= 65536 && p.len > 0);
+            assert!(p.offset + p.len as u64 <= ranges[p.range].len);
+            at += p.len as usize;
+        }
+        assert_eq!(at, total);
+        let cuts: Vec<_> = got.iter().map(|p| (p.range, p.offset, p.len)).collect();
+        assert_eq!(
+            &cuts[..5],
+            &[
+                (0, 0, 1000),
+                (0, 1000, 65536),
+                (0, 66_536, 3464),
+                (2, 0, 1),
+                (3, 0, 30_999)
+            ]
+        );
+        // A truncated receive reads only what it holds; one range in one read.
+        let got = pieces(&ranges, &[100], 100, 1 << 20);
+        assert_eq!(
+            got,
+            [Piece {
+                range: 0,
+                offset: 0,
+                at: 0,
+                len: 100
+            }]
+        );
+        // A message larger than one read: as many reads of the read size as it takes.
+        let got = pieces(&[r(3 << 23)], &[], 3 << 23, 1 << 23);
+        assert_eq!(got.len(), 3);
+        // Ranges shorter than the message, or a landing with no room, are malformed.
+        let plan = ReadPlan::new(10, 64);
+        assert_eq!(plan.next(&[r(4)], 10).unwrap().unwrap().len, 4);
+        let mut short = plan;
+        short.advance(&Piece {
+            range: 0,
+            offset: 0,
+            at: 0,
+            len: 4,
+        });
+        assert_eq!(short.next(&[r(4)], 10).unwrap_err().errno(), errno::EIO);
+        assert_eq!(plan.next(&[r(10)], 0).unwrap_err().errno(), errno::EIO);
     }
 
     #[test]

@@ -25,7 +25,8 @@ use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags};
 use crate::core::info::{Info, RxAttr};
 use crate::core::rdm::{
-    host_id, Fin, Header, Op, PeerLink, RdmName, Request, Rts, RtsRange, SendPath, RTS_RANGES_MAX,
+    host_id, Fin, Header, Op, PeerLink, RdmName, ReadPlan, Request, Rts, RtsRange, SendPath,
+    RTS_RANGES_MAX,
 };
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
 use crate::verbs::cntr::{Counter, EpCounters};
@@ -703,10 +704,10 @@ enum Remote {
 }
 
 impl Remote {
-    fn range(&self, i: usize) -> Option<RtsRange> {
+    fn ranges(&self) -> &[RtsRange] {
         match self {
-            Remote::One(r) => (i == 0).then_some(*r),
-            Remote::Many(v) => v.get(i).copied(),
+            Remote::One(r) => std::slice::from_ref(r),
+            Remote::Many(v) => v,
         }
     }
 }
@@ -733,9 +734,8 @@ struct RndvRead {
     remote: Remote,
     /// The receive's buffer as the device writes it (its first `n` bytes).
     local: Landing,
-    /// The next piece's remote range and offset in it, and the bytes posted before it.
-    at: (usize, u64),
-    posted: usize,
+    /// The pieces posted so far, and the next.
+    plan: ReadPlan,
     /// Pieces posted and not completed.
     out: u32,
     /// In `Inner::read_wait`: pieces of it remain to be posted.
@@ -929,6 +929,8 @@ struct Enabled {
     rx_cq: Arc<CompletionQueue>,
     av: Arc<AddressVector>,
     domain: Arc<Domain>,
+    /// The most one RDMA read moves (the port's `max_msg_sz`): a rendezvous read's pieces.
+    read_max: usize,
     tx_selective: bool,
     rx_selective: bool,
     /// Connections opened, for tests and logs.
@@ -1342,6 +1344,7 @@ impl RdmEndpoint {
                 rx_cq,
                 av,
                 domain: self.sh.domain.clone(),
+                read_max: self.read_max(),
                 tx_selective: c.tx_selective,
                 rx_selective: c.rx_selective,
                 opened: AtomicU32::new(0),
@@ -2811,8 +2814,7 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         peer: e.kind.peer(),
         remote,
         local,
-        at: (0, 0),
-        posted: 0,
+        plan: ReadPlan::new(n, en.read_max),
         out: 0,
         waiting: true,
         status: 0,
@@ -2906,42 +2908,25 @@ fn pump_reads(en: &Enabled, g: &mut Inner) {
 
 /// Posts the next piece of read `rid`; true when more remain to post.
 fn post_piece(en: &Enabled, g: &mut Inner, rid: u32) -> Result<bool> {
-    let max = (en.domain.device().port.max_msg_sz as u64).clamp(1, u32::MAX as u64);
     let Some(r) = g.reads.get_mut(rid) else {
         return Ok(false);
     };
-    if r.status != 0 || r.posted >= r.n {
+    if r.status != 0 {
         return Ok(false);
     }
-    // The next non-empty range (the sender lists none, but the wire is not trusted).
-    let range = loop {
-        let Some(range) = r.remote.range(r.at.0) else {
-            return Err(Error::new(
-                errno::EIO,
-                "the announced ranges end before the message",
-            ));
-        };
-        if r.at.1 < range.len {
-            break range;
-        }
-        r.at = (r.at.0 + 1, 0);
+    let landing = r.local.at(r.plan.planned());
+    let room = landing.map_or(0, |(_, _, room)| room);
+    let Some(p) = r.plan.next(r.remote.ranges(), room)? else {
+        return Ok(false);
     };
-    let Some((to, lkey, room)) = r.local.at(r.posted) else {
-        return Err(Error::new(
-            errno::EIO,
-            "a rendezvous read past its receive buffer",
-        ));
-    };
-    let len = (range.len - r.at.1)
-        .min((r.n - r.posted) as u64)
-        .min(room as u64)
-        .min(max) as u32;
+    let (to, lkey, _) = landing.unwrap_or_default();
     let sge = sv::Sge {
         addr: to,
-        length: len,
+        length: p.len,
         lkey,
     };
-    let (addr, rkey, conn) = (range.addr + r.at.1, range.rkey, r.conn);
+    let range = r.remote.ranges()[p.range];
+    let (addr, rkey, conn) = (range.addr + p.offset, range.rkey, r.conn);
     match open_conn_mut(g, conn) {
         Some(c) => {
             c.ep.qp().and_then(|qp| {
@@ -2968,9 +2953,8 @@ fn post_piece(en: &Enabled, g: &mut Inner, rid: u32) -> Result<bool> {
         unreachable!("looked up above")
     };
     r.out += 1;
-    r.posted += len as usize;
-    r.at.1 += len as u64;
-    Ok(r.posted < r.n)
+    r.plan.advance(&p);
+    Ok(r.plan.planned() < r.n)
 }
 
 /// Drops the message of claimed entry `id`: its bounce buffer goes back to the SRQ, and an
