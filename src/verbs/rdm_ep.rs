@@ -462,10 +462,10 @@ fn expose_send(src: &Src<'_>, domain: &Domain) -> Result<(Exposed, Announced)> {
         let (reg, addr, rkey) = src.expose(domain)?;
         return Ok((reg, Announced::One(addr, rkey)));
     };
-    let mut parts = v.iter().filter(|f| !f.is_empty());
-    if parts.clone().count() == 1 {
-        let one = *parts.next().unwrap_or(&v[0]);
-        return expose_send(&Src::Foreign(one), domain);
+    let parts = v.iter().filter(|f| !f.is_empty());
+    // One range with bytes (the rest empty) is announced as a plain send.
+    if let (Some(one), None) = (parts.clone().next(), parts.clone().nth(1)) {
+        return expose_send(&Src::Foreign(*one), domain);
     }
     let mut regs = Vec::with_capacity(v.len());
     let mut ranges = Vec::with_capacity(v.len());
