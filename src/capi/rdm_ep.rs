@@ -440,7 +440,7 @@ unsafe fn send_iov<R>(
             format!("a send iov of {count} ranges (0 to {MAX_IOV})"),
         ));
     }
-    let mut v = [ForeignBuf::from_static(&mut []); MAX_IOV];
+    let mut v = [ForeignBuf::EMPTY; MAX_IOV];
     for (i, slot) in v.iter_mut().enumerate().take(count) {
         // SAFETY: count elements, each with iov_len readable bytes (the caller's contract).
         *slot = unsafe {

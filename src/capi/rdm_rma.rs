@@ -101,12 +101,6 @@ unsafe fn iov_each<T>(
     Ok(())
 }
 
-/// An empty buffer, filling the arrays iovs are read into.
-fn empty() -> ForeignBuf {
-    // SAFETY: no bytes.
-    unsafe { ForeignBuf::new(std::ptr::null_mut(), 0) }
-}
-
 /// A write from an iov and its descriptors.
 ///
 /// # Safety
@@ -123,7 +117,7 @@ unsafe fn write_iov(
     context: u64,
     flags: Option<Flags>,
 ) -> Result<()> {
-    let mut v: [WriteBuf<'_>; MAX_IOV] = [(empty(), None); MAX_IOV];
+    let mut v: [WriteBuf<'_>; MAX_IOV] = [(ForeignBuf::EMPTY, None); MAX_IOV];
     // SAFETY: the caller's contract.
     unsafe {
         iov_each(iov, desc, count, &mut v, |e, d| {
@@ -150,7 +144,7 @@ unsafe fn read_iov(
     context: u64,
     flags: Option<Flags>,
 ) -> Result<()> {
-    let mut v: [RecvBuf; MAX_IOV] = std::array::from_fn(|_| RecvBuf::Foreign(empty()));
+    let mut v: [RecvBuf; MAX_IOV] = std::array::from_fn(|_| RecvBuf::Foreign(ForeignBuf::EMPTY));
     // SAFETY: the caller's contract.
     unsafe {
         iov_each(iov, desc, count, &mut v, |e, d| {

@@ -412,17 +412,20 @@ impl Src<'_> {
         }
     }
 
-    /// The bytes for one peer to read (rendezvous), with their address and key: the
-    /// application's own registration when it grants remote read (`FI_REMOTE_READ`), else a
-    /// registration for this send alone. A borrowed slice cannot be read later.
-    fn expose(&self, domain: &Domain) -> Result<(Exposed, u64, u32)> {
+    /// The bytes for one peer to read (rendezvous), and the ranges the announcement names:
+    /// the application's own registration when it grants remote read (`FI_REMOTE_READ`),
+    /// else a registration for this send alone; each non-empty range of a gathered C send
+    /// (listed when there are two or more). A borrowed slice cannot be read later.
+    fn expose(&self, domain: &Domain) -> Result<(Exposed, Remote)> {
+        let len = self.len() as u64;
+        let one = |addr, rkey| Remote::One(RtsRange { addr, len, rkey });
         if let Src::Region(mr, off, len) = self {
             let m = mr.sys();
             if m.access() & sv::access::REMOTE_READ != 0 {
                 let sge = m
                     .sge(*off, *len)
                     .ok_or_else(|| mr.range_error(*off, *len))?;
-                return Ok((Exposed::App(m.clone()), sge.addr, m.rkey()));
+                return Ok((Exposed::App(m.clone()), one(sge.addr, m.rkey())));
             }
         }
         let r = match self {
@@ -437,35 +440,24 @@ impl Src<'_> {
             }
             Src::Foreign(f) => {
                 let p = domain.pin(f.addr(), f.len(), sv::access::REMOTE_READ)?;
-                let (addr, rkey) = (f.addr(), p.rkey());
-                return Ok((Exposed::Pinned(p), addr, rkey));
+                let rkey = p.rkey();
+                return Ok((Exposed::Pinned(p), one(f.addr(), rkey)));
             }
-            Src::Iov(_) => unreachable!("gathered sends are exposed range by range"),
+            Src::Iov(v) => return expose_gathered(v, domain),
         };
         let r = r.map_err(|e| Error::os(e, "ibv_reg_mr of a send buffer (rendezvous)"))?;
         let (addr, rkey) = (r.addr(), r.rkey());
-        Ok((Exposed::Own(r), addr, rkey))
+        Ok((Exposed::Own(r), one(addr, rkey)))
     }
 }
 
-/// A rendezvous send's memory, as its announcement names it: one range in the head, or a
-/// gathered send's list after it.
-enum Announced {
-    One(u64, u32),
-    Many(Box<[RtsRange]>),
-}
-
-/// Exposes a rendezvous send for the peer's read: its one range, or each non-empty range
-/// of a gathered C send (two or more of them are listed in the announcement).
-fn expose_send(src: &Src<'_>, domain: &Domain) -> Result<(Exposed, Announced)> {
-    let Src::Iov(v) = src else {
-        let (reg, addr, rkey) = src.expose(domain)?;
-        return Ok((reg, Announced::One(addr, rkey)));
-    };
+/// `Src::expose` of a gathered C send: each non-empty range registered (one with bytes
+/// is announced as a plain send).
+#[cold]
+fn expose_gathered(v: &[ForeignBuf], domain: &Domain) -> Result<(Exposed, Remote)> {
     let parts = v.iter().filter(|f| !f.is_empty());
-    // One range with bytes (the rest empty) is announced as a plain send.
     if let (Some(one), None) = (parts.clone().next(), parts.clone().nth(1)) {
-        return expose_send(&Src::Foreign(*one), domain);
+        return Src::Foreign(*one).expose(domain);
     }
     let mut regs = Vec::with_capacity(v.len());
     let mut ranges = Vec::with_capacity(v.len());
@@ -478,7 +470,7 @@ fn expose_send(src: &Src<'_>, domain: &Domain) -> Result<(Exposed, Announced)> {
         });
         regs.push(Exposed::Pinned(p));
     }
-    Ok((Exposed::Many(regs.into()), Announced::Many(ranges.into())))
+    Ok((Exposed::Many(regs.into()), Remote::Many(ranges.into())))
 }
 
 /// Where a queue pair's messages come from: the peer (kept after its connection went, for
@@ -607,7 +599,7 @@ fn stage_rts(
     g: &mut Inner,
     slot: u32,
     reg: Exposed,
-    announced: Announced,
+    remote: Remote,
     op: Op,
     tag: u64,
     data: Option<u64>,
@@ -616,9 +608,9 @@ fn stage_rts(
 ) -> Result<()> {
     let off = slot as usize * en.slot;
     // A gathered send lists its ranges after the head (whose own are unused).
-    let (addr, rkey, ranges) = match &announced {
-        Announced::One(addr, rkey) => (*addr, *rkey, &[][..]),
-        Announced::Many(v) => (0, 0, &v[..]),
+    let (addr, rkey, ranges) = match &remote {
+        Remote::One(r) => (r.addr, r.rkey, &[][..]),
+        Remote::Many(v) => (0, 0, &v[..]),
     };
     let body = Rts::LEN + ranges.len() * RtsRange::LEN;
     let id = g.sends.insert(RndvSend {
@@ -696,7 +688,8 @@ struct RndvSend {
     _reg: Option<Exposed>,
 }
 
-/// What a rendezvous reads: the announcement's one range, or a gathered send's list.
+/// What a rendezvous reads (the sender's memory, as its announcement names it): one range,
+/// or a gathered send's list.
 #[derive(Debug)]
 enum Remote {
     One(RtsRange),
@@ -1741,7 +1734,7 @@ impl RdmEndpoint {
             }
         }
         let reg = if len > eager && segs == 1 {
-            Some(expose_send(&src, &self.sh.domain)?)
+            Some(src.expose(&self.sh.domain)?)
         } else {
             None
         };
@@ -1817,8 +1810,8 @@ impl RdmEndpoint {
                     .write_at(off, &hdr.encode())
                     .and_then(|_| src.copy_to(&en.tx_pool, off + Header::LEN))
             }
-            Some((reg, announced)) => {
-                stage_rts(en, &mut g, slot, reg, announced, op, tag, data, len, user)
+            Some((reg, remote)) => {
+                stage_rts(en, &mut g, slot, reg, remote, op, tag, data, len, user)
             }
         };
         if let Err(e) = copied {
