@@ -509,6 +509,63 @@ pub enum Request {
     Reject,
 }
 
+/// A first-in first-out queue of at most `N` entries in a fixed array (`N` a power of two):
+/// a connection's unsignalled sends, pushed and popped once per message with no growth
+/// check and no allocation.
+#[derive(Debug, Clone)]
+pub struct FixedRing<T, const N: usize> {
+    items: [T; N],
+    head: u32,
+    len: u32,
+}
+
+impl<T: Copy + Default, const N: usize> Default for FixedRing<T, N> {
+    fn default() -> Self {
+        const { assert!(N.is_power_of_two() && N <= u32::MAX as usize) };
+        FixedRing {
+            items: [T::default(); N],
+            head: 0,
+            len: 0,
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> FixedRing<T, N> {
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `v`; `false` (and nothing stored) when the ring is full.
+    #[inline(always)]
+    pub fn push_back(&mut self, v: T) -> bool {
+        if self.len as usize == N {
+            return false;
+        }
+        self.items[(self.head + self.len) as usize & (N - 1)] = v;
+        self.len += 1;
+        true
+    }
+
+    #[inline(always)]
+    pub fn front(&self) -> Option<T> {
+        (self.len > 0).then(|| self.items[self.head as usize & (N - 1)])
+    }
+
+    #[inline(always)]
+    pub fn pop_front(&mut self) -> Option<T> {
+        let v = self.front()?;
+        self.head = self.head.wrapping_add(1) & (N as u32 - 1);
+        self.len -= 1;
+        Some(v)
+    }
+}
+
 /// One peer's connection state, made on first use from either side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerLink<C> {
@@ -908,5 +965,33 @@ mod tests {
         assert_eq!(host_id(Some("abc\n"), "x"), host_id(Some("abc"), "y"));
         assert_ne!(host_id(Some("abc"), "x"), host_id(Some("abd"), "x"));
         assert_eq!(host_id(None, "node1"), host_id(Some(""), "node1"));
+    }
+
+    #[test]
+    fn fixed_ring_keeps_order_across_the_wrap_and_refuses_when_full() {
+        let mut r = FixedRing::<(u64, u32), 4>::default();
+        assert!(r.is_empty() && r.front().is_none() && r.pop_front().is_none());
+        let mut next = 0u64;
+        let mut want = std::collections::VecDeque::new();
+        // Uneven pushes and pops walk the head around the array several times.
+        for round in 0..20u64 {
+            for _ in 0..(round % 4 + 1) {
+                let ok = r.push_back((next, next as u32 * 3));
+                assert_eq!(ok, want.len() < 4, "full at {}", want.len());
+                if ok {
+                    want.push_back((next, next as u32 * 3));
+                }
+                next += 1;
+            }
+            assert_eq!(r.len(), want.len());
+            for _ in 0..(round % 3 + 1) {
+                assert_eq!(r.front(), want.front().copied());
+                assert_eq!(r.pop_front(), want.pop_front());
+            }
+        }
+        while let Some(v) = want.pop_front() {
+            assert_eq!(r.pop_front(), Some(v));
+        }
+        assert!(r.is_empty());
     }
 }

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
+use rfabric_sys::lock::{Lock, LockGuard};
 use rfabric_sys::mem::{append_from, copy, copy_in, ForeignBuf, Place};
 use rfabric_sys::verbs::{self as sv, send_flags, WorkCompletion};
 
@@ -25,8 +26,8 @@ use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags};
 use crate::core::info::{Info, RxAttr};
 use crate::core::rdm::{
-    host_id, Fin, Header, Op, PeerLink, RdmName, ReadPlan, Request, Rts, RtsRange, SendPath,
-    RTS_RANGES_MAX,
+    host_id, Fin, FixedRing, Header, Op, PeerLink, RdmName, ReadPlan, Request, Rts, RtsRange,
+    SendPath, RTS_RANGES_MAX,
 };
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
 use crate::verbs::cntr::{Counter, EpCounters};
@@ -814,6 +815,9 @@ struct Peer {
     waiting: VecDeque<u32>,
 }
 
+// An open connection (the state every message finds) stays inline, with its ring of
+// unsignalled sends: a box would cost a pointer chase per post and per completion.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum ConnSlot {
     /// Being opened outside the lock.
@@ -834,7 +838,7 @@ struct Conn {
     seq: u64,
     /// Quiet sends posted unsignalled, oldest first, with their `seq`: a later completion on
     /// this connection (the next signalled send's, or a flushed one's) frees them.
-    unsignaled: VecDeque<(u64, u32)>,
+    unsignaled: FixedRing<(u64, u32), UNSIGNALED_MAX>,
 }
 
 #[derive(Debug)]
@@ -902,7 +906,7 @@ struct Inner {
 #[derive(Debug)]
 struct Enabled {
     /// First to go: connections (their QPs) before the SRQ and buffers they use.
-    inner: Mutex<Inner>,
+    inner: Lock<Inner>,
     pep: PassiveEndpoint,
     eq: Arc<EventQueue>,
     name: RdmName,
@@ -924,6 +928,8 @@ struct Enabled {
     domain: Arc<Domain>,
     /// The most one RDMA read moves (the port's `max_msg_sz`): a rendezvous read's pieces.
     read_max: usize,
+    /// `ep_attr.max_msg_size`, checked by every send.
+    max_msg: usize,
     tx_selective: bool,
     rx_selective: bool,
     /// Connections opened, for tests and logs.
@@ -1123,7 +1129,7 @@ impl RdmEndpoint {
         en.transfer_open.store(false, Ordering::Release);
         en.rx_cq.want_progress(false);
         let (posted, held) = {
-            let mut g = lock(&en.inner);
+            let mut g = en.inner.lock();
             let posted = g.engine.cancel_all_of(&[RxKind::PeerMsg, RxKind::PeerTag]);
             let mut held = Vec::new();
             while let Some(id) = g
@@ -1291,7 +1297,7 @@ impl RdmEndpoint {
                 engine.set_min_multi_recv(n);
             }
             Ok::<_, Error>(Enabled {
-                inner: Mutex::new(Inner {
+                inner: Lock::new(Inner {
                     engine,
                     peers: Vec::new(),
                     by_name: HashMap::new(),
@@ -1338,6 +1344,7 @@ impl RdmEndpoint {
                 av,
                 domain: self.sh.domain.clone(),
                 read_max: self.read_max(),
+                max_msg: self.max_msg_size(),
                 tx_selective: c.tx_selective,
                 rx_selective: c.rx_selective,
                 opened: AtomicU32::new(0),
@@ -1508,7 +1515,7 @@ impl RdmEndpoint {
         let Ok(name) = en.av.rdm_name(addr) else {
             return false;
         };
-        let g = lock(&en.inner);
+        let g = en.inner.lock();
         g.by_name
             .get(&name.to_bytes())
             .is_some_and(|&p| matches!(g.peers[p as usize].link.send_path(), SendPath::Post(_)))
@@ -1526,7 +1533,7 @@ impl RdmEndpoint {
     /// back once what it carried is done).
     pub fn send_buffers(&self) -> (usize, usize) {
         self.sh.on.get().map_or((0, 0), |e| {
-            let g = lock(&e.inner);
+            let g = e.inner.lock();
             (g.tx_free.len(), g.tx.len())
         })
     }
@@ -1667,7 +1674,7 @@ impl RdmEndpoint {
         let en = self.en()?;
         let len = src.len();
         let eager = en.slot - Header::LEN;
-        let max = self.max_msg_size();
+        let max = en.max_msg;
         if len > max {
             return Err(Error::new(
                 errno::EMSGSIZE,
@@ -1738,7 +1745,7 @@ impl RdmEndpoint {
         } else {
             None
         };
-        let mut g = lock(&en.inner);
+        let mut g = en.inner.lock();
         let peer = peer_of(en, &mut g, dest)?;
         if g.tx_free.len() < segs {
             return Err(Error::new(
@@ -1829,7 +1836,7 @@ impl RdmEndpoint {
     fn dispatch(
         &self,
         en: &Enabled,
-        mut g: std::sync::MutexGuard<'_, Inner>,
+        mut g: LockGuard<'_, Inner>,
         peer: u32,
         slots: &[u32],
     ) -> Result<()> {
@@ -1862,7 +1869,7 @@ impl RdmEndpoint {
     fn connect_first(
         &self,
         en: &Enabled,
-        mut g: std::sync::MutexGuard<'_, Inner>,
+        mut g: LockGuard<'_, Inner>,
         peer: u32,
         slots: &[u32],
     ) -> Result<()> {
@@ -2012,7 +2019,7 @@ impl RdmEndpoint {
             ));
         }
         let size = buf.len();
-        let mut g = lock(&en.inner);
+        let mut g = en.inner.lock();
         // A receive takes one waiting message; a multi-receive buffer as many as fit.
         let (mut first, mut more) = (None, Vec::new());
         g.engine.post(
@@ -2081,7 +2088,7 @@ impl RdmEndpoint {
             } else {
                 Flags::MSG
             };
-        let mut g = lock(&en.inner);
+        let mut g = en.inner.lock();
         let Some(id) = g.engine.peek(kind, from) else {
             drop(g);
             return en.rx_cq.writeerr(CqErrEntry {
@@ -2134,7 +2141,7 @@ impl RdmEndpoint {
     /// `FI_CLAIM`: receives (or with `FI_DISCARD`, drops) the message an `FI_PEEK|FI_CLAIM`
     /// of the same context set aside.
     fn claim(&self, en: &Enabled, buf: RecvBuf, context: u64, flags: Flags) -> Result<()> {
-        let mut g = lock(&en.inner);
+        let mut g = en.inner.lock();
         let Some(id) = g.claimed.remove(&context) else {
             return Err(Error::new(
                 errno::EINVAL,
@@ -2187,7 +2194,7 @@ impl RdmEndpoint {
         let mut c = lock(&self.sh.ctl);
         c.min_multi_recv = Some(n);
         if let Some(en) = self.sh.on.get() {
-            lock(&en.inner).engine.set_min_multi_recv(n);
+            en.inner.lock().engine.set_min_multi_recv(n);
         }
         Ok(())
     }
@@ -2203,7 +2210,7 @@ impl RdmEndpoint {
     /// `FI_ECANCELED` error. `-FI_ENOENT` when none waits.
     pub fn cancel(&self, context: u64) -> Result<()> {
         let en = self.en()?;
-        let e = lock(&en.inner).engine.cancel(context);
+        let e = en.inner.lock().engine.cancel(context);
         match e {
             Some(e) => {
                 let kind = if e.kind.tagged() {
@@ -2399,7 +2406,7 @@ fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
         in_flight: 0,
         down: false,
         seq: 0,
-        unsignaled: VecDeque::with_capacity(UNSIGNALED_MAX),
+        unsignaled: FixedRing::default(),
     }));
     crate::fi_debug!(
         "rdm",
@@ -2448,8 +2455,8 @@ fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     conn.in_flight += 1;
     let seq = conn.seq;
     conn.seq += 1;
-    if unsignaled {
-        conn.unsignaled.push_back((seq, slot));
+    // Room was checked above (`len + 1 < UNSIGNALED_MAX`).
+    if unsignaled && conn.unsignaled.push_back((seq, slot)) {
         g.unsignaled += 1;
     }
     let t = &mut g.tx[slot as usize];
@@ -2472,7 +2479,7 @@ fn retire_unsignaled(g: &mut Inner, c: u32, seq: u64) {
     let Some(Some(ConnSlot::Open(conn))) = conns.get_mut(c as usize) else {
         return;
     };
-    while let Some(&(s, slot)) = conn.unsignaled.front() {
+    while let Some((s, slot)) = conn.unsignaled.front() {
         if s > seq {
             break;
         }
@@ -2689,9 +2696,23 @@ fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     None
 }
 
-/// `deliver` of an entry of either kind (the caller routes the completion).
-fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
-    // The buffer is taken, not cloned (the entry is freed below): no reference count moves.
+/// A claimed entry as `deliver` needs it: taken out of the engine (its buffer moved, not
+/// cloned: no reference count moves), with what its completion reports.
+struct Claimed {
+    e: Took,
+    ebuf: Option<RecvBuf>,
+    /// The message's holder (bounce buffer or copy aside).
+    slot: u32,
+    flags: Flags,
+    /// Where the message lands (what a multi-receive buffer's slices report).
+    buf: u64,
+    quiet: bool,
+    /// The bytes the buffer takes.
+    n: usize,
+}
+
+#[inline(always)]
+fn claimed(en: &Enabled, g: &mut Inner, id: u32) -> Claimed {
     let ent = g.engine.entry_mut(id);
     let ebuf = ent.buf.take();
     let e = Took {
@@ -2704,8 +2725,6 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         offset: ent.offset,
         owner: ent.owner,
     };
-    let slot = e.owner as u32;
-    let m = g.rx[slot as usize];
     let cap = ebuf
         .as_ref()
         .map_or(0, |b| b.len().saturating_sub(e.offset));
@@ -2714,15 +2733,40 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     } else {
         Flags::MSG
     };
+    // Carved slices of a multi-receive buffer before the last no longer carry
+    // FI_MULTI_RECV: the flag is the entry's.
     let flags = kind | Flags::RECV | (e.flags & Flags::MULTI_RECV);
-    // Where the message landed: what a multi-receive buffer's slices need (carved slices
-    // before the last no longer carry FI_MULTI_RECV), harmless for the rest.
     let buf = ebuf.as_ref().map_or(0, |b| b.addr() + e.offset as u64);
-    let quiet = en.rx_selective && !e.flags.contains(Flags::COMPLETION);
-    let n = e.size.min(cap);
-    let copied = match (&ebuf, m.rts) {
-        (_, Some(_)) => Ok(()),
-        (Some(b), None) if n > 0 => match spilled(en, slot) {
+    Claimed {
+        slot: e.owner as u32,
+        flags,
+        buf,
+        quiet: en.rx_selective && !e.flags.contains(Flags::COMPLETION),
+        n: e.size.min(cap),
+        e,
+        ebuf,
+    }
+}
+
+/// `deliver` of an entry of either kind (the caller routes the completion). An eager
+/// message is copied here; an announced one is read by `deliver_announced`, out of line so
+/// that the eager path keeps a small frame.
+fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
+    let holder = g.engine.entry(id).owner as usize;
+    if let Some(rts) = g.rx[holder].rts {
+        return deliver_announced(en, g, id, rts);
+    }
+    let Claimed {
+        e,
+        ebuf,
+        slot,
+        flags,
+        buf,
+        quiet,
+        n,
+    } = claimed(en, g, id);
+    let copied = match &ebuf {
+        Some(b) if n > 0 => match spilled(en, slot) {
             None => {
                 let body = slot as usize * en.slot + Header::LEN;
                 let pool = en.rx_pool.sys();
@@ -2739,19 +2783,38 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
         },
         _ => Ok(()),
     };
+    drop(ebuf);
     let _ = g.engine.free(id);
-    let Some(rts) = m.rts else {
-        release_holder(en, g, slot);
-        let failed = copied.err().map(|_| errno::EIO);
-        if let Some(id) = m.ack {
-            let status = failed.unwrap_or(0);
-            queue_fin(en, g, m.conn, Fin { id, status });
-        }
-        let d = recv_done(
-            e.context, flags, e.tag, m.data, e.addr, e.size, n, buf, quiet, failed,
-        );
-        return counted_rx(en, e.kind.peer(), d);
-    };
+    let RxMeta {
+        data, ack, conn, ..
+    } = g.rx[slot as usize];
+    release_holder(en, g, slot);
+    let failed = copied.err().map(|_| errno::EIO);
+    if let Some(id) = ack {
+        let status = failed.unwrap_or(0);
+        queue_fin(en, g, conn, Fin { id, status });
+    }
+    let d = recv_done(
+        e.context, flags, e.tag, data, e.addr, e.size, n, buf, quiet, failed,
+    );
+    counted_rx(en, e.kind.peer(), d)
+}
+
+/// `deliver_one` of an announced message (`rts`): its ranges are read into the receive's
+/// buffer, in pieces within the endpoint's read budget, and the sender told once done.
+#[inline(never)]
+fn deliver_announced(en: &Enabled, g: &mut Inner, id: u32, rts: Rts) -> Option<Done> {
+    let Claimed {
+        e,
+        ebuf,
+        slot,
+        flags,
+        buf,
+        quiet,
+        n,
+    } = claimed(en, g, id);
+    let m = g.rx[slot as usize];
+    let _ = g.engine.free(id);
     // A gathered announcement's ranges are read before its buffer goes back.
     let remote = remote_of(en, g, slot, &rts, m.ranges);
     release_holder(en, g, slot);
@@ -3295,9 +3358,9 @@ impl Shared {
         peer: u32,
         accept: Option<&Info>,
         start: impl FnOnce(&MsgEndpoint, &[u8]) -> Result<()>,
-    ) -> (std::sync::MutexGuard<'a, Inner>, Result<()>) {
+    ) -> (LockGuard<'a, Inner>, Result<()>) {
         let opened = self.open_conn(en, c, accept);
-        let mut g = lock(&en.inner);
+        let mut g = en.inner.lock();
         let started = opened.and_then(|ep| {
             install(en, &mut g, c, peer, ep);
             let Some(conn) = open_conn_mut(&mut g, c) else {
@@ -3317,7 +3380,7 @@ impl Shared {
             }
             None => {
                 let mut i = self.msg_info()?;
-                let g = lock(&en.inner);
+                let g = en.inner.lock();
                 let Some(ConnSlot::Opening { peer }) = g.conns[c as usize] else {
                     unreachable!("a connection being opened")
                 };
@@ -3351,7 +3414,7 @@ impl Shared {
             deliver_transfers(en);
         }
         if en.fins_waiting.load(Ordering::Relaxed) {
-            let mut g = lock(&en.inner);
+            let mut g = en.inner.lock();
             flush_fins(en, &mut g);
         }
         if en.reads_parked.load(Ordering::Relaxed) {
@@ -3398,7 +3461,7 @@ impl Shared {
             EqEvent::ConnReq { info, data, .. } => self.on_request(en, *info, &data),
             EqEvent::Connected { fid, .. } => {
                 let c = fid as u32;
-                let mut g = lock(&en.inner);
+                let mut g = en.inner.lock();
                 let Some(conn) = open_conn_mut(&mut g, c) else {
                     return;
                 };
@@ -3424,7 +3487,7 @@ impl Shared {
             }
             EqEvent::Shutdown { fid } => {
                 let c = fid as u32;
-                let mut g = lock(&en.inner);
+                let mut g = en.inner.lock();
                 let Some(conn) = open_conn_mut(&mut g, c) else {
                     return;
                 };
@@ -3456,7 +3519,7 @@ impl Shared {
 
     /// A connect of ours failed (refused, or the peer unreachable).
     fn on_failed(&self, en: &Enabled, c: u32, err: i32) {
-        let mut g = lock(&en.inner);
+        let mut g = en.inner.lock();
         let peer = match g.conns.get(c as usize) {
             Some(Some(ConnSlot::Open(conn))) => conn.peer,
             _ => return,
@@ -3504,7 +3567,7 @@ impl Shared {
                 return;
             }
         };
-        let mut g = lock(&en.inner);
+        let mut g = en.inner.lock();
         let addr = en.av.find_rdm(&remote).unwrap_or(FI_ADDR_NOTAVAIL);
         let peer = peer_for(&mut g, &remote, addr);
         let loopback = remote == en.name;
@@ -3564,7 +3627,7 @@ impl Shared {
 #[inline]
 fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
     let ok = status == sv::wc_status::IBV_WC_SUCCESS;
-    let mut g = lock(&en.inner);
+    let mut g = en.inner.lock();
     let m = g.tx[id as usize];
     retire_unsignaled(&mut g, m.conn, m.seq);
     let qp_failed = !ok && status != sv::wc_status::IBV_WC_WR_FLUSH_ERR;
@@ -3639,7 +3702,7 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
 #[inline(never)]
 fn read_completion(en: &Enabled, id: u32, wc_status: u32) -> Option<Owned> {
     let ok = wc_status == sv::wc_status::IBV_WC_SUCCESS;
-    let mut g = lock(&en.inner);
+    let mut g = en.inner.lock();
     let r = g.reads.get_mut(id)?;
     r.out -= 1;
     if !ok && r.status == 0 {
@@ -3708,7 +3771,7 @@ fn park_failed(en: &Enabled, g: &Inner) {
 /// Finishes the reads parked by `park_failed`: each receive completes in error.
 #[cold]
 fn finish_failed(en: &Enabled) {
-    let mut g = lock(&en.inner);
+    let mut g = en.inner.lock();
     if en.reads_parked.swap(false, Ordering::Relaxed) {
         en.rx_cq.want_progress(false);
     }
@@ -3729,7 +3792,7 @@ fn finish_failed(en: &Enabled) {
 /// A message in bounce buffer `id`: matched and delivered, or queued unexpected.
 #[inline]
 fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
-    let mut g = lock(&en.inner);
+    let mut g = en.inner.lock();
     let mut hdr = [0u8; Header::LEN + Rts::LEN];
     let off = id as usize * en.slot;
     let got = (wc.byte_len() as usize).min(hdr.len());
@@ -3832,7 +3895,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
 #[inline(never)]
 fn peer_gone(
     en: &Enabled,
-    mut g: std::sync::MutexGuard<'_, Inner>,
+    mut g: LockGuard<'_, Inner>,
     id: u32,
     h: &Header,
     rts: Option<Rts>,
@@ -3863,12 +3926,7 @@ fn peer_gone(
 /// A delivery or rendezvous notice in bounce buffer `id`: the send it names completes.
 #[cold]
 #[inline(never)]
-fn notice(
-    en: &Enabled,
-    mut g: std::sync::MutexGuard<'_, Inner>,
-    id: u32,
-    body: &[u8],
-) -> Option<Owned> {
+fn notice(en: &Enabled, mut g: LockGuard<'_, Inner>, id: u32, body: &[u8]) -> Option<Owned> {
     let same = Arc::ptr_eq(&en.tx_cq, &en.rx_cq);
     let _ = post_bounce(en, id);
     let fin = Fin::decode(body).ok()?;
@@ -4071,7 +4129,7 @@ impl Drop for Shared {
         if *en.reads_parked.get_mut() {
             en.rx_cq.want_progress(false);
         }
-        let g = en.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        let g = en.inner.get_mut();
         for c in g.conns.iter().flatten() {
             if let ConnSlot::Open(conn) = c {
                 conn.ep.disconnect();
@@ -4093,7 +4151,7 @@ impl Drop for RdmEndpoint {
             local::close(en);
             // Nothing posted is lost: each receive still waiting completes as cancelled, as
             // does each whose message was still being read.
-            let mut g = lock(&en.inner);
+            let mut g = en.inner.lock();
             let reading: Vec<_> = g.reads.drain().filter(|r| !r.peer).collect();
             g.read_wait.clear();
             g.reads_failed.clear();

@@ -10,6 +10,7 @@ pub mod bell;
 pub mod clock;
 pub mod cm;
 pub mod fabric;
+pub mod lock;
 pub mod mem;
 pub mod uffd;
 pub mod verbs;

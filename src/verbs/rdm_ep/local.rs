@@ -264,7 +264,7 @@ impl LocalLink {
         }
         self.any.store(!r.to.is_empty(), Ordering::Relaxed);
         // Arrivals translate under the endpoint's lock, which they take anyway.
-        lock(&en.inner).local_from = from;
+        en.inner.lock().local_from = from;
         self.seen.store(now, Ordering::Release);
     }
 
@@ -352,7 +352,7 @@ impl LocalOwner {
         self.with(|en, l| {
             l.arrived.fetch_add(1, Ordering::Relaxed);
             let kind = if tagged { RxKind::Tag } else { RxKind::Msg };
-            let mut g = lock(&en.inner);
+            let mut g = en.inner.lock();
             let addr = g.local_from.get(&from).copied().unwrap_or(FI_ADDR_NOTAVAIL);
             let a = match g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER) {
                 Err(e) if e.errno() == errno::EAGAIN => {
@@ -373,7 +373,7 @@ impl LocalOwner {
     /// and its remote CQ data (what `FI_PEEK` reports of it).
     pub fn queue(&self, id: u32, size: usize, data: Option<u64>) -> Result<()> {
         self.with(|en, _| {
-            let mut g = lock(&en.inner);
+            let mut g = en.inner.lock();
             let e = g.engine.entry_mut(id);
             if e.owner != LOCAL_HOLDER {
                 return Err(Error::new(errno::EINVAL, "not an entry of the local path"));
@@ -394,7 +394,7 @@ impl LocalOwner {
     /// until its completion is moved (`recv_done`: it names the slot); any other goes now.
     pub fn free(&self, id: u32) -> Result<()> {
         self.with(|en, _| {
-            let mut g = lock(&en.inner);
+            let mut g = en.inner.lock();
             if g.local_rx.get(id as usize).is_some_and(|m| m.live) {
                 return Ok(());
             }
@@ -412,7 +412,7 @@ impl LocalOwner {
     pub fn recv_done(&self, id: u32, c: CqEntry, err: Option<i32>) -> Result<()> {
         self.with(|en, _| {
             let m = {
-                let mut g = lock(&en.inner);
+                let mut g = en.inner.lock();
                 let Some(m) = g.local_rx.get_mut(id as usize).filter(|m| m.live) else {
                     return Err(Error::new(
                         errno::EINVAL,
@@ -465,7 +465,7 @@ impl LocalOwner {
                 return Err(Error::new(errno::EINVAL, "not a send of this endpoint"));
             }
             let slot = wr_id::index(context);
-            let mut g = lock(&en.inner);
+            let mut g = en.inner.lock();
             if g.tx.get(slot as usize).is_none_or(|m| m.conn != LOCAL_CONN) {
                 return Err(Error::new(errno::EINVAL, "not a local send in flight"));
             }
@@ -648,7 +648,7 @@ pub(super) fn post_local(
     if copy && len > eager {
         return Ok(false);
     }
-    let mut g = lock(&en.inner);
+    let mut g = en.inner.lock();
     let Some(slot) = g.tx_free.pop() else {
         return Err(Error::new(
             errno::EAGAIN,
@@ -700,7 +700,7 @@ pub(super) fn post_local(
     ring(bell, &r);
     if let Err(e) = r {
         l.pending.fetch_sub(1, Ordering::SeqCst);
-        let mut g = lock(&en.inner);
+        let mut g = en.inner.lock();
         g.tx[slot as usize].conn = NONE;
         let held = release_tx(&mut g, slot);
         drop(g);
@@ -718,7 +718,7 @@ pub(super) fn start_all(en: &Enabled, starts: &[(u32, LocalEntry)]) {
     for (id, e) in starts {
         if let Err(err) = l.path.hand_back(*id, e, false) {
             crate::fi_warn!("rdm", "the local path refused a matched message: {err}");
-            let _ = lock(&en.inner).engine.free(*id);
+            let _ = en.inner.lock().engine.free(*id);
             en.cntrs.done(Flags::RECV, false);
             let _ = en.rx_cq.writeerr(crate::core::cq::CqErrEntry {
                 op_context: e.context,
@@ -744,7 +744,7 @@ fn discard_one(en: &Enabled, l: &LocalLink, id: u32, e: &LocalEntry) {
     if let Err(err) = l.path.hand_back(id, e, true) {
         crate::fi_warn!("rdm", "discarding a local message: {err}");
     }
-    let mut g = lock(&en.inner);
+    let mut g = en.inner.lock();
     let s = g.engine.entry(id);
     if s.owner == LOCAL_HOLDER && s.state == crate::core::srx::State::Claimed {
         let _ = g.engine.free(id);
@@ -757,7 +757,7 @@ pub(super) fn close(en: &Enabled) {
     let Some(l) = en.local.get() else { return };
     loop {
         let taken = {
-            let mut g = lock(&en.inner);
+            let mut g = en.inner.lock();
             g.engine.first_unexpected(Some(LOCAL_HOLDER)).map(|id| {
                 let _ = g.engine.take_unexpected(id);
                 (id, entry_of(en, &mut g, id))

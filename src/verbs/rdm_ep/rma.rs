@@ -8,12 +8,13 @@
 
 use std::sync::Arc;
 
+use rfabric_sys::lock::LockGuard;
 use rfabric_sys::mem::{copy, ForeignBuf, Place};
 use rfabric_sys::verbs::{self as sv, send_flags, MrSlice, QpHandle, MAX_IOV};
 
 use super::{
-    check_send_flags, lock, peer_of, release_tx, to_owned, Enabled, Exposed, Inner, RdmEndpoint,
-    RecvBuf, Src, TxMeta, MAX_SEGS, NONE,
+    check_send_flags, peer_of, release_tx, to_owned, Enabled, Exposed, Inner, RdmEndpoint, RecvBuf,
+    Src, TxMeta, MAX_SEGS, NONE,
 };
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
@@ -314,7 +315,7 @@ impl RdmEndpoint {
             }
         }
         let n = n.max(1);
-        let g = lock(&en.inner);
+        let g = en.inner.lock();
         let mut pieces = Pieces::take(self, en, g, src, n, false)?;
         let mut at = rma.addr;
         for (e, b) in exposed.iter_mut().zip(bufs) {
@@ -393,7 +394,7 @@ impl RdmEndpoint {
                 n += s.len().div_ceil(self.piece_max());
             }
         }
-        let g = lock(&en.inner);
+        let g = en.inner.lock();
         let mut pieces = Pieces::take(self, en, g, dest, n, data.is_some())?;
         if bounce {
             let slot = pieces.slots[0];
@@ -485,7 +486,7 @@ fn iov_limit(n: usize) -> Error {
 struct Pieces<'a, 'e> {
     ep: &'a RdmEndpoint,
     en: &'e Enabled,
-    g: std::sync::MutexGuard<'e, Inner>,
+    g: LockGuard<'e, Inner>,
     peer: u32,
     slots: [u32; MAX_SEGS],
     /// Slots staged so far.
@@ -503,7 +504,7 @@ impl<'a, 'e> Pieces<'a, 'e> {
     fn take(
         ep: &'a RdmEndpoint,
         en: &'e Enabled,
-        mut g: std::sync::MutexGuard<'e, Inner>,
+        mut g: LockGuard<'e, Inner>,
         addr: u64,
         n: usize,
         data: bool,
