@@ -155,6 +155,15 @@ pub struct Recv<B> {
     pub flags: Flags,
 }
 
+/// What a receive that takes one message found ([`RxEngine::post_one`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Posted {
+    /// It waits, posted, in this entry.
+    Waiting(u32),
+    /// It claimed the unexpected message in this entry: the transport delivers it.
+    Claimed(u32),
+}
+
 /// The answer to an arrival (`get_msg` / `get_tag`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrival {
@@ -463,28 +472,71 @@ impl<B: Clone> RxEngine<B> {
         r: Recv<B>,
         mut start: impl FnMut(&mut Self, u32),
     ) -> Result<Option<u32>> {
-        if r.flags.contains(Flags::MULTI_RECV) && r.kind.tagged() {
+        if !r.flags.contains(Flags::MULTI_RECV) {
+            return Ok(match self.post_one(r)? {
+                Posted::Waiting(id) => Some(id),
+                Posted::Claimed(m) => {
+                    start(self, m);
+                    None
+                }
+            });
+        }
+        if r.kind.tagged() {
             return Err(Error::new(
                 errno::EINVAL,
                 "FI_MULTI_RECV applies to untagged receives",
             ));
         }
         let ul = list_of(UNEXPECTED, r.kind);
-        if !r.flags.contains(Flags::MULTI_RECV) {
-            // An ordinary receive that finds its message needs no entry of its own, so a
-            // full engine still delivers what waits in it.
-            if let Some(m) = self.find(ul, |s| r.from.accepts(r.kind, s.addr, s.tag)) {
-                self.unlink(ul, m);
-                let s = &mut self.slots[m as usize];
-                s.state = State::Claimed;
-                s.buf = Some(r.buf);
-                s.context = r.context;
-                s.flags = r.flags;
-                start(self, m);
+        let (from, kind) = (r.from, r.kind);
+        // A multi-receive buffer has its own entry while it gives out slices.
+        let id = self.alloc_posted(r)?;
+        while let Some(m) = self.find(ul, |s| from.accepts(kind, s.addr, s.tag)) {
+            self.unlink(ul, m);
+            let size = self.slots[m as usize].size;
+            let released = self.carve(id, m, size);
+            start(self, m);
+            if released {
+                self.release(id);
                 return Ok(None);
             }
         }
-        // A multi-receive buffer needs its own entry while it gives out slices.
+        self.push_back(list_of(POSTED, kind), id);
+        Ok(Some(id))
+    }
+
+    /// Posts a receive that takes one message (not `FI_MULTI_RECV`, which [`Self::post`]
+    /// takes): it claims the first unexpected message it accepts, in arrival order, or
+    /// waits for one.
+    #[inline]
+    pub fn post_one(&mut self, r: Recv<B>) -> Result<Posted> {
+        if r.flags.contains(Flags::MULTI_RECV) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "FI_MULTI_RECV buffers are posted with post, not post_one",
+            ));
+        }
+        let ul = list_of(UNEXPECTED, r.kind);
+        // A receive that finds its message needs no entry of its own, so a full engine
+        // still delivers what waits in it.
+        if let Some(m) = self.find(ul, |s| r.from.accepts(r.kind, s.addr, s.tag)) {
+            self.unlink(ul, m);
+            let s = &mut self.slots[m as usize];
+            s.state = State::Claimed;
+            s.buf = Some(r.buf);
+            s.context = r.context;
+            s.flags = r.flags;
+            return Ok(Posted::Claimed(m));
+        }
+        let kind = r.kind;
+        let id = self.alloc_posted(r)?;
+        self.push_back(list_of(POSTED, kind), id);
+        Ok(Posted::Waiting(id))
+    }
+
+    /// A new entry holding receive `r`, not yet on a list.
+    #[inline(always)]
+    fn alloc_posted(&mut self, r: Recv<B>) -> Result<u32> {
         let id = self.alloc()?;
         {
             let s = &mut self.slots[id as usize];
@@ -498,20 +550,7 @@ impl<B: Clone> RxEngine<B> {
             s.flags = r.flags;
             s.buf = Some(r.buf);
         }
-        if r.flags.contains(Flags::MULTI_RECV) {
-            while let Some(m) = self.find(ul, |s| r.from.accepts(r.kind, s.addr, s.tag)) {
-                self.unlink(ul, m);
-                let size = self.slots[m as usize].size;
-                let released = self.carve(id, m, size);
-                start(self, m);
-                if released {
-                    self.release(id);
-                    return Ok(None);
-                }
-            }
-        }
-        self.push_back(list_of(POSTED, r.kind), id);
-        Ok(Some(id))
+        Ok(id)
     }
 
     /// Frees a claimed or arriving entry once its transport is done with it
@@ -657,6 +696,32 @@ mod tests {
 
     fn no_start(_: &mut RxEngine<u32>, id: u32) {
         panic!("nothing should be started, got {id}");
+    }
+
+    #[test]
+    fn post_one_claims_a_waiting_message_or_waits_and_refuses_multi_receive_buffers() {
+        let mut e = RxEngine::new(4);
+        let Arrival::Unexpected(u) = e.arrive(Kind::Tag, 5, 9, 64, 1).unwrap() else {
+            panic!()
+        };
+        e.queue(u).unwrap();
+        // A tag the message does not carry waits; the one it carries claims it.
+        let Posted::Waiting(w) = e.post_one(recv(Kind::Tag, tagged(8, 0), 64, 2)).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(e.posted(Kind::Tag), 1);
+        assert_eq!(
+            e.post_one(recv(Kind::Tag, tagged(9, 0), 64, 3)).unwrap(),
+            Posted::Claimed(u)
+        );
+        assert_eq!((e.entry(u).context, e.entry(u).buf), (3, Some(3)));
+        assert_eq!(e.unexpected(Kind::Tag), 0);
+        let mut m = any(4);
+        m.flags = Flags::MULTI_RECV;
+        assert_eq!(e.post_one(m).unwrap_err().errno(), errno::EINVAL);
+        assert_eq!((e.in_use(), e.posted(Kind::Msg)), (2, 0), "nothing posted");
+        assert_eq!(e.entry(w).context, 2);
     }
 
     #[test]

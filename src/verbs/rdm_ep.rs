@@ -29,7 +29,7 @@ use crate::core::rdm::{
     host_id, Fin, FixedRing, Header, Op, PeerLink, RdmName, ReadPlan, Request, Rts, RtsRange,
     SendPath, RTS_RANGES_MAX,
 };
-use crate::core::srx::{Arrival, Filter, Kind as RxKind, Recv, RxEngine, ADDR_UNSPEC};
+use crate::core::srx::{Arrival, Filter, Kind as RxKind, Posted, Recv, RxEngine, ADDR_UNSPEC};
 use crate::verbs::cntr::{Counter, EpCounters};
 use crate::verbs::cq::{Owned, PeerProgress, PeerTransferSink, QpnHash, RecvOwner};
 use crate::verbs::ep_common::{check_send_flags, lock, CqBinding};
@@ -1841,6 +1841,15 @@ impl RdmEndpoint {
         slots: &[u32],
     ) -> Result<()> {
         match g.peers[peer as usize].link.send_path() {
+            SendPath::Post(c) if slots.len() == 1 => {
+                if let Err(e) = post_on_inline(en, &mut g, c, slots[0]) {
+                    let reg = release_tx(&mut g, slots[0]);
+                    drop(g);
+                    drop(reg);
+                    return Err(e);
+                }
+                Ok(())
+            }
             SendPath::Post(c) => {
                 for (i, s) in slots.iter().enumerate() {
                     if let Err(e) = post_on(en, &mut g, c, *s) {
@@ -2019,23 +2028,21 @@ impl RdmEndpoint {
             ));
         }
         let size = buf.len();
+        let recv = Recv {
+            kind,
+            from: filter,
+            buf,
+            size,
+            context,
+            flags: flags & (Flags::COMPLETION | Flags::MULTI_RECV),
+        };
+        if !flags.contains(Flags::MULTI_RECV) {
+            return self.recv_one(en, recv);
+        }
         let mut g = en.inner.lock();
-        // A receive takes one waiting message; a multi-receive buffer as many as fit.
-        let (mut first, mut more) = (None, Vec::new());
-        g.engine.post(
-            Recv {
-                kind,
-                from: filter,
-                buf,
-                size,
-                context,
-                flags: flags & (Flags::COMPLETION | Flags::MULTI_RECV),
-            },
-            |_, id| match first {
-                None => first = Some(id),
-                Some(_) => more.push(id),
-            },
-        )?;
+        // A multi-receive buffer takes as many waiting messages as fit.
+        let mut took = Vec::new();
+        g.engine.post(recv, |_, id| took.push(id))?;
         let mut starts = Vec::new();
         let mut take = |g: &mut Inner, id: u32| {
             if g.engine.entry(id).owner == LOCAL_HOLDER {
@@ -2045,26 +2052,33 @@ impl RdmEndpoint {
                 deliver(en, g, id)
             }
         };
-        let done = first.map(|id| take(&mut g, id));
-        if more.is_empty() {
-            drop(g);
-            // The common case, a receive that waits for its message, calls nothing more.
-            if done.is_some() {
-                write_out(&en.rx_cq, done);
-            }
-            if !starts.is_empty() {
-                local::start_all(en, &starts);
-            }
-            return Ok(());
-        }
-        // A multi-receive buffer that took several waiting messages.
-        let rest: Vec<_> = more.into_iter().map(|id| take(&mut g, id)).collect();
+        let done: Vec<_> = took.into_iter().map(|id| take(&mut g, id)).collect();
         drop(g);
-        write_out(&en.rx_cq, done);
-        for d in rest {
+        for d in done {
             write_out(&en.rx_cq, Some(d));
         }
         local::start_all(en, &starts);
+        Ok(())
+    }
+
+    /// A receive that takes one message: it waits posted (the common case, which calls
+    /// nothing more), or takes the first waiting message it accepts.
+    #[inline(always)]
+    fn recv_one(&self, en: &Enabled, recv: Recv<RecvBuf>) -> Result<()> {
+        let mut g = en.inner.lock();
+        let id = match g.engine.post_one(recv)? {
+            Posted::Waiting(_) => return Ok(()),
+            Posted::Claimed(id) => id,
+        };
+        if g.engine.entry(id).owner == LOCAL_HOLDER {
+            let start = [(id, local::entry_of(en, &mut g, id))];
+            drop(g);
+            local::start_all(en, &start);
+            return Ok(());
+        }
+        let done = deliver(en, &mut g, id);
+        drop(g);
+        write_out(&en.rx_cq, Some(done));
         Ok(())
     }
 
@@ -2427,8 +2441,14 @@ fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
 /// Posts send buffer `slot` on connection `c`. A quiet eager send (nothing to report, no
 /// notice to wait for) goes unsignalled while its connection and the endpoint have room
 /// for one more: a productive CQ poll less per message.
-#[inline]
+#[inline(never)]
 fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
+    post_on_inline(en, g, c, slot)
+}
+
+/// `post_on`, inlined where one eager send posts its buffer.
+#[inline(always)]
+fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     let m = &g.tx[slot as usize];
     let quiet = m.quiet && m.rndv == NONE && !m.part && !m.rma && !en.tx_counted;
     let wire = m.wire as usize;
@@ -2683,13 +2703,21 @@ struct Took {
 /// a read is under way.
 #[inline(always)]
 fn deliver(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
+    let m = g.rx[g.engine.entry(id).owner as usize];
+    deliver_as(en, g, id, m)
+}
+
+/// `deliver`, with the message's `RxMeta` from the caller (an arrival matched at once
+/// never stores it in its holder).
+#[inline(always)]
+fn deliver_as(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> {
     let e = g.engine.entry(id);
     if !e.kind.peer() {
-        return deliver_one(en, g, id);
+        return deliver_one(en, g, id, m);
     }
     // A peer's transfer completes to its link, never on the CQ.
     let from = e.addr;
-    match deliver_one(en, g, id)? {
+    match deliver_one(en, g, id, m)? {
         Ok((c, src)) => to_transfer(en, Ok(c), src),
         Err(c) => to_transfer(en, Err(c), from),
     }
@@ -2751,10 +2779,9 @@ fn claimed(en: &Enabled, g: &mut Inner, id: u32) -> Claimed {
 /// `deliver` of an entry of either kind (the caller routes the completion). An eager
 /// message is copied here; an announced one is read by `deliver_announced`, out of line so
 /// that the eager path keeps a small frame.
-fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
-    let holder = g.engine.entry(id).owner as usize;
-    if let Some(rts) = g.rx[holder].rts {
-        return deliver_announced(en, g, id, rts);
+fn deliver_one(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> {
+    if let Some(rts) = m.rts {
+        return deliver_announced(en, g, id, m, rts);
     }
     let Claimed {
         e,
@@ -2787,7 +2814,7 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
     let _ = g.engine.free(id);
     let RxMeta {
         data, ack, conn, ..
-    } = g.rx[slot as usize];
+    } = m;
     release_holder(en, g, slot);
     let failed = copied.err().map(|_| errno::EIO);
     if let Some(id) = ack {
@@ -2803,7 +2830,7 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32) -> Option<Done> {
 /// `deliver_one` of an announced message (`rts`): its ranges are read into the receive's
 /// buffer, in pieces within the endpoint's read budget, and the sender told once done.
 #[inline(never)]
-fn deliver_announced(en: &Enabled, g: &mut Inner, id: u32, rts: Rts) -> Option<Done> {
+fn deliver_announced(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta, rts: Rts) -> Option<Done> {
     let Claimed {
         e,
         ebuf,
@@ -2813,7 +2840,6 @@ fn deliver_announced(en: &Enabled, g: &mut Inner, id: u32, rts: Rts) -> Option<D
         quiet,
         n,
     } = claimed(en, g, id);
-    let m = g.rx[slot as usize];
     let _ = g.engine.free(id);
     // A gathered announcement's ranges are read before its buffer goes back.
     let remote = remote_of(en, g, slot, &rts, m.ranges);
@@ -2900,11 +2926,28 @@ fn deliver_announced(en: &Enabled, g: &mut Inner, id: u32, rts: Rts) -> Option<D
     None
 }
 
-/// The announcement in a message's `body` (of `len` bytes in all), with the number of
-/// ranges it lists after its head (kept off the eager path).
+/// The announcement in bounce buffer `id` (`got` bytes received, `len` after the header),
+/// with the number of ranges it lists after its head (kept off the eager path).
 #[inline(never)]
-fn announcement(body: &[u8], len: u32) -> Result<(Rts, u8)> {
-    Ok((Rts::decode(body)?, Rts::ranges_in(len as usize)? as u8))
+fn announcement(en: &Enabled, id: u32, got: usize, len: u32) -> Result<(Rts, u8)> {
+    let (b, n) = body_head(en, id, got);
+    Ok((Rts::decode(&b[..n])?, Rts::ranges_in(len as usize)? as u8))
+}
+
+/// The first bytes after the header of the message in bounce buffer `id` (`got` bytes
+/// received): a notice, or an announcement's head. Bytes past the message are not returned.
+#[inline(never)]
+fn body_head(en: &Enabled, id: u32, got: usize) -> ([u8; Rts::LEN], usize) {
+    let mut b = [0u8; Rts::LEN];
+    let n = got.saturating_sub(Header::LEN).min(b.len());
+    // Inside the pool: every bounce buffer holds more than a header and an announcement.
+    match en
+        .rx_pool
+        .read_at(id as usize * en.slot + Header::LEN, &mut b)
+    {
+        Ok(()) => (b, n),
+        Err(_) => (b, 0),
+    }
 }
 
 /// The ranges announced message `rts` (in holder `slot`, listing `ranges` after its head)
@@ -3142,7 +3185,7 @@ fn spill_slot(g: &mut Inner, len: usize) -> Result<usize> {
 /// A message arrives at the receive engine from `holder` (bounce buffer or copy aside);
 /// an engine full of unexpected messages (more than planned for, set aside) grows rather
 /// than drop one.
-#[inline]
+#[inline(always)]
 fn arrive(
     g: &mut Inner,
     kind: RxKind,
@@ -3151,14 +3194,27 @@ fn arrive(
     size: usize,
     holder: u32,
 ) -> Result<Arrival> {
+    match g.engine.arrive(kind, addr, tag, size, holder as u64) {
+        Ok(a) => Ok(a),
+        Err(_) => arrive_grown(g, kind, addr, tag, size, holder),
+    }
+}
+
+/// `arrive` once the engine had no free entry: it doubles, and the arrival tries again.
+#[cold]
+#[inline(never)]
+fn arrive_grown(
+    g: &mut Inner,
+    kind: RxKind,
+    addr: u64,
+    tag: u64,
+    size: usize,
+    holder: u32,
+) -> Result<Arrival> {
+    let n = g.engine.capacity();
     g.engine
-        .arrive(kind, addr, tag, size, holder as u64)
-        .or_else(|_| {
-            let n = g.engine.capacity();
-            g.engine
-                .grow(n)
-                .and_then(|()| g.engine.arrive(kind, addr, tag, size, holder as u64))
-        })
+        .grow(n)
+        .and_then(|()| g.engine.arrive(kind, addr, tag, size, holder as u64))
 }
 
 /// A segment of a segmented message on queue pair `qpn`, in bounce buffer `id`: copied
@@ -3793,15 +3849,14 @@ fn finish_failed(en: &Enabled) {
 #[inline]
 fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     let mut g = en.inner.lock();
-    let mut hdr = [0u8; Header::LEN + Rts::LEN];
-    let off = id as usize * en.slot;
-    let got = (wc.byte_len() as usize).min(hdr.len());
-    // The whole array (a bounce buffer holds at least 256 bytes): a fixed-size copy, no
-    // call; what lies past the message is stale and `decode` sees only `got` bytes.
+    // The header alone (a bounce buffer holds at least 256 bytes): a fixed-size copy, no
+    // call; what lies past the message is stale and `decode` checks the length received.
+    let mut hdr = [0u8; Header::LEN];
+    let got = wc.byte_len() as usize;
     let parsed = en
         .rx_pool
-        .read_at(off, &mut hdr)
-        .and_then(|_| Header::decode(&hdr[..got], wc.byte_len() as usize));
+        .read_at(id as usize * en.slot, &mut hdr)
+        .and_then(|_| Header::decode(&hdr, got));
     let h = match parsed {
         Ok(h) => h,
         Err(e) => {
@@ -3810,16 +3865,16 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
             return None;
         }
     };
-    let body = &hdr[Header::LEN..got];
     if h.op == Op::Fin {
-        return notice(en, g, id, body);
+        let (b, n) = body_head(en, id, got);
+        return notice(en, g, id, &b[..n]);
     }
     if h.op == Op::ReadEvent {
         drop(g);
         return rma::remote_read(en, id);
     }
     let (rts, ranges) = match h.op {
-        Op::RtsMsg | Op::RtsTag => match announcement(body, h.len) {
+        Op::RtsMsg | Op::RtsTag => match announcement(en, id, got, h.len) {
             Ok((r, n)) => (Some(r), n),
             Err(e) => {
                 crate::fi_warn!("rdm", "dropping a message: {e}");
@@ -3855,7 +3910,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     }
     let kind = RxKind::of(h.op.tagged(), h.peer);
     let size = rts.map_or(h.len as usize, |r| r.size as usize);
-    g.rx[id as usize] = RxMeta {
+    let meta = RxMeta {
         data: h.data,
         rts,
         ack: h.ack,
@@ -3864,8 +3919,10 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         ranges,
     };
     match arrive(&mut g, kind, addr, h.tag, size, id) {
-        Ok(Arrival::Matched(e)) => to_owned(deliver(en, &mut g, e)),
+        // Delivered now: the holder's `RxMeta` is never read (its `held` stays false).
+        Ok(Arrival::Matched(e)) => to_owned(deliver_as(en, &mut g, e, meta)),
         Ok(Arrival::Unexpected(e)) => {
+            g.rx[id as usize] = meta;
             unexpected(
                 en,
                 &mut g,
