@@ -706,8 +706,7 @@ mod tests {
         };
         e.queue(u).unwrap();
         // A tag the message does not carry waits; the one it carries claims it.
-        let Posted::Waiting(w) = e.post_one(recv(Kind::Tag, tagged(8, 0), 64, 2)).unwrap()
-        else {
+        let Posted::Waiting(w) = e.post_one(recv(Kind::Tag, tagged(8, 0), 64, 2)).unwrap() else {
             panic!()
         };
         assert_eq!(e.posted(Kind::Tag), 1);
