@@ -2831,15 +2831,8 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> 
 /// buffer, in pieces within the endpoint's read budget, and the sender told once done.
 #[inline(never)]
 fn deliver_announced(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta, rts: Rts) -> Option<Done> {
-    let Claimed {
-        e,
-        ebuf,
-        slot,
-        flags,
-        buf,
-        quiet,
-        n,
-    } = claimed(en, g, id);
+    let c = claimed(en, g, id);
+    let (e, ebuf, slot, flags, buf, quiet, n) = (c.e, c.ebuf, c.slot, c.flags, c.buf, c.quiet, c.n);
     let _ = g.engine.free(id);
     // A gathered announcement's ranges are read before its buffer goes back.
     let remote = remote_of(en, g, slot, &rts, m.ranges);
@@ -3194,27 +3187,38 @@ fn arrive(
     size: usize,
     holder: u32,
 ) -> Result<Arrival> {
+    let a = Arrive {
+        kind,
+        addr,
+        tag,
+        size,
+        holder,
+    };
     match g.engine.arrive(kind, addr, tag, size, holder as u64) {
-        Ok(a) => Ok(a),
-        Err(_) => arrive_grown(g, kind, addr, tag, size, holder),
+        Ok(r) => Ok(r),
+        Err(_) => arrive_grown(g, a),
     }
 }
 
-/// `arrive` once the engine had no free entry: it doubles, and the arrival tries again.
-#[cold]
-#[inline(never)]
-fn arrive_grown(
-    g: &mut Inner,
+/// An arrival's particulars, for [`arrive_grown`].
+#[derive(Clone, Copy)]
+struct Arrive {
     kind: RxKind,
     addr: u64,
     tag: u64,
     size: usize,
     holder: u32,
-) -> Result<Arrival> {
+}
+
+/// `arrive` once the engine had no free entry: it doubles, and the arrival tries again.
+#[cold]
+#[inline(never)]
+fn arrive_grown(g: &mut Inner, a: Arrive) -> Result<Arrival> {
     let n = g.engine.capacity();
-    g.engine
-        .grow(n)
-        .and_then(|()| g.engine.arrive(kind, addr, tag, size, holder as u64))
+    g.engine.grow(n).and_then(|()| {
+        g.engine
+            .arrive(a.kind, a.addr, a.tag, a.size, a.holder as u64)
+    })
 }
 
 /// A segment of a segmented message on queue pair `qpn`, in bounce buffer `id`: copied
