@@ -88,29 +88,39 @@ impl<T> AvTable<T> {
     }
 
     fn slot(&self, addr: u64) -> Option<usize> {
-        let (slot, generation) = if self.map {
-            ((addr & 0xffff_ffff) as usize, (addr >> 32) as u32)
+        self.entry(addr)?;
+        self.decode(addr).map(|(slot, _)| slot)
+    }
+
+    /// The slot and generation `addr` names.
+    #[inline(always)]
+    fn decode(&self, addr: u64) -> Option<(usize, u32)> {
+        if self.map {
+            Some(((addr & 0xffff_ffff) as usize, (addr >> 32) as u32))
         } else {
-            (usize::try_from(addr).ok()?, 0)
-        };
-        match self.slots.get(slot)? {
-            Some(e) if !self.map || e.generation == generation => Some(slot),
-            _ => None,
+            Some((usize::try_from(addr).ok()?, 0))
         }
     }
 
     /// The transport data of `addr`, or `None` for an address not (or no longer) in the table.
     #[inline]
     pub fn get(&self, addr: u64) -> Option<&T> {
-        self.slot(addr)
-            .and_then(|s| self.slots[s].as_ref())
-            .map(|e| &e.data)
+        self.entry(addr).map(|e| &e.data)
+    }
+
+    /// The entry at `addr`, found with one index (a send's lookup).
+    #[inline(always)]
+    fn entry(&self, addr: u64) -> Option<&Entry<T>> {
+        let (slot, generation) = self.decode(addr)?;
+        self.slots
+            .get(slot)?
+            .as_ref()
+            .filter(|e| !self.map || e.generation == generation)
     }
 
     /// The name inserted for `addr` (`fi_av_lookup`).
     pub fn name(&self, addr: u64) -> Result<&[u8]> {
-        self.slot(addr)
-            .and_then(|s| self.slots[s].as_ref())
+        self.entry(addr)
             .map(|e| &e.name[..])
             .ok_or_else(|| bad_addr(addr))
     }

@@ -3,8 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
+use rfabric_sys::lock::{ReadGuard, RwLock, WriteGuard};
 use rfabric_sys::verbs::{AddressHandle, UdDest};
 
 use crate::core::addr::fill_name;
@@ -261,12 +262,12 @@ impl AddressVector {
     }
 
     #[inline(always)]
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, AvTable<Dest>> {
-        self.table.read().unwrap_or_else(|p| p.into_inner())
+    fn read(&self) -> ReadGuard<'_, AvTable<Dest>> {
+        self.table.read()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AvTable<Dest>> {
-        self.table.write().unwrap_or_else(|p| p.into_inner())
+    fn write(&self) -> WriteGuard<'_, AvTable<Dest>> {
+        self.table.write()
     }
 }
 

@@ -338,38 +338,66 @@ pub(crate) fn status_errno(status: u32) -> i32 {
     }
 }
 
-/// Completion flags for a successful work completion.
-#[inline]
-fn wc_flags(wc: &WorkCompletion) -> Flags {
-    // Only a receive's immediate data is the peer's CQ data: rxe also marks an initiator's
-    // send or write with immediate data.
-    match wc.opcode() {
-        op::IBV_WC_SEND => Flags::MSG | Flags::SEND,
-        op::IBV_WC_RECV if wc.imm_data().is_some() => {
-            Flags::MSG | Flags::RECV | Flags::REMOTE_CQ_DATA
-        }
-        op::IBV_WC_RECV => Flags::MSG | Flags::RECV,
-        op::IBV_WC_RDMA_WRITE => Flags::RMA | Flags::WRITE,
-        op::IBV_WC_RDMA_READ => Flags::RMA | Flags::READ,
-        op::IBV_WC_RECV_RDMA_WITH_IMM => Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA,
-        _ => Flags::empty(),
+/// Completion flags for a successful work completion, and whether it carries a length
+/// (a receive's). Receive opcodes have bit 7 set (`IBV_WC_RECV` = 128), so one test splits
+/// them from the initiator's, which index a table.
+#[inline(always)]
+fn wc_flags(wc: &WorkCompletion) -> (Flags, bool) {
+    const INITIATOR: [Flags; 4] = [
+        Flags::MSG.union(Flags::SEND),  // IBV_WC_SEND
+        Flags::RMA.union(Flags::WRITE), // IBV_WC_RDMA_WRITE
+        Flags::RMA.union(Flags::READ),  // IBV_WC_RDMA_READ
+        Flags::empty(),                 // IBV_WC_COMP_SWAP (never posted)
+    ];
+    const _: () = assert!(
+        op::IBV_WC_SEND == 0
+            && op::IBV_WC_RDMA_WRITE == 1
+            && op::IBV_WC_RDMA_READ == 2
+            && op::IBV_WC_RECV == 128
+            && op::IBV_WC_RECV_RDMA_WITH_IMM == 129
+    );
+    let o = wc.opcode();
+    if o & op::IBV_WC_RECV == 0 {
+        // Only a receive's immediate data is the peer's CQ data: rxe also marks an
+        // initiator's send or write with immediate data.
+        return (
+            if o < 4 {
+                INITIATOR[o as usize]
+            } else {
+                Flags::empty()
+            },
+            false,
+        );
+    }
+    let imm = if wc.imm_data().is_some() {
+        Flags::REMOTE_CQ_DATA
+    } else {
+        Flags::empty()
+    };
+    match o {
+        op::IBV_WC_RECV => (Flags::MSG | Flags::RECV | imm, true),
+        op::IBV_WC_RECV_RDMA_WITH_IMM => (
+            Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA,
+            true,
+        ),
+        _ => (Flags::empty(), false),
     }
 }
 
 /// Translates a successful work completion into a CQ entry: the fast path's whole work.
 #[inline]
 pub fn to_entry(wc: &WorkCompletion) -> CqEntry {
-    let flags = wc_flags(wc);
+    let (flags, received) = wc_flags(wc);
     CqEntry {
         op_context: wr_id::context(wc.wr_id()),
         flags: flags.bits(),
-        len: if flags.intersects(Flags::RECV | Flags::REMOTE_WRITE) {
-            wc.byte_len() as usize
+        len: if received { wc.byte_len() as usize } else { 0 },
+        buf: 0,
+        data: if received {
+            u64::from(wc.imm_data().unwrap_or(0))
         } else {
             0
         },
-        buf: 0,
-        data: u64::from(wc.imm_data().unwrap_or(0)),
         tag: 0,
     }
 }
@@ -1802,6 +1830,10 @@ mod tests {
         ] {
             let e = to_entry(&WorkCompletion::new(4, st::IBV_WC_SUCCESS, o, 0, Some(3)));
             assert_eq!(e.flags(), f, "opcode {o}");
+            assert_eq!(
+                e.data, 0,
+                "opcode {o}: an initiator's immediate data is not CQ data"
+            );
         }
     }
 

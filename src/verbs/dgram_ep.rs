@@ -95,6 +95,9 @@ pub struct DgramEndpoint {
 struct PlainRx {
     cq: Arc<CompletionQueue>,
     grh: Sge,
+    /// The work request id bits of a receive posted with the default flags (`fi_recv`),
+    /// or 0 when those flags send it the general way.
+    recv_base: u64,
 }
 
 impl Drop for DgramEndpoint {
@@ -353,15 +356,24 @@ impl DgramEndpoint {
             let grh = self.grh.get().and_then(|m| m.sys().sge(0, GRH_LEN));
             match grh {
                 Some(grh) => {
+                    let flags = self.info.rx_attr.op_flags;
+                    let recv_base = if (flags - Flags::COMPLETION).is_empty() {
+                        let suppressed = self.signalling.recv_suppressed(flags);
+                        wr_id::encode(0, Kind::DgramPlain, suppressed)
+                    } else {
+                        0
+                    };
                     let _ = self.plain_rx.set(PlainRx {
                         cq: rx.clone(),
                         grh,
+                        recv_base,
                     });
                 }
                 None => rx.release_plain_ud(),
             }
         }
         let _ = self.qp.set(qp);
+        self.signalling.set_tx_depth(got.max_send_wr);
         let _ = self.caps.set(got);
         Ok(())
     }
@@ -487,10 +499,9 @@ impl DgramEndpoint {
     /// The work request id and verbs flags of a send (signalled as `flags` ask).
     #[inline(always)]
     fn send_slot(&self, context: u64, imm: Option<u32>, flags: Flags) -> (u64, u32) {
-        let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
         let kind = wr_id::send_kind(imm);
         self.signalling
-            .send(wr_id::encode(context, kind, false), flags, depth)
+            .send(wr_id::encode(context, kind, false), flags)
     }
 
     /// `fi_senddata`: a send carrying 4 bytes of remote CQ data.
@@ -626,10 +637,7 @@ impl DgramEndpoint {
         check_inject(data.len(), self.inject_size())?;
         let qp = self.qp()?;
         let kind = wr_id::send_kind(imm);
-        let depth = self.caps.get().map_or(1, |c| c.max_send_wr);
-        let (id, vflags) = self
-            .signalling
-            .unsignaled(wr_id::encode(0, kind, false), depth);
+        let (id, vflags) = self.signalling.unsignaled(wr_id::encode(0, kind, false));
         self.sends.ring(qp, &|| lock(&self.ctl).cqs.tx_cq.clone())?;
         self.to_peer(dest, |to| qp.post_ud_inline(id, data, vflags, imm, to))?
             .map_err(|e| post_error(e, "send"))
@@ -646,17 +654,15 @@ impl DgramEndpoint {
     /// mode the first 40 bytes receive the GRH and the length reported includes them.
     #[inline(always)]
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
-        let flags = self.info.rx_attr.op_flags;
         // A plain receive (room for any datagram, on an endpoint whose CQ reports them: no
-        // prefix, no GRH kept for FI_SOURCE): the provider's GRH slot and the range, straight.
-        if (flags - Flags::COMPLETION).is_empty() && len >= self.max_msg_size {
-            if let Some(plain) = self.plain_rx.get() {
+        // prefix, no GRH kept for FI_SOURCE, default flags): the provider's GRH slot and the
+        // range, straight.
+        if let Some(plain) = self.plain_rx.get().filter(|p| p.recv_base != 0) {
+            if len >= self.max_msg_size {
                 wr_id::check(context)?;
                 let qp = self.qp()?;
-                let suppressed = self.signalling.recv_suppressed(flags);
-                let id = wr_id::encode(context, Kind::DgramPlain, suppressed);
                 let sges = [plain.grh, region_sge(mr, &self.domain, offset, len)?];
-                qp.post_recv(id, &sges)
+                qp.post_recv(context | plain.recv_base, &sges)
                     .map_err(|e| post_error(e, "receive"))?;
                 let before = self.plain_posted.fetch_add(1, Ordering::Relaxed);
                 if before != 0
@@ -668,7 +674,7 @@ impl DgramEndpoint {
                 return Ok(());
             }
         }
-        self.recvmsg(mr, offset, len, context, flags)
+        self.recvmsg(mr, offset, len, context, self.info.rx_attr.op_flags)
     }
 
     /// `fi_recvmsg` with one range: `FI_COMPLETION` under selective completion, `FI_MORE`

@@ -1,7 +1,7 @@
 //! What every verbs endpoint has: its CQ and counter bindings, how its sends are signalled, and the
 //! checks and translations of its data calls (flags, ranges, immediate data, full queues).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rfabric_sys::verbs::{
@@ -107,16 +107,37 @@ impl Drop for CqBinding {
 }
 
 /// `FI_SELECTIVE_COMPLETION` per direction, and the bound on unsignalled sends.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Signalling {
-    tx_selective: AtomicBool,
+    /// How sends are signalled: `tx_mode::*` bits, one load per send.
+    tx_mode: AtomicU8,
     rx_selective: AtomicBool,
     /// Unsignalled sends since the last signalled one: bounded, so that the send queue
     /// (whose entries a signalled completion frees) never fills with unsignalled work.
     unsignaled: AtomicU32,
+    /// Unsignalled sends allowed in a row: half the send queue, set at enable
+    /// ([`Self::set_tx_depth`]), so that a send divides nothing.
+    every: AtomicU32,
+}
+
+impl Default for Signalling {
+    fn default() -> Self {
+        Signalling {
+            tx_mode: AtomicU8::new(0),
+            rx_selective: AtomicBool::new(false),
+            unsignaled: AtomicU32::new(0),
+            every: AtomicU32::new(1),
+        }
+    }
+}
+
+/// Bits of [`Signalling`]'s `tx_mode`.
+mod tx_mode {
+    /// `FI_SELECTIVE_COMPLETION` on the transmit binding.
+    pub(super) const SELECTIVE: u8 = 1;
     /// A counter counts sends, reads or writes: every one is signalled (its completion
     /// suppressed when no CQ entry is due), so the CQ can count it.
-    tx_counted: AtomicBool,
+    pub(super) const COUNTED: u8 = 2;
 }
 
 impl Signalling {
@@ -156,7 +177,7 @@ impl Signalling {
         if dirs.contains(Flags::TRANSMIT) {
             cq.bind()?;
             c.tx_cq = Some(cq.clone());
-            self.tx_selective.store(selective, Ordering::Release);
+            self.set_tx_mode(tx_mode::SELECTIVE, selective);
         }
         if dirs.contains(Flags::RECV) {
             if let Err(e) = cq.bind() {
@@ -188,8 +209,7 @@ impl Signalling {
         }
         // RMA events are RDM's only (an RC write leaves its target no trace to count).
         c.bind_cntr(cntr, flags, false)?;
-        self.tx_counted
-            .store(c.cntrs.counts_transmits(), Ordering::Release);
+        self.set_tx_mode(tx_mode::COUNTED, c.cntrs.counts_transmits());
         Ok(())
     }
 
@@ -203,34 +223,46 @@ impl Signalling {
         self.rx_selective() && !flags.contains(Flags::COMPLETION)
     }
 
-    /// The work request id and signalling of a send: signalled when a completion is due
-    /// (no selective completion, or `FI_COMPLETION` asked), else counted as unsignalled.
-    #[inline]
-    pub(crate) fn send(&self, id: u64, flags: Flags, depth: u32) -> (u64, u32) {
-        if !self.tx_selective.load(Ordering::Relaxed) || flags.contains(Flags::COMPLETION) {
-            (id, send_flags::SIGNALED)
+    fn set_tx_mode(&self, bit: u8, on: bool) {
+        if on {
+            self.tx_mode.fetch_or(bit, Ordering::Release);
         } else {
-            self.unsignaled(id, depth)
+            self.tx_mode.fetch_and(!bit, Ordering::Release);
         }
     }
 
-    /// Whether every send and RMA operation must be signalled for a counter.
+    /// The send queue's depth, granted at enable: it bounds unsignalled sends to half.
+    pub(crate) fn set_tx_depth(&self, depth: u32) {
+        self.every.store((depth / 2).max(1), Ordering::Relaxed);
+    }
+
+    /// The work request id and signalling of a send: signalled when a completion is due
+    /// (no selective completion, or `FI_COMPLETION` asked), else counted as unsignalled.
     #[inline]
-    fn counted(&self) -> bool {
-        self.tx_counted.load(Ordering::Relaxed)
+    pub(crate) fn send(&self, id: u64, flags: Flags) -> (u64, u32) {
+        let mode = self.tx_mode.load(Ordering::Relaxed);
+        if mode & tx_mode::SELECTIVE == 0 || flags.contains(Flags::COMPLETION) {
+            (id, send_flags::SIGNALED)
+        } else {
+            self.unsignaled_in(mode, id)
+        }
     }
 
     /// The work request id and signalling of a send that reports no completion: every
     /// `depth / 2`-th one is signalled anyway (its completion suppressed) to free the queue,
     /// and every one while a counter counts it.
     #[inline]
-    pub(crate) fn unsignaled(&self, id: u64, depth: u32) -> (u64, u32) {
-        if self.counted() {
+    pub(crate) fn unsignaled(&self, id: u64) -> (u64, u32) {
+        self.unsignaled_in(self.tx_mode.load(Ordering::Relaxed), id)
+    }
+
+    #[inline(always)]
+    fn unsignaled_in(&self, mode: u8, id: u64) -> (u64, u32) {
+        if mode & tx_mode::COUNTED != 0 {
             return (id | wr_id::SUPPRESSED, send_flags::SIGNALED);
         }
-        let every = (depth / 2).max(1);
         let n = self.unsignaled.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= every {
+        if n >= self.every.load(Ordering::Relaxed) {
             self.unsignaled.store(0, Ordering::Relaxed);
             (id | wr_id::SUPPRESSED, send_flags::SIGNALED)
         } else {

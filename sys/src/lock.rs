@@ -5,6 +5,9 @@
 //! poisoning (a check of the global panic count on each side); an RDM round trip takes
 //! three. rfabric's users of this lock recover from a poisoned lock anyway (their state is
 //! consistent between calls), so there is nothing to poison.
+//!
+//! [`RwLock`] is its reader-writer form, for tables that every operation reads and few
+//! change (an address vector): a compare-and-swap to read, a subtraction to leave.
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
@@ -158,6 +161,240 @@ impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for LockGuard<'_, T> {
     }
 }
 
+/// Readers in a [`RwLock`]'s state word (its low bits).
+const READERS: u32 = (1 << 29) - 1;
+/// A writer waits to take the [`RwLock`]: new readers wait behind it, so that a stream of
+/// readers cannot starve it.
+const WRITER_WAITING: u32 = 1 << 29;
+/// A writer holds the [`RwLock`].
+const WRITER: u32 = 1 << 30;
+/// A thread may sleep on the [`RwLock`]'s word: whoever frees it for them wakes them all.
+const WAITING: u32 = 1 << 31;
+
+/// A reader-writer lock around `T`, as `std::sync::RwLock` without poisoning. Readers go
+/// in while no writer holds it or waits for it; a writer waits for the readers in it to
+/// leave. As with `std`'s, a thread that reads again while it reads may deadlock.
+pub struct RwLock<T: ?Sized> {
+    state: AtomicU32,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: as `std::sync::RwLock<T>`: `&mut T` to one writer at a time, `&T` to readers
+// (several threads at once, hence `T: Sync` to share it).
+unsafe impl<T: ?Sized + Send> Send for RwLock<T> {}
+// SAFETY: as above.
+unsafe impl<T: ?Sized + Send + Sync> Sync for RwLock<T> {}
+
+impl<T> RwLock<T> {
+    pub const fn new(value: T) -> Self {
+        RwLock {
+            state: AtomicU32::new(0),
+            value: UnsafeCell::new(value),
+        }
+    }
+}
+
+/// Whether a reader may enter at state `s`: one test, the count's top bit standing for
+/// "full" (2^28 readers at most).
+#[inline(always)]
+fn readable(s: u32) -> bool {
+    s & (WRITER | WRITER_WAITING | (1 << 28)) == 0
+}
+
+impl<T: ?Sized> RwLock<T> {
+    /// Takes the lock to read, sleeping while a writer holds it or waits for it.
+    #[inline(always)]
+    pub fn read(&self) -> ReadGuard<'_, T> {
+        let s = self.state.load(Ordering::Relaxed);
+        if !readable(s)
+            || self
+                .state
+                .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            self.read_contended();
+        }
+        ReadGuard { lock: self }
+    }
+
+    /// Takes the lock to write, sleeping while readers or a writer hold it.
+    #[inline]
+    pub fn write(&self) -> WriteGuard<'_, T> {
+        if self
+            .state
+            .compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.write_contended();
+        }
+        WriteGuard { lock: self }
+    }
+
+    /// The value, through exclusive access to the lock (no locking needed).
+    pub fn get_mut(&mut self) -> &mut T {
+        self.value.get_mut()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn read_contended(&self) {
+        self.acquire(readable, |s| s + 1, 0);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn write_contended(&self) {
+        // Taking it clears WRITER_WAITING: another waiting writer sets it again.
+        self.acquire(
+            |s| s & (WRITER | READERS) == 0,
+            |s| (s & !WRITER_WAITING) | WRITER,
+            WRITER_WAITING,
+        );
+    }
+
+    /// Moves the state from `s` to `take(s)` once `free(s)`: a short spin, then sleeps,
+    /// each announced by `WAITING` (and `announce`) so that the holder's release wakes the
+    /// sleepers.
+    fn acquire(&self, free: impl Fn(u32) -> bool, take: impl Fn(u32) -> u32, announce: u32) {
+        let mut spins = 0;
+        loop {
+            let s = self.state.load(Ordering::Relaxed);
+            if free(s) {
+                if self
+                    .state
+                    .compare_exchange_weak(s, take(s), Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return;
+                }
+                continue;
+            }
+            if spins < 100 {
+                spins += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            let w = s | WAITING | announce;
+            if s == w
+                || self
+                    .state
+                    .compare_exchange(s, w, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                futex_wait(&self.state, w);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn read_unlock(&self) {
+        let prev = self.state.fetch_sub(1, Ordering::Release);
+        if prev & WAITING != 0 && prev & READERS == 1 {
+            self.wake_all();
+        }
+    }
+
+    #[inline(always)]
+    fn write_unlock(&self) {
+        if self.state.fetch_and(!(WRITER | WAITING), Ordering::Release) & WAITING != 0 {
+            futex_wake_all(&self.state);
+        }
+    }
+
+    /// The last reader out wakes the sleepers (writers waiting for it to leave).
+    #[cold]
+    #[inline(never)]
+    fn wake_all(&self) {
+        self.state.fetch_and(!WAITING, Ordering::Relaxed);
+        futex_wake_all(&self.state);
+    }
+}
+
+impl<T: Default> Default for RwLock<T> {
+    fn default() -> Self {
+        RwLock::new(T::default())
+    }
+}
+
+impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for RwLock<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RwLock")
+            .field("value", &&*self.read())
+            .finish()
+    }
+}
+
+/// Shared access to a [`RwLock`]'s value; dropping it leaves the lock.
+#[must_use = "the lock is left as soon as the guard is dropped"]
+pub struct ReadGuard<'a, T: ?Sized> {
+    lock: &'a RwLock<T>,
+}
+
+// SAFETY: a read guard gives only `&T`, which `T: Sync` lets threads share.
+unsafe impl<T: ?Sized + Sync> Sync for ReadGuard<'_, T> {}
+
+impl<T: ?Sized> Deref for ReadGuard<'_, T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        // SAFETY: no writer holds the lock while this reader is in it.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for ReadGuard<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl<T: ?Sized> Drop for ReadGuard<'_, T> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.lock.read_unlock();
+    }
+}
+
+/// Exclusive access to a [`RwLock`]'s value; dropping it releases the lock.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct WriteGuard<'a, T: ?Sized> {
+    lock: &'a RwLock<T>,
+}
+
+// SAFETY: a guard shared between threads gives only `&T` (as `RwLockWriteGuard`).
+unsafe impl<T: ?Sized + Sync> Sync for WriteGuard<'_, T> {}
+
+impl<T: ?Sized> Deref for WriteGuard<'_, T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        // SAFETY: this writer alone holds the lock.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T: ?Sized> DerefMut for WriteGuard<'_, T> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: this writer alone holds the lock, and `&mut self` makes this the only
+        // access through it.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for WriteGuard<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl<T: ?Sized> Drop for WriteGuard<'_, T> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.lock.write_unlock();
+    }
+}
+
 fn futex_wait(word: &AtomicU32, expected: u32) {
     // SAFETY: FUTEX_WAIT on a live, aligned u32 of this process; it returns at once if the
     // word no longer holds `expected`, and spurious returns are handled by the caller's loop.
@@ -180,6 +417,18 @@ fn futex_wake(word: &AtomicU32) {
             word.as_ptr(),
             libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
             1,
+        );
+    }
+}
+
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a live, aligned u32 of this process wakes every waiter.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
         );
     }
 }
@@ -220,5 +469,70 @@ mod tests {
         drop(g);
         assert_eq!(*l.try_lock().expect("free again"), 5);
         assert_eq!(l.into_inner(), 5);
+    }
+
+    #[test]
+    fn rwlock_readers_never_see_a_write_half_done() {
+        // Two writers keep a pair equal to (n, 2n) while three readers check it: a torn
+        // read, or a lost write, fails. Each writer's updates are counted.
+        let l = Arc::new(RwLock::new((0u64, 0u64)));
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let mut g = l.write();
+                        g.0 += 1;
+                        std::hint::spin_loop();
+                        g.1 = g.0 * 2;
+                    }
+                })
+            })
+            .collect();
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    let mut seen = 0;
+                    for _ in 0..50_000 {
+                        let g = l.read();
+                        assert_eq!(g.1, g.0 * 2, "a reader saw a write half done");
+                        seen = seen.max(g.0);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        for h in writers {
+            h.join().unwrap();
+        }
+        for h in readers {
+            assert!(h.join().unwrap() <= 40_000);
+        }
+        assert_eq!(*l.read(), (40_000, 80_000));
+        assert_eq!(
+            l.state.load(Ordering::Relaxed),
+            0,
+            "nothing left held or waiting"
+        );
+    }
+
+    #[test]
+    fn rwlock_readers_share_and_a_writer_waits_for_them() {
+        let l = Arc::new(RwLock::new(1));
+        let (a, b) = (l.read(), l.read());
+        assert_eq!(*a + *b, 2);
+        let w = {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                *l.write() = 7;
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(*a, 1, "the writer waits while readers are in");
+        drop((a, b));
+        w.join().unwrap();
+        assert_eq!(*l.read(), 7);
+        assert_eq!(l.state.load(Ordering::Relaxed), 0);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rfabric::core::cq::CqEntry;
+use rfabric::core::cq::CqMsgEntry;
 use rfabric::verbs::RmaIov;
 use rfabric::*;
 use rfabric_sys::clock::{cycles, cycles_per_us};
@@ -99,7 +99,7 @@ fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String
 #[inline(always)]
 fn poll(
     c: &Conn,
-    out: &mut [CqEntry],
+    out: &mut [CqMsgEntry],
     deadline: &mut Deadline,
     stalled: impl FnOnce() -> String,
 ) -> Result<usize, String> {
@@ -224,7 +224,7 @@ pub(crate) fn run_bw(
 ) -> Result<(f64, f64), String> {
     let deadline = &mut Deadline::after(timeout);
     let e = |e: Error| e.to_string();
-    let mut out = [CqEntry::default(); 16];
+    let mut out = [CqMsgEntry::default(); 16];
     if c.is_server {
         // Sends arrive one by one; writes and reads pass unseen, then a 0-byte message.
         let (want, len) = if test == Test::SendBw {

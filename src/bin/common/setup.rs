@@ -33,6 +33,17 @@ pub(crate) enum Ep {
 
 const TAG: u64 = 0x5eed;
 
+/// The tools' CQs: `FI_CQ_FORMAT_MSG`, the narrowest format with what they read (context,
+/// flags, length), as perftest reads what it needs of a work completion.
+const TOOL_CQ: CqAttr = CqAttr {
+    size: 0,
+    flags: Flags::empty(),
+    format: CqFormat::Msg,
+    wait_obj: WaitObj::None,
+    signaling_vector: 0,
+    wait_cond: CqWaitCond::None,
+};
+
 impl Ep {
     pub(super) fn send(&self, mr: &MemoryRegion, off: usize, len: usize, ctx: u64) -> Result<()> {
         match self {
@@ -126,7 +137,7 @@ pub(crate) struct Conn {
     pub(crate) info: Info,
     pub(crate) is_server: bool,
     /// Where the loops read completions: made once, not zeroed for every read.
-    pub(crate) entries: std::cell::RefCell<[rfabric::core::cq::CqEntry; 16]>,
+    pub(crate) entries: std::cell::RefCell<[rfabric::core::cq::CqMsgEntry; 16]>,
     /// The peer's receive buffer as an RMA target: its address and key (write tests).
     pub(crate) remote: Option<(u64, u64)>,
     _eq: Option<Arc<EventQueue>>,
@@ -319,7 +330,7 @@ fn endpoint(
     if let Some(i) = inline {
         info.tx_attr.inject_size = i.min(info.tx_attr.inject_size);
     }
-    let cq = CompletionQueue::open(domain, &CqAttr::default()).map_err(e)?;
+    let cq = CompletionQueue::open(domain, &TOOL_CQ).map_err(e)?;
     let ep = MsgEndpoint::open(domain, &info, 0).map_err(e)?;
     ep.bind_eq(eq).map_err(e)?;
     ep.bind_cq(&cq, send_bind(o, is_server)).map_err(e)?;
@@ -374,7 +385,7 @@ fn connect_ud(
     let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
     let domain = Domain::open(&fabric, &info).map_err(e)?;
     let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
-    let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
+    let cq = CompletionQueue::open(&domain, &TOOL_CQ).map_err(e)?;
     let ep = DgramEndpoint::open(&domain, &info).map_err(e)?;
     ep.bind_cq(&cq, send_bind(o, is_server)).map_err(e)?;
     ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
@@ -460,7 +471,7 @@ fn connect_rdm(
     let fabric = Fabric::open(&info.fabric_attr).map_err(e)?;
     let domain = Domain::open(&fabric, &info).map_err(e)?;
     let av = AddressVector::open(&domain, &AvAttr::default()).map_err(e)?;
-    let cq = CompletionQueue::open(&domain, &CqAttr::default()).map_err(e)?;
+    let cq = CompletionQueue::open(&domain, &TOOL_CQ).map_err(e)?;
     let ep = RdmEndpoint::open(&domain, &info).map_err(e)?;
     ep.bind_cq(&cq, send_bind(o, is_server)).map_err(e)?;
     ep.bind_cq(&cq, Flags::RECV).map_err(e)?;
@@ -521,7 +532,7 @@ fn first_contact(c: &Conn, timeout: std::time::Duration) -> Result<(), String> {
         // A local peer's first send may be -FI_EAGAIN (shm's connection handshake) until
         // both sides have made progress.
         let t = Instant::now();
-        let mut out = [rfabric::core::cq::CqEntry::default(); 1];
+        let mut out = [rfabric::core::cq::CqMsgEntry::default(); 1];
         loop {
             match ep.send_region(&c.tx, 0, 1, *peer, *tag, CONTACT, Flags::COMPLETION) {
                 Err(er) if er.is_again() && t.elapsed() < timeout => {
@@ -533,7 +544,7 @@ fn first_contact(c: &Conn, timeout: std::time::Duration) -> Result<(), String> {
         Flags::SEND
     };
     let t = Instant::now();
-    let mut out = [rfabric::core::cq::CqEntry::default(); 1];
+    let mut out = [rfabric::core::cq::CqMsgEntry::default(); 1];
     loop {
         match c.cq.read(&mut out) {
             Ok(1) if out[0].op_context == CONTACT && out[0].flags & want.bits() != 0 => {
