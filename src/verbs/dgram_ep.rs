@@ -62,6 +62,9 @@ pub struct DgramEndpoint {
     ctl: Mutex<Control>,
     /// `FI_MSG_PREFIX`: buffers start with `GRH_LEN` bytes of room for the provider.
     prefix: bool,
+    /// `fi_send` posts straight: its default flags hold nothing but `FI_COMPLETION` and
+    /// there is no prefix to skip (both fixed at open).
+    send_plain: bool,
     max_msg_size: usize,
     /// `FI_SOURCE` / `FI_SOURCE_ERR` in the endpoint's caps.
     source: bool,
@@ -172,6 +175,8 @@ impl DgramEndpoint {
             sends: SendBatch::default(),
             ctl: Mutex::default(),
             prefix: info.mode.contains(Mode::MSG_PREFIX),
+            send_plain: (info.tx_attr.op_flags - Flags::COMPLETION).is_empty()
+                && !info.mode.contains(Mode::MSG_PREFIX),
             max_msg_size,
             info: info.clone(),
             domain: domain.clone(),
@@ -449,7 +454,7 @@ impl DgramEndpoint {
     ) -> Result<()> {
         let flags = self.info.tx_attr.op_flags;
         // Nothing to apply but FI_COMPLETION, no prefix to skip, no chain to join: straight.
-        if (flags - Flags::COMPLETION).is_empty() && !self.prefix && !self.sends.is_open() {
+        if self.send_plain && !self.sends.is_open() {
             return self.send_one(mr, offset, len, dest, context, None, flags);
         }
         self.sendmsg(mr, offset, len, dest, context, 0, flags)

@@ -2619,8 +2619,9 @@ fn tx_error(m: &TxMeta, err: i32) -> CqErrEntry {
     }
 }
 
-/// A receive's completion and its source, or its error entry.
-type Done = std::result::Result<(CqEntry, u64), CqErrEntry>;
+/// A receive's completion and its source, or its error entry (boxed: the success, moved
+/// through each layer of a delivery, stays 64 bytes).
+type Done = std::result::Result<(CqEntry, u64), Box<CqErrEntry>>;
 
 /// Counts a receive that finished with `d` (`None`: a success selective completion keeps
 /// off the CQ) on the endpoint's receive counter; a peer's transfer is not the
@@ -2656,7 +2657,7 @@ fn recv_done(
         flags
     };
     if n < size || failed.is_some() {
-        return Some(Err(CqErrEntry {
+        return Some(Err(Box::new(CqErrEntry {
             op_context: context,
             flags: flags.bits(),
             len: n,
@@ -2666,7 +2667,7 @@ fn recv_done(
             olen: size - n,
             err: failed.unwrap_or(errno::ETRUNC),
             ..Default::default()
-        }));
+        })));
     }
     if quiet {
         return None;
@@ -2719,7 +2720,7 @@ fn deliver_as(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> {
     let from = e.addr;
     match deliver_one(en, g, id, m)? {
         Ok((c, src)) => to_transfer(en, Ok(c), src),
-        Err(c) => to_transfer(en, Err(c), from),
+        Err(c) => to_transfer(en, Err(*c), from),
     }
     None
 }
@@ -3372,7 +3373,7 @@ fn flush_fins(en: &Enabled, g: &mut Inner) {
 fn write_out(cq: &CompletionQueue, c: Option<Option<Done>>) {
     let r = match c.flatten() {
         Some(Ok((e, from))) => cq.write(e, from),
-        Some(Err(e)) => cq.writeerr(e),
+        Some(Err(e)) => cq.writeerr(*e),
         None => Ok(()),
     };
     if let Err(e) = r {
@@ -3384,7 +3385,7 @@ fn write_out(cq: &CompletionQueue, c: Option<Option<Done>>) {
 fn to_owned(c: Option<Done>) -> Option<Owned> {
     match c? {
         Ok((e, from)) => Some(Owned::Entry(e, from)),
-        Err(e) => Some(Owned::Errors(vec![e])),
+        Err(e) => Some(Owned::Errors(vec![*e])),
     }
 }
 
@@ -3812,7 +3813,7 @@ fn read_done(en: &Enabled, r: RndvRead) -> Option<Done> {
     if r.peer {
         match done {
             Some(Ok((c, src))) => to_transfer(en, Ok(c), src),
-            Some(Err(c)) => to_transfer(en, Err(c), r.from),
+            Some(Err(c)) => to_transfer(en, Err(*c), r.from),
             None => {}
         }
         return None;
