@@ -1057,9 +1057,21 @@ impl MsgEndpoint {
             vflags |= send_flags::FENCE;
         }
         if flags.contains(Flags::MORE) || self.shared.sends.is_open() {
-            // An inject's buffer is free on return: it ends the batch.
+            // `FI_MORE`: chain it, and post the chain with one doorbell once a send without
+            // `FI_MORE` ends the batch (or the chain is full). An inject's buffer is free on
+            // return: it ends the batch.
             let more = flags.contains(Flags::MORE) && !flags.contains(Flags::INJECT);
-            return self.chain_send(qp, id, mr, offset, len, vflags, imm, more);
+            let cq = || self.shared.ctl().cqs.tx_cq.clone();
+            return self.shared.sends.add(qp, more, &cq, |ch| {
+                qp.chain_send(ch, id, mr.sys(), offset, len, vflags, imm, None)
+                    .map_err(|e| {
+                        if e == libc::EINVAL {
+                            mr.range_error(offset, len)
+                        } else {
+                            post_error(e, "send")
+                        }
+                    })
+            });
         }
         qp.post_send_mr(id, mr.sys(), offset, len, vflags, imm)
             .map_err(|e| region_post_error(e, mr, offset, len, "send"))
@@ -1381,33 +1393,6 @@ impl MsgEndpoint {
             .multi_active
             .store(!m.is_idle(), Ordering::Release);
         r
-    }
-
-    /// `FI_MORE` on a send: chain it, and post the chain with one doorbell once a send
-    /// without `FI_MORE` ends the batch (or the chain is full).
-    #[allow(clippy::too_many_arguments)]
-    fn chain_send(
-        &self,
-        qp: &QpHandle,
-        id: u64,
-        mr: &MemoryRegion,
-        offset: usize,
-        len: usize,
-        vflags: u32,
-        imm: Option<u32>,
-        more: bool,
-    ) -> Result<()> {
-        let cq = || self.shared.ctl().cqs.tx_cq.clone();
-        self.shared.sends.add(qp, more, &cq, |ch| {
-            qp.chain_send(ch, id, mr.sys(), offset, len, vflags, imm, None)
-                .map_err(|e| {
-                    if e == libc::EINVAL {
-                        mr.range_error(offset, len)
-                    } else {
-                        post_error(e, "send")
-                    }
-                })
-        })
     }
 
     /// Posts any sends still chained, before an operation that must not pass them.
