@@ -1662,17 +1662,37 @@ impl RdmEndpoint {
         flags: Flags,
     ) -> Result<()> {
         wr_id::check(context)?;
-        check_send_flags(flags)?;
         // The endpoint's default completion level applies to sends that name none.
-        let flags = if flags.intersects(
-            Flags::INJECT_COMPLETE | Flags::TRANSMIT_COMPLETE | Flags::DELIVERY_COMPLETE,
-        ) {
-            flags
-        } else {
-            flags | (self.sh.info.tx_attr.op_flags & Flags::DELIVERY_COMPLETE)
-        };
-        let en = self.en()?;
+        let dc = self.sh.info.tx_attr.op_flags & Flags::DELIVERY_COMPLETE;
         let len = src.len();
+        // A send with no flags of its own (`fi_send`, `fi_tsend` by default) has nothing to
+        // check: its completion level is the default, and it is quiet under selective
+        // completion.
+        let (en, flags, quiet) = if flags.is_empty() && !self.peer {
+            let en = self.en()?;
+            (en, dc, en.tx_selective)
+        } else {
+            check_send_flags(flags)?;
+            let flags = if flags.intersects(
+                Flags::INJECT_COMPLETE | Flags::TRANSMIT_COMPLETE | Flags::DELIVERY_COMPLETE,
+            ) {
+                flags
+            } else {
+                flags | dc
+            };
+            let en = self.en()?;
+            let eager = en.slot - Header::LEN;
+            if flags.contains(Flags::INJECT) && len > eager && len <= en.max_msg {
+                return Err(Error::new(
+                    errno::EINVAL,
+                    format!("FI_INJECT of {len} bytes: the inject size is {eager}"),
+                ));
+            }
+            // A peer's transfers always complete to it (its callbacks count on them).
+            let quiet = flags.contains(Flags::INJECT)
+                || (!self.peer && en.tx_selective && !flags.contains(Flags::COMPLETION));
+            (en, flags, quiet)
+        };
         let eager = en.slot - Header::LEN;
         let max = en.max_msg;
         if len > max {
@@ -1683,15 +1703,6 @@ impl RdmEndpoint {
                 ),
             ));
         }
-        if flags.contains(Flags::INJECT) && len > eager {
-            return Err(Error::new(
-                errno::EINVAL,
-                format!("FI_INJECT of {len} bytes: the inject size is {eager}"),
-            ));
-        }
-        // A peer's transfers always complete to it (its callbacks count on them).
-        let quiet = flags.contains(Flags::INJECT)
-            || (!self.peer && en.tx_selective && !flags.contains(Flags::COMPLETION));
         let kind = if op.tagged() {
             Flags::TAGGED
         } else {
@@ -1925,7 +1936,7 @@ impl RdmEndpoint {
 
     /// `fi_recv`: a receive from `from` (`FI_ADDR_UNSPEC`: anyone).
     pub fn recv(&self, buf: RecvBuf, from: u64, context: u64) -> Result<()> {
-        self.recvmsg(buf, RxKind::Msg, from, 0, 0, context, self.rx_default())
+        self.recv_default(buf, RxKind::Msg, from, 0, 0, context)
     }
 
     /// `fi_trecv`: a receive of tags equal to `tag` outside the `ignore` bits.
@@ -1937,15 +1948,37 @@ impl RdmEndpoint {
         ignore: u64,
         context: u64,
     ) -> Result<()> {
-        self.recvmsg(
+        self.recv_default(buf, RxKind::Tag, from, tag, ignore, context)
+    }
+
+    /// `fi_recv` / `fi_trecv`: a receive with the default flags (`FI_COMPLETION` at most),
+    /// which need none of `recvmsg`'s checks, straight to the engine; a peer's transfer
+    /// and an untagged receive under a default `FI_MULTI_RECV` go the general way.
+    #[inline(always)]
+    fn recv_default(
+        &self,
+        buf: RecvBuf,
+        kind: RxKind,
+        from: u64,
+        tag: u64,
+        ignore: u64,
+        context: u64,
+    ) -> Result<()> {
+        let flags = self.rx_default();
+        wr_id::check(context)?;
+        let en = self.en()?;
+        if self.peer || (kind == RxKind::Msg && en.multi_recv_default) {
+            return self.recvmsg(buf, kind, from, tag, ignore, context, flags);
+        }
+        let recv = Recv {
+            kind,
+            from: filter(en, from, tag, ignore)?,
+            size: buf.len(),
             buf,
-            RxKind::Tag,
-            from,
-            tag,
-            ignore,
             context,
-            self.rx_default(),
-        )
+            flags,
+        };
+        self.recv_one(en, recv)
     }
 
     /// `fi_recvmsg` / `fi_trecvmsg`.
@@ -1991,18 +2024,7 @@ impl RdmEndpoint {
         } else {
             (kind, flags)
         };
-        // fi_msg(3): the source is ignored unless the endpoint has FI_DIRECTED_RECV.
-        let from_addr = if from == ADDR_UNSPEC || !en.directed {
-            ADDR_UNSPEC
-        } else {
-            en.av.rdm_name(from)?;
-            from
-        };
-        let filter = Filter {
-            addr: from_addr,
-            tag,
-            ignore,
-        };
+        let filter = filter(en, from, tag, ignore)?;
         if flags.contains(Flags::PEEK) {
             return self.peek(en, kind, filter, context, flags);
         }
@@ -2617,6 +2639,19 @@ fn tx_error(m: &TxMeta, err: i32) -> CqErrEntry {
         err,
         ..Default::default()
     }
+}
+
+/// What a receive from `from` with `tag` outside `ignore` matches. fi_msg(3): the source is
+/// ignored unless the endpoint has `FI_DIRECTED_RECV`.
+#[inline(always)]
+fn filter(en: &Enabled, from: u64, tag: u64, ignore: u64) -> Result<Filter> {
+    let addr = if from == ADDR_UNSPEC || !en.directed {
+        ADDR_UNSPEC
+    } else {
+        en.av.rdm_name(from)?;
+        from
+    };
+    Ok(Filter { addr, tag, ignore })
 }
 
 /// A receive's completion and its source, or its error entry (boxed: the success, moved
