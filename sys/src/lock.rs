@@ -217,6 +217,19 @@ impl<T: ?Sized> RwLock<T> {
         ReadGuard { lock: self }
     }
 
+    /// Takes the lock to read if no writer holds it or waits for it.
+    #[inline]
+    pub fn try_read(&self) -> Option<ReadGuard<'_, T>> {
+        let s = self.state.load(Ordering::Relaxed);
+        (readable(s)
+            && self
+                .state
+                .compare_exchange(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok())
+        // A closure: a guard made eagerly would leave the lock when dropped unused.
+        .then(|| ReadGuard { lock: self })
+    }
+
     /// Takes the lock to write, sleeping while readers or a writer hold it.
     #[inline]
     pub fn write(&self) -> WriteGuard<'_, T> {
@@ -318,9 +331,11 @@ impl<T: Default> Default for RwLock<T> {
 
 impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for RwLock<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RwLock")
-            .field("value", &&*self.read())
-            .finish()
+        // Never waits: formatting must not hang on a lock this thread may hold.
+        match self.try_read() {
+            Some(g) => f.debug_struct("RwLock").field("value", &&*g).finish(),
+            None => f.write_str("RwLock { <written> }"),
+        }
     }
 }
 
@@ -532,6 +547,15 @@ mod tests {
         assert_eq!(*a, 1, "the writer waits while readers are in");
         drop((a, b));
         w.join().unwrap();
+        let g = l.write();
+        assert!(l.try_read().is_none(), "no reader while a writer holds it");
+        assert_eq!(
+            format!("{l:?}"),
+            "RwLock { <written> }",
+            "Debug never waits"
+        );
+        drop(g);
+        assert_eq!(format!("{l:?}"), "RwLock { value: 7 }");
         assert_eq!(*l.read(), 7);
         assert_eq!(l.state.load(Ordering::Relaxed), 0);
     }
