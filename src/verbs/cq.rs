@@ -19,6 +19,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
+use rfabric_sys::lock::{Lock, LockGuard};
 use rfabric_sys::verbs::{
     wc_opcode as op, wc_status as st, wc_status_str, CompChannel, Cq, WcBatch, WorkCompletion,
 };
@@ -160,7 +161,9 @@ pub struct CompletionQueue {
     cq: Cq,
     /// Entries staged in `state`: the fast path checks this and skips the lock when 0.
     staged: AtomicUsize,
-    state: Mutex<CqState>,
+    /// What `state` can stage at least (its capacity at open).
+    soft_min: usize,
+    state: Lock<CqState>,
     /// Device entries promised to bound queue pairs; serialises resizes.
     reserved: Mutex<u32>,
     /// Endpoint bindings (a direction each); `close` refuses while any remain.
@@ -554,7 +557,8 @@ impl CompletionQueue {
         Ok(Arc::new(CompletionQueue {
             cq,
             staged: AtomicUsize::new(0),
-            state: Mutex::new(CqState::new(soft)),
+            state: Lock::new(CqState::new(soft)),
+            soft_min: soft,
             reserved: Mutex::new(0),
             bound: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
@@ -616,9 +620,10 @@ impl CompletionQueue {
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, CqState> {
-        // Every CqState method is one push or pop: a panic elsewhere cannot tear it.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn state(&self) -> LockGuard<'_, CqState> {
+        // rfabric_sys's lock: no poisoning (every CqState method is one push or pop, which
+        // a panic elsewhere cannot tear), and cheaper than std's per write and read.
+        self.state.lock()
     }
 
     #[inline]
@@ -666,7 +671,12 @@ impl CompletionQueue {
         if self.staged.load(Ordering::Acquire) == 0 {
             return self.read_plain_impl::<true, E>(out);
         }
-        self.read_general(out, None, false)
+        // What the peers staged (a local message's completion, say) is read without the
+        // general read's frame; an error at the head, or nothing, goes the general way.
+        match self.read_staged(out, None) {
+            Ok(n) if n > 0 => Ok(n),
+            _ => self.read_general(out, None, false),
+        }
     }
 
     /// A read with nothing but the device to look at (no peers, counters, racing owners
@@ -1410,6 +1420,10 @@ impl CompletionQueue {
 
     /// Software completions that can be inserted before the CQ overruns.
     pub fn room(&self) -> usize {
+        // Nothing staged: all of it (at least its size at open; it only grows), unlocked.
+        if self.staged.load(Ordering::Acquire) == 0 {
+            return self.soft_min;
+        }
         self.state().room()
     }
 

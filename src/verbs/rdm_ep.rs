@@ -210,6 +210,14 @@ impl RecvBuf {
     /// `(address, bytes)` of each range the `n` bytes from `at` cover, in order.
     fn ranges(&self, at: usize, n: usize) -> [(u64, usize); RX_IOV_MAX] {
         let mut out = [(0u64, 0usize); RX_IOV_MAX];
+        if !matches!(self, RecvBuf::Scatter(_)) {
+            // One range, as `walk` would cut it (a local arrival asks this of every receive).
+            let len = self.len();
+            if at < len && n > 0 {
+                out[0] = (self.addr() + at as u64, (len - at).min(n));
+            }
+            return out;
+        }
         let parts = self.parts();
         let mut j = 0;
         let _ = walk(parts.iter().map(RecvBuf::len), at, n, |i, skip, k, _| {
@@ -1745,8 +1753,11 @@ impl RdmEndpoint {
         };
         // A peer's transfers go over the endpoint's connections (verbs) only.
         if let Some(l) = en.local.get().filter(|_| !self.peer) {
-            if let Some((to, bell)) = l.route(en, dest) {
-                if local::post_local(en, l, to, bell.as_deref(), &src, user, data, flags)? {
+            let sent = l.with_route(en, dest, |to, bell| {
+                local::post_local(en, l, to, bell, &src, user, data, flags)
+            });
+            if let Some(sent) = sent {
+                if sent? {
                     return Ok(());
                 }
             }
@@ -2278,6 +2289,11 @@ impl RdmEndpoint {
     pub fn local_owner(&self) -> LocalOwner {
         LocalOwner {
             sh: self.sh.me.clone(),
+            cqs: self
+                .sh
+                .on
+                .get()
+                .map(|en| (en.rx_cq.clone(), en.tx_cq.clone())),
         }
     }
 

@@ -155,10 +155,10 @@ impl LocalSrx {
 
     /// The slot of an entry this SRX handed out: the slot its `owner_context` names,
     /// proven by the entry's address being that slot's.
-    fn id_of(&self, e: *const fi::fi_peer_rx_entry, claimed: usize) -> Result<u32> {
+    fn id_of(&self, e: *const fi::fi_peer_rx_entry, claimed: usize) -> Result<(u32, &PeerEntry)> {
         let (k, i) = (claimed / CHUNK, claimed % CHUNK);
         match self.chunks.get(k).and_then(OnceLock::get) {
-            Some(c) if std::ptr::eq(c[i].c.get(), e) => Ok(claimed as u32),
+            Some(c) if std::ptr::eq(c[i].c.get(), e) => Ok((claimed as u32, &c[i])),
             _ => Err(Error::new(
                 errno::EINVAL,
                 "not an rx entry of this endpoint's local path",
@@ -268,8 +268,9 @@ fn get(
         }
         // SAFETY: what shm got from us at fi_srx_context.
         let s = unsafe { srx_of(srx) }?;
-        let (matched, id, e) = s.owner.get(tagged, addr, tag, size)?;
-        let c = s.fill(id, &e)?;
+        let (matched, c) = s
+            .owner
+            .get(tagged, addr, tag, size, |m, id, e| Ok((m, s.fill(id, e)?)))?;
         // SAFETY: checked for NULL; shm's out-pointer.
         unsafe { *entry = c };
         rc = if matched { 0 } else { -errno::ENOENT };
@@ -286,7 +287,9 @@ fn get(
 ///
 /// # Safety
 /// `e` is NULL or an entry shm got from `get`.
-unsafe fn owner_of<'a>(e: *const fi::fi_peer_rx_entry) -> Result<(&'a LocalSrx, u32)> {
+unsafe fn owner_of<'a>(
+    e: *const fi::fi_peer_rx_entry,
+) -> Result<(&'a LocalSrx, u32, &'a PeerEntry)> {
     if e.is_null() {
         return Err(Error::new(errno::EINVAL, "entry is NULL"));
     }
@@ -294,14 +297,14 @@ unsafe fn owner_of<'a>(e: *const fi::fi_peer_rx_entry) -> Result<(&'a LocalSrx, 
     let s = unsafe { srx_of((*e).srx) }?;
     // SAFETY: as above; read as a number, only trusted once id_of proves it.
     let claimed = unsafe { (*e).owner_context } as usize;
-    let id = s.id_of(e, claimed)?;
-    Ok((s, id))
+    let (id, pe) = s.id_of(e, claimed)?;
+    Ok((s, id, pe))
 }
 
 unsafe extern "C" fn queue_entry(entry: *mut fi::fi_peer_rx_entry) -> i32 {
     guarded("local srx queue", || {
         // SAFETY: an entry handed out by get.
-        let (s, id) = unsafe { owner_of(entry) }?;
+        let (s, id, _) = unsafe { owner_of(entry) }?;
         // SAFETY: shm hands it back: ours again, with its peer_context set.
         let (size, tag, ctx) = unsafe { ((*entry).size, (*entry).tag, (*entry).peer_context) };
         // SAFETY: shm 1.17 queues an entry whose peer_context is its command context.
@@ -366,9 +369,9 @@ unsafe fn shm_queued(ctx: *mut c_void, tag: u64) -> Option<(usize, Option<u64>)>
 unsafe extern "C" fn free_entry(entry: *mut fi::fi_peer_rx_entry) {
     let _ = guarded("local srx free_entry", || {
         // SAFETY: an entry handed out by get.
-        let (s, id) = unsafe { owner_of(entry) }?;
+        let (s, id, pe) = unsafe { owner_of(entry) }?;
         // SAFETY: shm hands the slot back: ours again (see LocalSrx's Sync).
-        if unsafe { *s.entry(id)?.matched.get() } {
+        if unsafe { *pe.matched.get() } {
             return Ok(());
         }
         s.owner.free(id)
@@ -485,6 +488,34 @@ impl ShmLocal {
     }
 }
 
+impl ShmLocal {
+    /// One range copied during the call with no completion: shm's `fi_inject` family,
+    /// which goes straight to its inject protocol (`fi_sendmsg` with `FI_INJECT` picks one
+    /// among all of them first).
+    fn inject(&self, to: u64, m: &LocalSend<'_>, addr: u64, len: usize) -> Result<()> {
+        let buf = addr as *const c_void;
+        // SAFETY: shm's enabled endpoint; `len` bytes at `addr` are readable for the call,
+        // which copies them; shm fills every op of its tables at open.
+        let rc = unsafe {
+            let ep = self.ep.ep;
+            match (m.tagged, m.data) {
+                (true, None) => ((*(*ep).tagged).inject.expect("tinject"))(ep, buf, len, to, m.tag),
+                (true, Some(d)) => {
+                    ((*(*ep).tagged).injectdata.expect("tinjectdata"))(ep, buf, len, d, to, m.tag)
+                }
+                (false, None) => ((*(*ep).msg).inject.expect("inject"))(ep, buf, len, to),
+                (false, Some(d)) => {
+                    ((*(*ep).msg).injectdata.expect("injectdata"))(ep, buf, len, d, to)
+                }
+            }
+        };
+        if rc == -(errno::EAGAIN as isize) {
+            self.progress();
+        }
+        check(rc, "fi_inject(shm)").map(|_| ())
+    }
+}
+
 impl LocalPath for ShmLocal {
     fn insert(&self, name: &RdmName) -> Result<u64> {
         self.check_open()?;
@@ -499,6 +530,9 @@ impl LocalPath for ShmLocal {
 
     fn send(&self, to: u64, m: &LocalSend<'_>) -> Result<()> {
         self.check_open()?;
+        if let ([(addr, len)], None, false) = (m.iov, m.context, m.delivery_complete) {
+            return self.inject(to, m, *addr, *len);
+        }
         let mut iov = [libc::iovec {
             iov_base: null_mut(),
             iov_len: 0,

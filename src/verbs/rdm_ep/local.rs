@@ -15,7 +15,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use rfabric_sys::lock::RwLock;
 
 use rfabric_sys::bell::{Bell, BellRemote};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
@@ -23,7 +25,7 @@ use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use super::{
     lock, release_tx, tx_error, Enabled, Exposed, Inner, RndvSend, Shared, Src, TxMeta, NONE,
 };
-use crate::verbs::cq::QpnHash;
+use crate::verbs::cq::{CompletionQueue, QpnHash};
 use crate::verbs::wr_id::{self, Kind};
 
 /// A send buffer's `TxMeta::conn` while the local path carries it.
@@ -102,56 +104,76 @@ pub trait LocalPath: Send + Sync {
 }
 
 /// Routes between the endpoint's AV addresses and the path's handles, for the names on
-/// this host; rebuilt when the AV changes.
+/// this host; rebuilt when the AV changes (under the link's `routes` lock).
 #[derive(Debug, Default)]
 struct Routes {
-    /// Looked up per send and per arrival: a multiply, not SipHash.
-    to: HashMap<u64, u64, QpnHash>,
     /// Handles by name: a name inserted once keeps its handle.
     by_name: HashMap<[u8; RdmName::LEN], u64>,
     /// The bells of the peers, by handle.
-    bells: HashMap<u64, PeerBell, QpnHash>,
+    bells: HashMap<u64, Arc<PeerBell>, QpnHash>,
+}
+
+/// A local peer as a send reaches it (looked up per send: a multiply, not SipHash).
+#[derive(Debug)]
+struct Route {
+    handle: u64,
+    bell: Arc<PeerBell>,
 }
 
 /// The bell of an endpoint on this host (`bell_name`), opened once its owner made it.
 #[derive(Debug)]
 struct PeerBell {
     name: String,
-    open: Option<Arc<BellRemote>>,
-    /// When to try opening it again (`rfabric_sys::clock::cycles`), and the wait after
-    /// that: from 1 ms, doubling up to 1 s (a peer whose CQ cannot wait on a bell never
-    /// makes one, and a failed open is a system call).
-    retry_at: u64,
-    backoff: u64,
+    open: OnceLock<BellRemote>,
+    /// When to try opening it again (`rfabric_sys::clock::cycles`), read per send without
+    /// a lock; the wait after that (from 1 ms, doubling up to 1 s: a peer whose CQ cannot
+    /// wait on a bell never makes one, and a failed open is a system call) is `backoff`,
+    /// whose lock also keeps two threads from opening at once.
+    retry_at: AtomicU64,
+    backoff: Mutex<u64>,
 }
 
 impl PeerBell {
     fn new(name: String) -> Self {
         PeerBell {
             name,
-            open: None,
-            retry_at: 0,
-            backoff: 20 * idle_interval(),
+            open: OnceLock::new(),
+            retry_at: AtomicU64::new(0),
+            backoff: Mutex::new(20 * idle_interval()),
         }
     }
 
-    fn get(&mut self) -> Option<Arc<BellRemote>> {
-        if self.open.is_none() {
-            let now = rfabric_sys::clock::cycles();
-            if now < self.retry_at {
-                return None;
-            }
-            match BellRemote::open(&self.name) {
-                Ok(b) => self.open = Some(Arc::new(b)),
-                // Its endpoint has no bell yet (or none: shm off there, or a CQ without a
-                // descriptor): look again later, less often each time.
-                Err(_) => {
-                    self.retry_at = now + self.backoff;
-                    self.backoff = (2 * self.backoff).min(20_000 * idle_interval());
-                }
+    #[inline]
+    fn get(&self) -> Option<&BellRemote> {
+        if let Some(b) = self.open.get() {
+            return Some(b);
+        }
+        if rfabric_sys::clock::cycles() < self.retry_at.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.try_open()
+    }
+
+    #[cold]
+    fn try_open(&self) -> Option<&BellRemote> {
+        let mut backoff = lock(&self.backoff);
+        if let Some(b) = self.open.get() {
+            return Some(b);
+        }
+        let now = rfabric_sys::clock::cycles();
+        if now < self.retry_at.load(Ordering::Relaxed) {
+            return None;
+        }
+        match BellRemote::open(&self.name) {
+            Ok(b) => Some(self.open.get_or_init(|| b)),
+            // Its endpoint has no bell yet (or none: shm off there, or a CQ without a
+            // descriptor): look again later, less often each time.
+            Err(_) => {
+                self.retry_at.store(now + *backoff, Ordering::Relaxed);
+                *backoff = (2 * *backoff).min(20_000 * idle_interval());
+                None
             }
         }
-        self.open.clone()
     }
 }
 
@@ -190,6 +212,8 @@ pub(super) struct LocalLink {
     /// must keep looking (nothing rings for a completion).
     pending: AtomicU64,
     routes: Mutex<Routes>,
+    /// Where each AV address on this host goes, read per send (rebuilt by `sync`).
+    table: RwLock<HashMap<u64, Route, QpnHash>>,
     /// The AV's change count the routes follow (`u64::MAX`: never built).
     seen: AtomicU64,
     /// Some name in the AV is on this host (read per send without the routes' lock).
@@ -202,6 +226,8 @@ pub(super) struct LocalLink {
     pub(super) arrived: AtomicU64,
     /// The largest message it carries (the endpoint's `max_msg_size`).
     pub(super) max: usize,
+    /// What it copies during a send (`LocalPath::inject_size`, asked once).
+    inject: usize,
 }
 
 impl std::fmt::Debug for LocalLink {
@@ -213,11 +239,13 @@ impl std::fmt::Debug for LocalLink {
 impl LocalLink {
     pub(super) fn new(path: Arc<dyn LocalPath>, max: usize, bell: Option<Bell>) -> Self {
         LocalLink {
+            inject: path.inject_size(),
             path,
             bell,
             pending: AtomicU64::new(0),
             max,
             routes: Mutex::new(Routes::default()),
+            table: RwLock::new(HashMap::default()),
             seen: AtomicU64::new(u64::MAX),
             any: AtomicBool::new(false),
             idle_next: AtomicU64::new(0),
@@ -228,14 +256,22 @@ impl LocalLink {
 
     /// Brings the routes up to the AV: a name of this host inserted since is made known
     /// to the path (locality is the name's: decided when it enters the AV).
+    #[inline]
     pub(super) fn sync(&self, en: &Enabled) {
+        if self.seen.load(Ordering::Acquire) != en.av.changes() {
+            self.rebuild(en);
+        }
+    }
+
+    #[cold]
+    fn rebuild(&self, en: &Enabled) {
+        let mut r = lock(&self.routes);
         let now = en.av.changes();
         if self.seen.load(Ordering::Acquire) == now {
             return;
         }
-        let mut r = lock(&self.routes);
         let local = en.av.rdm_on_host(en.name.host);
-        r.to.clear();
+        let mut to = HashMap::<u64, Route, QpnHash>::default();
         let mut from = HashMap::<u64, u64, QpnHash>::default();
         for (addr, name) in local {
             let bytes = name.to_bytes();
@@ -256,29 +292,38 @@ impl LocalLink {
                     }
                 },
             };
-            r.to.insert(addr, h);
-            r.bells
+            let bell = r
+                .bells
                 .entry(h)
-                .or_insert_with(|| PeerBell::new(bell_name(&name)));
+                .or_insert_with(|| Arc::new(PeerBell::new(bell_name(&name))))
+                .clone();
+            to.insert(addr, Route { handle: h, bell });
             from.entry(h).or_insert(addr);
         }
-        self.any.store(!r.to.is_empty(), Ordering::Relaxed);
-        // Arrivals translate under the endpoint's lock, which they take anyway.
+        self.any.store(!to.is_empty(), Ordering::Relaxed);
+        // Arrivals translate under the endpoint's lock, which they take anyway; released
+        // before the table's (a sender holds the table while it takes the endpoint's).
         en.inner.lock().local_from = from;
+        *self.table.write() = to;
         self.seen.store(now, Ordering::Release);
     }
 
-    /// The path's handle of `dest`, when it is on this host, and its bell once known.
+    /// `f(handle, bell)` when `dest` is on this host (its bell once known), else `None`.
+    /// The routes stay read-locked during `f`, which must not change the AV's routes.
     #[inline]
-    pub(super) fn route(&self, en: &Enabled, dest: u64) -> Option<(u64, Option<Arc<BellRemote>>)> {
+    pub(super) fn with_route<R>(
+        &self,
+        en: &Enabled,
+        dest: u64,
+        f: impl FnOnce(u64, Option<&BellRemote>) -> R,
+    ) -> Option<R> {
         self.sync(en);
         if !self.any.load(Ordering::Relaxed) {
             return None;
         }
-        let mut r = lock(&self.routes);
-        let h = *r.to.get(&dest)?;
-        let bell = r.bells.get_mut(&h).and_then(PeerBell::get);
-        Some((h, bell))
+        let t = self.table.read();
+        let r = t.get(&dest)?;
+        Some(f(r.handle, r.bell.get()))
     }
 
     /// A thread of the endpoint sleeps on its CQ (`on`) or woke (see
@@ -324,6 +369,9 @@ impl LocalLink {
 #[derive(Clone, Debug)]
 pub struct LocalOwner {
     pub(super) sh: Weak<Shared>,
+    /// The endpoint's receive and transmit CQs (made after `enable`), whose room each
+    /// progress call asks without reaching the endpoint. The CQs hold no endpoint.
+    pub(super) cqs: Option<(Arc<CompletionQueue>, Arc<CompletionQueue>)>,
 }
 
 impl LocalOwner {
@@ -340,15 +388,18 @@ impl LocalOwner {
         f(en, l)
     }
 
-    /// An arrival from the path (`get_msg`/`get_tag`, `from` its own address): the engine
-    /// slot and, when a posted receive took it, true and the receive's buffer.
-    pub fn get(
+    /// An arrival from the path (`get_msg`/`get_tag`, `from` its own address):
+    /// `fill(matched, slot, entry)` with the engine slot it takes and, when a posted
+    /// receive took it (`matched`), the receive's buffer in `entry`. `fill` runs under the
+    /// endpoint's lock: it must not call the endpoint.
+    pub fn get<T>(
         &self,
         tagged: bool,
         from: u64,
         tag: u64,
         size: usize,
-    ) -> Result<(bool, u32, LocalEntry)> {
+        fill: impl FnOnce(bool, u32, &LocalEntry) -> Result<T>,
+    ) -> Result<T> {
         self.with(|en, l| {
             l.arrived.fetch_add(1, Ordering::Relaxed);
             let kind = if tagged { RxKind::Tag } else { RxKind::Msg };
@@ -362,10 +413,11 @@ impl LocalOwner {
                 }
                 r => r?,
             };
-            Ok(match a {
-                crate::core::srx::Arrival::Matched(id) => (true, id, entry_of(en, &mut g, id)),
-                crate::core::srx::Arrival::Unexpected(id) => (false, id, entry_of(en, &mut g, id)),
-            })
+            let (matched, id) = match a {
+                crate::core::srx::Arrival::Matched(id) => (true, id),
+                crate::core::srx::Arrival::Unexpected(id) => (false, id),
+            };
+            fill(matched, id, &entry_of(en, &mut g, id))
         })
     }
 
@@ -498,14 +550,19 @@ impl LocalOwner {
 
     /// Completions the CQs can take now (the path moves no more).
     pub fn room(&self) -> usize {
-        self.with(|en, _| {
-            Ok(if Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
-                en.rx_cq.room()
+        let room = |rx: &Arc<CompletionQueue>, tx: &Arc<CompletionQueue>| {
+            if Arc::ptr_eq(rx, tx) {
+                rx.room()
             } else {
-                en.rx_cq.room().min(en.tx_cq.room())
-            })
-        })
-        .unwrap_or(0)
+                rx.room().min(tx.room())
+            }
+        };
+        match &self.cqs {
+            Some((rx, tx)) => room(rx, tx),
+            None => self
+                .with(|en, _| Ok(room(&en.rx_cq, &en.tx_cq)))
+                .unwrap_or(0),
+        }
     }
 }
 
@@ -611,7 +668,7 @@ pub(super) fn post_local(
         }
         Src::Iov(_) => 0,
     };
-    if len <= l.path.inject_size() && !dc && n > 0 {
+    if len <= l.inject && !dc && n > 0 {
         let r = l.path.send(
             to,
             &LocalSend {
