@@ -128,7 +128,8 @@ pub struct CqErrEntry {
 enum Staged {
     /// A completion and its source address (`FI_ADDR_NOTAVAIL` when unknown).
     Entry(CqEntry, u64),
-    Error(CqErrEntry),
+    /// Boxed: errors are rare, and every entry's move is the size of the largest kind.
+    Error(Box<CqErrEntry>),
 }
 
 /// The software part of a CQ. Bounded; an overflow puts it in the overrun state.
@@ -204,7 +205,7 @@ impl CqState {
     }
 
     pub fn push_error(&mut self, e: CqErrEntry) -> Result<()> {
-        self.push(Staged::Error(e))
+        self.push(Staged::Error(Box::new(e)))
     }
 
     /// Moves staged successful completions into `out` (in `E`'s format) up to the first
@@ -251,7 +252,7 @@ impl CqState {
     pub fn readerr(&mut self) -> Option<CqErrEntry> {
         if matches!(self.q.front(), Some(Staged::Error(_))) {
             if let Some(Staged::Error(e)) = self.q.pop_front() {
-                return Some(e);
+                return Some(*e);
             }
         }
         None

@@ -4216,8 +4216,10 @@ impl PeerProgress for Shared {
         Shared::progress(self);
         // Reads complete on the send CQ and notices arrive on the receive CQ: a reader of
         // either one alone moves the other's completions (into its queue) as well.
+        // Until a connection was made (peers all on this host, say) no device completion
+        // of this endpoint can be waiting on the other CQ.
         if let Some(en) = self.on.get() {
-            if !Arc::ptr_eq(&en.tx_cq, &en.rx_cq) {
+            if !Arc::ptr_eq(&en.tx_cq, &en.rx_cq) && en.opened.load(Ordering::Relaxed) != 0 {
                 let other = if std::ptr::eq(cq, &*en.tx_cq) {
                     &en.rx_cq
                 } else {

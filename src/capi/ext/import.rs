@@ -33,15 +33,19 @@ use crate::verbs::cq::PeerProgress;
 use crate::verbs::CompletionQueue;
 
 /// `-errno` from a libfabric call as an error naming it.
+#[inline]
 pub(crate) fn check(rc: isize, what: &str) -> Result<isize> {
     if rc < 0 {
-        let e = (-rc) as i32;
-        return Err(Error::new(
-            e,
-            format!("{what}: {}", crate::core::error::strerror(e)),
-        ));
+        return Err(failed(rc, what));
     }
     Ok(rc)
+}
+
+#[cold]
+#[inline(never)]
+fn failed(rc: isize, what: &str) -> Error {
+    let e = (-rc) as i32;
+    Error::new(e, format!("{what}: {}", crate::core::error::strerror(e)))
 }
 
 /// Closes a libfabric object through its own ops.
