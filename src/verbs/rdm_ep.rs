@@ -940,7 +940,8 @@ struct Enabled {
     max_msg: usize,
     tx_selective: bool,
     rx_selective: bool,
-    /// Connections opened, for tests and logs.
+    /// Connections opened, for tests and logs; while 0, no device completion of this
+    /// endpoint can be waiting (`PeerProgress::progress` skips the other CQ).
     opened: AtomicU32,
     /// Notices wait for a send buffer (checked without the lock).
     fins_waiting: std::sync::atomic::AtomicBool,

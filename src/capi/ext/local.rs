@@ -486,9 +486,7 @@ impl ShmLocal {
             }
         })
     }
-}
 
-impl ShmLocal {
     /// One range copied during the call with no completion: shm's `fi_inject` family,
     /// which goes straight to its inject protocol (`fi_sendmsg` with `FI_INJECT` picks one
     /// among all of them first).

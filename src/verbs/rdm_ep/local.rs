@@ -17,10 +17,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use rfabric_sys::lock::RwLock;
-
 use rfabric_sys::bell::{Bell, BellRemote};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
+use rfabric_sys::lock::RwLock;
 
 use super::{
     lock, release_tx, tx_error, Enabled, Exposed, Inner, RndvSend, Shared, Src, TxMeta, NONE,
