@@ -2512,7 +2512,7 @@ impl rfabric::verbs::rdm_ep::LocalPath for CountingPath {
     ) -> Result<()> {
         Err(Error::new(errno::EIO, "the counting path holds nothing"))
     }
-    fn progress(&self) {
+    fn progress(&self, _driven: Option<&mut rfabric::verbs::rdm_ep::Driven<'_, '_>>) {
         self.progressed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }

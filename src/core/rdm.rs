@@ -133,6 +133,24 @@ pub enum Op {
 }
 
 impl Op {
+    /// The operation a header's code names.
+    #[inline]
+    pub fn from_code(c: u8) -> Option<Op> {
+        Some(match c {
+            1 => Op::Msg,
+            2 => Op::Tag,
+            3 => Op::RtsMsg,
+            4 => Op::RtsTag,
+            5 => Op::Fin,
+            6 => Op::SegMsg,
+            7 => Op::SegTag,
+            8 => Op::Cont,
+            9 => Op::WriteData,
+            10 => Op::ReadEvent,
+            _ => return None,
+        })
+    }
+
     /// Whether it carries a tag that takes part in matching.
     pub fn tagged(self) -> bool {
         matches!(self, Op::Tag | Op::RtsTag | Op::SegTag)
@@ -424,40 +442,38 @@ impl Header {
     }
 
     /// Reads the header of a received message of `received` bytes in all.
+    #[inline]
     pub fn decode(b: &[u8], received: usize) -> Result<Header> {
-        let bad = |why: String| Error::new(errno::EIO, format!("malformed RDM message: {why}"));
-        if received < Self::LEN || b.len() < Self::LEN {
-            return Err(bad(format!("{received} bytes, shorter than its header")));
-        }
-        if b[0] != HDR_MAGIC {
-            return Err(bad(format!("header magic {:#x}", b[0])));
-        }
-        let op = match b[1] {
-            1 => Op::Msg,
-            2 => Op::Tag,
-            3 => Op::RtsMsg,
-            4 => Op::RtsTag,
-            5 => Op::Fin,
-            6 => Op::SegMsg,
-            7 => Op::SegTag,
-            8 => Op::Cont,
-            9 => Op::WriteData,
-            10 => Op::ReadEvent,
-            o => return Err(bad(format!("operation {o}"))),
-        };
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
-        let len = u32::from_le_bytes(b[4..8].try_into().unwrap_or_default());
-        if len as usize != received - Self::LEN {
-            return Err(bad(format!(
-                "header says {len} bytes, {} arrived",
-                received - Self::LEN
+        let Some(b) = b.first_chunk::<{ Self::LEN }>() else {
+            return Err(malformed(format!(
+                "{} bytes, shorter than its header",
+                b.len()
             )));
+        };
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        // Magic, operation, flags, a spare byte and the length: one load, one test for
+        // the common case.
+        let w0 = word(0);
+        let (magic, code, bits, len) = (
+            w0 as u8,
+            (w0 >> 8) as u8,
+            (w0 >> 16) as u8,
+            (w0 >> 32) as u32,
+        );
+        if magic != HDR_MAGIC || received < Self::LEN || len as usize != received - Self::LEN {
+            return Err(Self::bad_head(magic, len, received));
         }
+        let op = Op::from_code(code).ok_or_else(|| malformed(format!("operation {code}")))?;
+        let w3 = word(24);
         let total = match op {
             Op::SegMsg | Op::SegTag => {
-                let t = u32::from_le_bytes(b[28..32].try_into().unwrap_or_default());
+                let t = (w3 >> 32) as u32;
                 if t <= len {
-                    return Err(bad(format!(
+                    return Err(malformed(format!(
                         "a first segment of {len} bytes of a {t}-byte message"
                     )));
                 }
@@ -468,14 +484,35 @@ impl Header {
         Ok(Header {
             total,
             op,
-            tag: u64_at(8),
-            data: (b[2] & HAS_DATA != 0).then(|| u64_at(16)),
+            tag: word(8),
+            data: (bits & HAS_DATA != 0).then(|| word(16)),
             len,
-            ack: (b[2] & HAS_ACK != 0)
-                .then(|| u32::from_le_bytes(b[24..28].try_into().unwrap_or_default())),
-            peer: b[2] & IS_PEER != 0,
+            ack: (bits & HAS_ACK != 0).then_some(w3 as u32),
+            peer: bits & IS_PEER != 0,
         })
     }
+
+    /// Why a header's first word is wrong (kept out of the path of every message).
+    #[cold]
+    #[inline(never)]
+    fn bad_head(magic: u8, len: u32, received: usize) -> Error {
+        if received < Self::LEN {
+            malformed(format!("{received} bytes, shorter than its header"))
+        } else if magic != HDR_MAGIC {
+            malformed(format!("header magic {magic:#x}"))
+        } else {
+            malformed(format!(
+                "header says {len} bytes, {} arrived",
+                received - Self::LEN
+            ))
+        }
+    }
+}
+
+/// An `EIO` for a message that does not parse.
+#[cold]
+fn malformed(why: String) -> Error {
+    Error::new(errno::EIO, format!("malformed RDM message: {why}"))
 }
 
 /// A peer's link: no connection, one being made, or one carrying its traffic. `C` names a

@@ -289,6 +289,14 @@ impl<B: Clone> RxEngine<B> {
 
     #[inline(always)]
     fn alloc(&mut self) -> Result<u32> {
+        let id = self.take_free()?;
+        self.slots[id as usize] = Entry::vacant();
+        Ok(id)
+    }
+
+    /// A free entry off the free list, as it was left (the caller writes all of it).
+    #[inline(always)]
+    fn take_free(&mut self) -> Result<u32> {
         let id = self.free;
         if id == NIL {
             return Err(Error::new(
@@ -296,9 +304,7 @@ impl<B: Clone> RxEngine<B> {
                 "every entry of the receive engine is in use: read completions, or open the SRX with a larger size",
             ));
         }
-        let s = &mut self.slots[id as usize];
-        self.free = s.next;
-        *s = Entry::vacant();
+        self.free = self.slots[id as usize].next;
         self.in_use += 1;
         Ok(id)
     }
@@ -537,19 +543,24 @@ impl<B: Clone> RxEngine<B> {
     /// A new entry holding receive `r`, not yet on a list.
     #[inline(always)]
     fn alloc_posted(&mut self, r: Recv<B>) -> Result<u32> {
-        let id = self.alloc()?;
-        {
-            let s = &mut self.slots[id as usize];
-            s.kind = r.kind;
-            s.state = State::Posted;
-            s.addr = r.from.addr;
-            s.tag = r.from.tag;
-            s.ignore = r.from.ignore;
-            s.size = r.size;
-            s.context = r.context;
-            s.flags = r.flags;
-            s.buf = Some(r.buf);
-        }
+        let id = self.take_free()?;
+        // Written whole, once (not reset to vacant first).
+        self.slots[id as usize] = Entry {
+            kind: r.kind,
+            state: State::Posted,
+            addr: r.from.addr,
+            tag: r.from.tag,
+            ignore: r.from.ignore,
+            size: r.size,
+            context: r.context,
+            flags: r.flags,
+            buf: Some(r.buf),
+            offset: 0,
+            owner: 0,
+            used: 0,
+            prev: NIL,
+            next: NIL,
+        };
         Ok(id)
     }
 

@@ -289,11 +289,56 @@ impl std::fmt::Debug for QpnHash {
     }
 }
 
+/// Where a read of a CQ takes the completions its own progress call makes (a local
+/// peer's receive, say): straight into the reader's array, in its format, instead of
+/// through the software queue and back out. Only while the CQ has nothing staged (what
+/// was written before comes out first), and only as many as the array holds; the rest
+/// are staged as usual.
+pub struct ReadSink<'a> {
+    cq: &'a CompletionQueue,
+    out: &'a mut dyn SinkOut,
+}
+
+impl std::fmt::Debug for ReadSink<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReadSink")
+    }
+}
+
+/// The reader's array behind a [`ReadSink`].
+trait SinkOut {
+    /// Takes `e` from `src`, unless the array is full.
+    fn put(&mut self, e: &CqEntry, src: u64) -> bool;
+}
+
+/// A read's entries of format `E` (and their sources, for `readfrom`), `n` written.
+struct ReadOut<'a, 'b, E> {
+    out: &'a mut [E],
+    src: Option<&'b mut [u64]>,
+    n: usize,
+}
+
+impl<E: FormatEntry> SinkOut for ReadOut<'_, '_, E> {
+    #[inline]
+    fn put(&mut self, e: &CqEntry, src: u64) -> bool {
+        let Some(slot) = self.out.get_mut(self.n) else {
+            return false;
+        };
+        *slot = E::from_tagged(e);
+        if let Some(s) = self.src.as_deref_mut() {
+            s[self.n] = src;
+        }
+        self.n += 1;
+        true
+    }
+}
+
 /// A peer provider sharing this CQ: each read of the CQ drives it (manual progress), and
 /// it inserts its completions with [`CompletionQueue::write`]/[`CompletionQueue::writeerr`].
 pub(crate) trait PeerProgress: Send + Sync {
-    /// Called from a read of `cq`.
-    fn progress(&self, cq: &CompletionQueue);
+    /// Called from a read of `cq`; what it completes on `cq` may go to the reader's
+    /// `sink` (see [`CompletionQueue::write_via`]).
+    fn progress(&self, cq: &CompletionQueue, sink: Option<&mut ReadSink<'_>>);
     /// A thread is about to sleep on a CQ that holds this peer's bell (`on`), or woke
     /// (`!on`, once after each `true`). True when the bell will wake the sleeper for all
     /// the peer waits for, so the CQ need not wake to drive it.
@@ -666,7 +711,23 @@ impl CompletionQueue {
     #[inline(never)]
     fn read_driving<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         if self.peers_due() {
-            self.progress_peers();
+            if self.staged.load(Ordering::Acquire) != 0 {
+                self.progress_peers();
+            } else {
+                // What the peers complete now goes straight to `out` (nothing is ahead of it).
+                let mut o = ReadOut {
+                    out: &mut *out,
+                    src: None,
+                    n: 0,
+                };
+                self.progress_peers_into(Some(&mut ReadSink {
+                    cq: self,
+                    out: &mut o,
+                }));
+                if o.n > 0 {
+                    return Ok(o.n);
+                }
+            }
         }
         if self.staged.load(Ordering::Acquire) == 0 {
             return self.read_plain_impl::<true, E>(out);
@@ -812,7 +873,23 @@ impl CompletionQueue {
         drive: bool,
     ) -> Result<usize> {
         if drive && self.has(feature::PEERS) && self.peers_due() {
-            self.progress_peers();
+            if self.staged.load(Ordering::Acquire) != 0 || out.is_empty() {
+                self.progress_peers();
+            } else {
+                // As in `read_driving`: what the peers complete now goes straight to `out`.
+                let mut o = ReadOut {
+                    out: &mut *out,
+                    src: src.as_deref_mut(),
+                    n: 0,
+                };
+                self.progress_peers_into(Some(&mut ReadSink {
+                    cq: self,
+                    out: &mut o,
+                }));
+                if o.n > 0 {
+                    return Ok(o.n);
+                }
+            }
         }
         if self.staged.load(Ordering::Acquire) != 0 {
             let n = self.read_staged(out, src.as_deref_mut())?;
@@ -1083,11 +1160,16 @@ impl CompletionQueue {
 
     /// Drives the peers that share this CQ; their completions land in the staged queue.
     fn progress_peers(&self) {
+        self.progress_peers_into(None)
+    }
+
+    /// [`Self::progress_peers`], with the reader's `sink` for what they complete here.
+    fn progress_peers_into(&self, mut sink: Option<&mut ReadSink<'_>>) {
         let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
         // Called without the lock held: a peer may read or write this CQ from its progress.
         for p in peers.iter() {
             if let Some(p) = p.upgrade() {
-                p.progress(self);
+                p.progress(self, sink.as_deref_mut());
             }
         }
     }
@@ -1437,6 +1519,27 @@ impl CompletionQueue {
         }
         self.wake(false);
         Ok(())
+    }
+
+    /// [`Self::write`] from the progress a read of a CQ drives: into that reader's `sink`
+    /// when it reads this CQ, has room and nothing is staged ahead of the entry (no wake:
+    /// the reader takes it), else as `write`.
+    #[inline]
+    pub fn write_via(
+        &self,
+        sink: Option<&mut ReadSink<'_>>,
+        entry: CqEntry,
+        src: u64,
+    ) -> Result<()> {
+        if let Some(s) = sink {
+            if std::ptr::eq(s.cq, self)
+                && self.staged.load(Ordering::Acquire) == 0
+                && s.out.put(&entry, src)
+            {
+                return Ok(());
+            }
+        }
+        self.write(entry, src)
     }
 
     /// Inserts a software error completion (owner ops `writeerr`) and wakes waiters.

@@ -25,7 +25,7 @@ pub(crate) mod wr_id;
 
 pub use av::{AddressVector, AvAttr, UdName};
 pub use cntr::{CntrAttr, Counter};
-pub use cq::{CompletionQueue, CqAttr};
+pub use cq::{CompletionQueue, CqAttr, ReadSink};
 pub use dgram_ep::{DgramEndpoint, Multicast};
 pub use domain::Domain;
 pub use ep_common::Iov;

@@ -31,7 +31,7 @@ use crate::core::rdm::{
 };
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Posted, Recv, RxEngine, ADDR_UNSPEC};
 use crate::verbs::cntr::{Counter, EpCounters};
-use crate::verbs::cq::{Owned, PeerProgress, PeerTransferSink, QpnHash, RecvOwner};
+use crate::verbs::cq::{Owned, PeerProgress, PeerTransferSink, QpnHash, ReadSink, RecvOwner};
 use crate::verbs::ep_common::{check_send_flags, lock, CqBinding};
 use crate::verbs::eq::ConnRequest;
 use crate::verbs::wr_id::{self, Kind};
@@ -42,7 +42,7 @@ use crate::verbs::{
 
 mod local;
 mod rma;
-pub use local::{LocalEntry, LocalOwner, LocalPath, LocalSend};
+pub use local::{Driven, LocalEntry, LocalOwner, LocalPath, LocalSend};
 use local::{LocalLink, LOCAL_HOLDER};
 
 /// The context of the listener's events on the endpoint's own EQ (connections use their
@@ -3516,11 +3516,18 @@ impl Shared {
     }
 
     fn progress(&self) {
+        self.progress_into(None)
+    }
+
+    /// [`Self::progress`] from a read of a CQ: what the local path completes may go to
+    /// the reader's `sink`.
+    fn progress_into(&self, sink: Option<&mut ReadSink<'_>>) {
         let Some(en) = self.on.get() else { return };
         let local = en.local.get();
         if let Some(l) = local {
             if l.due(en) {
-                l.path.progress();
+                l.path
+                    .progress(Some(&mut local::Driven { sh: self, en, sink }));
             }
         }
         if en.transfer_open.load(Ordering::Acquire) {
@@ -4213,8 +4220,8 @@ impl PeerProgress for Shared {
             .is_some_and(|l| l.sleeping(on))
     }
 
-    fn progress(&self, cq: &CompletionQueue) {
-        Shared::progress(self);
+    fn progress(&self, cq: &CompletionQueue, sink: Option<&mut ReadSink<'_>>) {
+        self.progress_into(sink);
         // Reads complete on the send CQ and notices arrive on the receive CQ: a reader of
         // either one alone moves the other's completions (into its queue) as well.
         // Until a connection was made (peers all on this host, say) no device completion

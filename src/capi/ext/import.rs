@@ -482,7 +482,11 @@ unsafe impl Send for ShmPeer {}
 unsafe impl Sync for ShmPeer {}
 
 impl PeerProgress for ShmPeer {
-    fn progress(&self, _cq: &crate::verbs::CompletionQueue) {
+    fn progress(
+        &self,
+        _cq: &crate::verbs::CompletionQueue,
+        _sink: Option<&mut crate::verbs::ReadSink<'_>>,
+    ) {
         if let Err(e) = ShmPeer::progress(self) {
             crate::fi_warn!("peer", "shm progress: {e}");
         }

@@ -22,7 +22,7 @@ use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::rdm::RdmName;
 use crate::verbs::rdm_ep::RX_IOV_MAX;
-use crate::verbs::rdm_ep::{LocalEntry, LocalOwner, LocalPath, LocalSend};
+use crate::verbs::rdm_ep::{Driven, LocalEntry, LocalOwner, LocalPath, LocalSend};
 use crate::verbs::RdmEndpoint;
 
 /// shm completions moved per read of its CQ.
@@ -468,11 +468,19 @@ impl ShmLocal {
     /// Reads at most `n` of shm's completions (0: drives its progress only) into the
     /// endpoint; how many moved. A receive's context is its engine slot
     /// (`LocalEntry::context`), a send's what `LocalSend::context` gave.
-    fn move_some(&self, n: usize) -> Result<usize> {
+    /// `driven`: the endpoint's progress call behind it, if any.
+    fn move_some(&self, n: usize, mut driven: Option<&mut Driven<'_, '_>>) -> Result<usize> {
         read_shm_cq(self.ep.cq, n, |c| match c {
-            Ok((e, _)) if e.flags & fi::FI_SEND != 0 => self.owner.send_done(e.op_context, None),
-            Ok((e, _)) => self.owner.recv_done(e.op_context as u32, e, None),
-            Err(c) if c.flags & fi::FI_SEND != 0 => self.owner.send_done(c.op_context, Some(c.err)),
+            Ok((e, _)) if e.flags & fi::FI_SEND != 0 => {
+                self.owner
+                    .send_done(e.op_context, None, driven.as_deref_mut())
+            }
+            Ok((e, _)) => self
+                .owner
+                .recv_done(e.op_context as u32, e, None, driven.as_deref_mut()),
+            Err(c) if c.flags & fi::FI_SEND != 0 => {
+                self.owner.send_done(c.op_context, Some(c.err), None)
+            }
             Err(c) => {
                 let e = CqEntry {
                     op_context: c.op_context,
@@ -482,7 +490,8 @@ impl ShmLocal {
                     data: c.data,
                     tag: c.tag,
                 };
-                self.owner.recv_done(c.op_context as u32, e, Some(c.err))
+                self.owner
+                    .recv_done(c.op_context as u32, e, Some(c.err), None)
             }
         })
     }
@@ -508,7 +517,7 @@ impl ShmLocal {
             }
         };
         if rc == -(errno::EAGAIN as isize) {
-            self.progress();
+            self.progress(None);
         }
         check(rc, "fi_inject(shm)").map(|_| ())
     }
@@ -589,7 +598,7 @@ impl LocalPath for ShmLocal {
         };
         if rc == -(errno::EAGAIN as isize) {
             // shm's queue to that peer is full until it (and we) make progress.
-            self.progress();
+            self.progress(None);
         }
         check(rc, "fi_sendmsg(shm)").map(|_| ())
     }
@@ -616,11 +625,15 @@ impl LocalPath for ShmLocal {
         Ok(())
     }
 
-    fn progress(&self) {
+    fn progress(&self, mut driven: Option<&mut Driven<'_, '_>>) {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
-        let r = crate::core::peer::drain(|| self.owner.room(), |n| self.move_some(n), BATCH);
+        let r = crate::core::peer::drain(
+            || self.owner.room(),
+            |n| self.move_some(n, driven.as_deref_mut()),
+            BATCH,
+        );
         if let Err(e) = r {
             crate::fi_warn!("rdm", "shm progress: {e}");
         }

@@ -24,7 +24,7 @@ use rfabric_sys::lock::RwLock;
 use super::{
     lock, release_tx, tx_error, Enabled, Exposed, Inner, RndvSend, Shared, Src, TxMeta, NONE,
 };
-use crate::verbs::cq::{CompletionQueue, QpnHash};
+use crate::verbs::cq::{CompletionQueue, QpnHash, ReadSink};
 use crate::verbs::wr_id::{self, Kind};
 
 /// A send buffer's `TxMeta::conn` while the local path carries it.
@@ -96,8 +96,9 @@ pub trait LocalPath: Send + Sync {
     /// Starts (or discards) the unexpected message it holds in engine slot `id`: `e`
     /// names the receive's buffer.
     fn hand_back(&self, id: u32, e: &LocalEntry, discard: bool) -> Result<()>;
-    /// Drives it; its completions come back through the owner.
-    fn progress(&self);
+    /// Drives it; its completions come back through the owner, given `driven` when the
+    /// endpoint's own progress calls (a CQ read may then take them at once).
+    fn progress(&self, driven: Option<&mut Driven<'_, '_>>);
     /// Closes it (the endpoint is closing): later calls fail.
     fn close(&self);
 }
@@ -333,7 +334,7 @@ impl LocalLink {
             b.sleep_begin();
             // What came before the senders could see us asleep is taken now (the idle
             // pacing of `due` must not skip this look).
-            self.path.progress();
+            self.path.progress(None);
             self.pending.load(Ordering::SeqCst) == 0
         } else {
             b.sleep_end();
@@ -363,6 +364,21 @@ impl LocalLink {
     }
 }
 
+/// The endpoint's progress driving its local path: the owner's callbacks from it reach
+/// the endpoint without upgrading a weak reference, and give what they complete to the
+/// CQ read behind the call (`sink`), if any.
+pub struct Driven<'a, 'b> {
+    pub(super) sh: &'a Shared,
+    pub(super) en: &'a Enabled,
+    pub(super) sink: Option<&'a mut ReadSink<'b>>,
+}
+
+impl std::fmt::Debug for Driven<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Driven")
+    }
+}
+
 /// The endpoint as its local path calls it back (a weak reference: the path never keeps
 /// the endpoint alive).
 #[derive(Clone, Debug)]
@@ -385,6 +401,20 @@ impl LocalOwner {
             .get()
             .ok_or_else(|| Error::new(errno::EOPBADSTATE, "no local path is attached"))?;
         f(en, l)
+    }
+
+    /// `f(endpoint, sink)`: from `driven` when it is this owner's endpoint driving, else
+    /// reached through the weak reference (with no sink).
+    #[inline(always)]
+    fn with_driven<R>(
+        &self,
+        driven: Option<&mut Driven<'_, '_>>,
+        f: impl FnOnce(&Enabled, Option<&mut ReadSink<'_>>) -> Result<R>,
+    ) -> Result<R> {
+        match driven {
+            Some(d) if std::ptr::eq(self.sh.as_ptr(), d.sh) => f(d.en, d.sink.as_deref_mut()),
+            _ => self.with(|en, _| f(en, None)),
+        }
     }
 
     /// An arrival from the path (`get_msg`/`get_tag`, `from` its own address):
@@ -460,91 +490,113 @@ impl LocalOwner {
     /// error (`err`): the receive's own completion goes to the endpoint's CQ (truncated
     /// past the receive's buffer: `FI_ETRUNC` with `olen`), from the source the arrival
     /// named, and the slot is freed.
-    pub fn recv_done(&self, id: u32, c: CqEntry, err: Option<i32>) -> Result<()> {
-        self.with(|en, _| {
-            let m = {
-                let mut g = en.inner.lock();
-                let Some(m) = g.local_rx.get_mut(id as usize).filter(|m| m.live) else {
-                    return Err(Error::new(
-                        errno::EINVAL,
-                        format!("a local completion names slot {id}, not a receive in flight"),
-                    ));
+    /// `driven`: the endpoint's progress call behind it, if any.
+    pub fn recv_done(
+        &self,
+        id: u32,
+        c: CqEntry,
+        err: Option<i32>,
+        driven: Option<&mut Driven<'_, '_>>,
+    ) -> Result<()> {
+        self.with_driven(
+            driven,
+            #[inline(always)]
+            |en, sink| {
+                let m = {
+                    let mut g = en.inner.lock();
+                    let Some(m) = g.local_rx.get_mut(id as usize).filter(|m| m.live) else {
+                        return Err(Error::new(
+                            errno::EINVAL,
+                            format!("a local completion names slot {id}, not a receive in flight"),
+                        ));
+                    };
+                    m.live = false;
+                    let m = *m;
+                    if g.engine.entry(id).owner == LOCAL_HOLDER {
+                        let _ = g.engine.free(id);
+                    }
+                    m
                 };
-                m.live = false;
-                let m = *m;
-                if g.engine.entry(id).owner == LOCAL_HOLDER {
-                    let _ = g.engine.free(id);
+                let flags = c.flags & !Flags::COMPLETION.bits();
+                let failed = err.or((c.len > m.cap).then_some(errno::ETRUNC));
+                en.cntrs.done(Flags::RECV, failed.is_none());
+                if let Some(e) = failed {
+                    let n = c.len.min(m.cap);
+                    return en.rx_cq.writeerr(crate::core::cq::CqErrEntry {
+                        op_context: m.context,
+                        flags,
+                        len: n,
+                        buf: c.buf,
+                        data: c.data,
+                        tag: c.tag,
+                        olen: c.len - n,
+                        err: e,
+                        ..Default::default()
+                    });
                 }
-                m
-            };
-            let flags = c.flags & !Flags::COMPLETION.bits();
-            let failed = err.or((c.len > m.cap).then_some(errno::ETRUNC));
-            en.cntrs.done(Flags::RECV, failed.is_none());
-            if let Some(e) = failed {
-                let n = c.len.min(m.cap);
-                return en.rx_cq.writeerr(crate::core::cq::CqErrEntry {
-                    op_context: m.context,
-                    flags,
-                    len: n,
-                    buf: c.buf,
-                    data: c.data,
-                    tag: c.tag,
-                    olen: c.len - n,
-                    err: e,
-                    ..Default::default()
-                });
-            }
-            if m.quiet {
-                return Ok(());
-            }
-            en.rx_cq.write(
-                CqEntry {
-                    op_context: m.context,
-                    flags,
-                    ..c
-                },
-                m.from,
-            )
-        })
+                if m.quiet {
+                    return Ok(());
+                }
+                en.rx_cq.write_via(
+                    sink,
+                    CqEntry {
+                        op_context: m.context,
+                        flags,
+                        ..c
+                    },
+                    m.from,
+                )
+            },
+        )
     }
 
     /// The completion of a send carried with `context` (`LocalSend::context`): its send
     /// buffer is free, and the application's completion, if it wants one, is written.
-    pub fn send_done(&self, context: u64, err: Option<i32>) -> Result<()> {
-        self.with(|en, _| {
-            if wr_id::owner_key(context) != Some(en.key) {
-                return Err(Error::new(errno::EINVAL, "not a send of this endpoint"));
-            }
-            let slot = wr_id::index(context);
-            let mut g = en.inner.lock();
-            if g.tx.get(slot as usize).is_none_or(|m| m.conn != LOCAL_CONN) {
-                return Err(Error::new(errno::EINVAL, "not a local send in flight"));
-            }
-            let m = g.tx[slot as usize];
-            g.tx[slot as usize].conn = NONE;
-            let held = release_tx(&mut g, slot);
-            drop(g);
-            drop(held);
-            if let Some(l) = en.local.get() {
-                l.pending.fetch_sub(1, Ordering::SeqCst);
-            }
-            en.cntrs.done(m.flags, err.is_none());
-            match err {
-                None if m.quiet => Ok(()),
-                None => en.tx_cq.write(
-                    CqEntry {
-                        op_context: m.context,
-                        flags: m.flags.bits(),
-                        ..Default::default()
+    pub fn send_done(
+        &self,
+        context: u64,
+        err: Option<i32>,
+        driven: Option<&mut Driven<'_, '_>>,
+    ) -> Result<()> {
+        self.with_driven(
+            driven,
+            #[inline(always)]
+            |en, sink| {
+                if wr_id::owner_key(context) != Some(en.key) {
+                    return Err(Error::new(errno::EINVAL, "not a send of this endpoint"));
+                }
+                let slot = wr_id::index(context);
+                let mut g = en.inner.lock();
+                if g.tx.get(slot as usize).is_none_or(|m| m.conn != LOCAL_CONN) {
+                    return Err(Error::new(errno::EINVAL, "not a local send in flight"));
+                }
+                let m = g.tx[slot as usize];
+                g.tx[slot as usize].conn = NONE;
+                let held = release_tx(&mut g, slot);
+                drop(g);
+                drop(held);
+                if let Some(l) = en.local.get() {
+                    l.pending.fetch_sub(1, Ordering::SeqCst);
+                }
+                en.cntrs.done(m.flags, err.is_none());
+                match err {
+                    None if m.quiet => Ok(()),
+                    None => en.tx_cq.write_via(
+                        sink,
+                        CqEntry {
+                            op_context: m.context,
+                            flags: m.flags.bits(),
+                            ..Default::default()
+                        },
+                        FI_ADDR_NOTAVAIL,
+                    ),
+                    Some(e) => match tx_error(&m, e) {
+                        e if super::unreported(&e) => Ok(()),
+                        e => en.tx_cq.writeerr(e),
                     },
-                    FI_ADDR_NOTAVAIL,
-                ),
-                Some(e) => match tx_error(&m, e) {
-                    e if super::unreported(&e) => Ok(()),
-                    e => en.tx_cq.writeerr(e),
-                },
-            }
-        })
+                }
+            },
+        )
     }
 
     /// Completions the CQs can take now (the path moves no more).
