@@ -113,11 +113,45 @@ struct Routes {
     bells: HashMap<u64, Arc<PeerBell>, QpnHash>,
 }
 
-/// A local peer as a send reaches it (looked up per send: a multiply, not SipHash).
+/// A local peer as a send reaches it (looked up per send in a `RouteTable`).
 #[derive(Debug)]
 struct Route {
     handle: u64,
     bell: Arc<PeerBell>,
+}
+
+/// The routes a send looks up: by index for the AV's small addresses (`FI_AV_TABLE`'s),
+/// hashed for the rest (`FI_AV_MAP`'s carry a generation in their high bits).
+#[derive(Debug, Default)]
+struct RouteTable {
+    dense: Vec<Option<Route>>,
+    sparse: HashMap<u64, Route, QpnHash>,
+}
+
+/// AV addresses below this are routed by index.
+const DENSE_ROUTES: u64 = 1 << 16;
+
+impl RouteTable {
+    #[inline]
+    fn get(&self, dest: u64) -> Option<&Route> {
+        match self.dense.get(dest as usize) {
+            Some(r) => r.as_ref(),
+            None if self.sparse.is_empty() => None,
+            None => self.sparse.get(&dest),
+        }
+    }
+
+    fn insert(&mut self, addr: u64, r: Route) {
+        if addr < DENSE_ROUTES {
+            let i = addr as usize;
+            if self.dense.len() <= i {
+                self.dense.resize_with(i + 1, || None);
+            }
+            self.dense[i] = Some(r);
+        } else {
+            self.sparse.insert(addr, r);
+        }
+    }
 }
 
 /// The bell of an endpoint on this host (`bell_name`), opened once its owner made it.
@@ -213,7 +247,7 @@ pub(super) struct LocalLink {
     pending: AtomicU64,
     routes: Mutex<Routes>,
     /// Where each AV address on this host goes, read per send (rebuilt by `sync`).
-    table: RwLock<HashMap<u64, Route, QpnHash>>,
+    table: RwLock<RouteTable>,
     /// The AV's change count the routes follow (`u64::MAX`: never built).
     seen: AtomicU64,
     /// Some name in the AV is on this host (read per send without the routes' lock).
@@ -245,7 +279,7 @@ impl LocalLink {
             pending: AtomicU64::new(0),
             max,
             routes: Mutex::new(Routes::default()),
-            table: RwLock::new(HashMap::default()),
+            table: RwLock::new(RouteTable::default()),
             seen: AtomicU64::new(u64::MAX),
             any: AtomicBool::new(false),
             idle_next: AtomicU64::new(0),
@@ -271,7 +305,8 @@ impl LocalLink {
             return;
         }
         let local = en.av.rdm_on_host(en.name.host);
-        let mut to = HashMap::<u64, Route, QpnHash>::default();
+        let mut to = RouteTable::default();
+        let mut any = false;
         let mut from = HashMap::<u64, u64, QpnHash>::default();
         for (addr, name) in local {
             let bytes = name.to_bytes();
@@ -298,9 +333,10 @@ impl LocalLink {
                 .or_insert_with(|| Arc::new(PeerBell::new(bell_name(&name))))
                 .clone();
             to.insert(addr, Route { handle: h, bell });
+            any = true;
             from.entry(h).or_insert(addr);
         }
-        self.any.store(!to.is_empty(), Ordering::Relaxed);
+        self.any.store(any, Ordering::Relaxed);
         // Arrivals translate under the endpoint's lock, which they take anyway; released
         // before the table's (a sender holds the table while it takes the endpoint's).
         en.inner.lock().local_from = from;
@@ -322,7 +358,7 @@ impl LocalLink {
             return None;
         }
         let t = self.table.read();
-        let r = t.get(&dest)?;
+        let r = t.get(dest)?;
         Some(f(r.handle, r.bell.get()))
     }
 
