@@ -711,22 +711,9 @@ impl CompletionQueue {
     #[inline(never)]
     fn read_driving<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         if self.peers_due() {
-            if self.staged.load(Ordering::Acquire) != 0 {
-                self.progress_peers();
-            } else {
-                // What the peers complete now goes straight to `out` (nothing is ahead of it).
-                let mut o = ReadOut {
-                    out: &mut *out,
-                    src: None,
-                    n: 0,
-                };
-                self.progress_peers_into(Some(&mut ReadSink {
-                    cq: self,
-                    out: &mut o,
-                }));
-                if o.n > 0 {
-                    return Ok(o.n);
-                }
+            let n = self.drive_peers_for(out, None);
+            if n > 0 {
+                return Ok(n);
             }
         }
         if self.staged.load(Ordering::Acquire) == 0 {
@@ -873,22 +860,9 @@ impl CompletionQueue {
         drive: bool,
     ) -> Result<usize> {
         if drive && self.has(feature::PEERS) && self.peers_due() {
-            if self.staged.load(Ordering::Acquire) != 0 || out.is_empty() {
-                self.progress_peers();
-            } else {
-                // As in `read_driving`: what the peers complete now goes straight to `out`.
-                let mut o = ReadOut {
-                    out: &mut *out,
-                    src: src.as_deref_mut(),
-                    n: 0,
-                };
-                self.progress_peers_into(Some(&mut ReadSink {
-                    cq: self,
-                    out: &mut o,
-                }));
-                if o.n > 0 {
-                    return Ok(o.n);
-                }
+            let n = self.drive_peers_for(out, src.as_deref_mut());
+            if n > 0 {
+                return Ok(n);
             }
         }
         if self.staged.load(Ordering::Acquire) != 0 {
@@ -1161,6 +1135,22 @@ impl CompletionQueue {
     /// Drives the peers that share this CQ; their completions land in the staged queue.
     fn progress_peers(&self) {
         self.progress_peers_into(None)
+    }
+
+    /// Drives the peers for a read into `out` (and `src`): what they complete on this CQ
+    /// goes straight there while nothing is staged ahead of it. The entries written.
+    #[inline(always)]
+    fn drive_peers_for<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> usize {
+        if self.staged.load(Ordering::Acquire) != 0 || out.is_empty() {
+            self.progress_peers();
+            return 0;
+        }
+        let mut o = ReadOut { out, src, n: 0 };
+        self.progress_peers_into(Some(&mut ReadSink {
+            cq: self,
+            out: &mut o,
+        }));
+        o.n
     }
 
     /// [`Self::progress_peers`], with the reader's `sink` for what they complete here.
