@@ -526,6 +526,7 @@ impl LocalOwner {
     /// error (`err`): the receive's own completion goes to the endpoint's CQ (truncated
     /// past the receive's buffer: `FI_ETRUNC` with `olen`), from the source the arrival
     /// named, and the slot is freed.
+    ///
     /// `driven`: the endpoint's progress call behind it, if any.
     pub fn recv_done(
         &self,
