@@ -1,5 +1,6 @@
 //! The test loops: the sizes to run, the ping-pong latency loop and the windowed-send loop.
 
+use std::io::{BufReader, Write};
 use std::time::Duration;
 
 use rfabric::core::cq::CqMsgEntry;
@@ -7,6 +8,7 @@ use rfabric::verbs::RmaIov;
 use rfabric::*;
 use rfabric_sys::clock::{cycles, cycles_per_us};
 
+use super::oob::read_line;
 use super::options::{Opts, Test, MAX_ALL};
 use super::setup::Conn;
 use super::tables::Samples;
@@ -145,15 +147,30 @@ fn answer(c: &Conn, deadline: &mut Deadline) -> Result<(), String> {
     reap_sends(c, 1, deadline)
 }
 
-/// The client's end of a one-sided size: the server saw nothing of it, so a 0-byte message
-/// tells it the size is done, and its answer closes the size.
-fn rma_done(c: &Conn, deadline: &mut Deadline) -> Result<(), String> {
-    let e = |e: Error| e.to_string();
-    c.ep.sendmsg(&c.tx, 0, 3, Flags::COMPLETION).map_err(e)?;
-    if reap(c, 1, deadline)? == 0 {
-        reap_sends(c, 1, deadline)?;
+/// The end of a one-sided size, as perftest's: over the control connection, where the
+/// server sleeps in a read until the client says it is done. An idle server leaves its CPU
+/// to the device's work at its end (read responses, writes placed), which runs in this
+/// host's kernel and which a polling server would compete with.
+fn rma_sync(c: &Conn) -> Result<(), String> {
+    let say = |line: &str| {
+        (&c.control)
+            .write_all(line.as_bytes())
+            .map_err(|e| format!("control connection: {e}"))
+    };
+    let hear = |want: &str, what: &str| {
+        let got = read_line(&mut BufReader::new(&c.control), what)?;
+        match got == want {
+            true => Ok(()),
+            false => Err(format!("the peer sent {got:?} for {what}")),
+        }
+    };
+    if c.is_server {
+        hear("done", "the client's end of the size")?;
+        say("ok\n")
+    } else {
+        say("done\n")?;
+        hear("ok", "the server's answer")
     }
-    c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)
 }
 
 /// The peer's buffer as the remote range of `size` bytes of a one-sided operation.
@@ -225,28 +242,22 @@ pub(crate) fn run_bw(
     let deadline = &mut Deadline::after(timeout);
     let e = |e: Error| e.to_string();
     let mut out = [CqMsgEntry::default(); 16];
+    if c.is_server && test != Test::SendBw {
+        // Writes and reads pass unseen: the client's word over the control connection.
+        rma_sync(c)?;
+        return Ok((0.0, 0.0));
+    }
     if c.is_server {
-        // Sends arrive one by one; writes and reads pass unseen, then a 0-byte message.
-        let (want, len) = if test == Test::SendBw {
-            (iters, size)
-        } else {
-            (1, 0)
-        };
+        // Sends arrive one by one.
         let mut got = 0;
-        while got < want {
+        while got < iters {
             let n = poll(c, &mut out, deadline, || {
-                format!("only {got} of {want} messages arrived")
+                format!("only {got} of {iters} messages arrived")
             })?;
-            if n == 0 && test != Test::SendBw {
-                // Nothing to do until the client's word, as perftest's server (asleep in a
-                // socket read): the device's work at this end (read responses, writes
-                // placed) runs in this host's kernel, which a spinning reader competes with.
-                std::thread::sleep(Duration::from_micros(100));
-            }
             for en in &out[..n] {
                 if en.flags & Flags::RECV.bits() != 0 {
-                    if en.len != len {
-                        return Err(format!("received {} bytes, expected {len}", en.len));
+                    if en.len != size {
+                        return Err(format!("received {} bytes, expected {size}", en.len));
                     }
                     got += 1;
                     c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
@@ -311,7 +322,7 @@ pub(crate) fn run_bw(
     }
     let secs = cycles().wrapping_sub(start) as f64 / per_us / 1e6;
     if test != Test::SendBw {
-        rma_done(c, deadline)?;
+        rma_sync(c)?;
         return Ok((secs, peak));
     }
     // The server's answer closes the size: it has counted every message.
@@ -334,10 +345,7 @@ pub(crate) fn run_read_lat(
 ) -> Result<Samples, String> {
     let deadline = &mut Deadline::after(timeout);
     if c.is_server {
-        reap(c, 1, deadline)?;
-        c.ep.recv(&c.rx, 0, c.rx.len(), 1)
-            .map_err(|e| e.to_string())?;
-        answer(c, deadline)?;
+        rma_sync(c)?;
         return Ok(Samples::with_capacity(0, 1.0));
     }
     let ep = c.ep.msg().map_err(|e| e.to_string())?;
@@ -358,7 +366,7 @@ pub(crate) fn run_read_lat(
         }
     }
     drop(out);
-    rma_done(c, deadline)?;
+    rma_sync(c)?;
     Ok(samples)
 }
 

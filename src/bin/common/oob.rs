@@ -1,6 +1,6 @@
 //! The out-of-band exchange: the TCP control connection and the parameters sent over it.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -121,7 +121,7 @@ pub(super) fn oob_connect(server: &str, port: u16, o: &Opts) -> Result<TcpStream
     }
 }
 
-pub(super) fn read_line(s: &mut BufReader<TcpStream>, what: &str) -> Result<String, String> {
+pub(super) fn read_line(s: &mut impl BufRead, what: &str) -> Result<String, String> {
     let mut line = String::new();
     match s.read_line(&mut line) {
         Ok(0) => Err(format!(

@@ -142,7 +142,8 @@ pub(crate) struct Conn {
     pub(crate) remote: Option<(u64, u64)>,
     _eq: Option<Arc<EventQueue>>,
     _pep: Option<PassiveEndpoint>,
-    _control: TcpStream,
+    /// The TCP control connection: parameters, RMA targets, one-sided sizes' ends.
+    pub(crate) control: TcpStream,
 }
 
 /// How sends bind their CQ: with selective completion (`FI_COMPLETION` asked one in
@@ -303,7 +304,7 @@ fn swap_rma_target(mut conn: Conn, o: &Opts, r: &mut BufReader<TcpStream>) -> Re
         return Ok(conn);
     }
     let line = format!("rma {:x} {:x}\n", conn.rx.addr(), conn.rx.key());
-    (&conn._control)
+    (&conn.control)
         .write_all(line.as_bytes())
         .map_err(|e| e.to_string())?;
     let peer = read_line(r, "the peer's buffer address and key")?;
@@ -353,7 +354,7 @@ fn endpoint(
         remote: None,
         _eq: Some(eq.clone()),
         _pep: pep,
-        _control: control,
+        control: control,
     })
 }
 
@@ -415,7 +416,7 @@ fn connect_ud(
         remote: None,
         _eq: None,
         _pep: None,
-        _control: control,
+        control: control,
     })
 }
 
@@ -504,7 +505,7 @@ fn connect_rdm(
         remote: None,
         _eq: None,
         _pep: None,
-        _control: control,
+        control: control,
     };
     first_contact(&conn, o.timeout)?;
     post_rx(&conn, RX_DEPTH.min(conn.info.rx_attr.size), max)?;
