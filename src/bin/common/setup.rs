@@ -354,7 +354,7 @@ fn endpoint(
         remote: None,
         _eq: Some(eq.clone()),
         _pep: pep,
-        control: control,
+        control,
     })
 }
 
@@ -416,7 +416,7 @@ fn connect_ud(
         remote: None,
         _eq: None,
         _pep: None,
-        control: control,
+        control,
     })
 }
 
@@ -505,7 +505,7 @@ fn connect_rdm(
         remote: None,
         _eq: None,
         _pep: None,
-        control: control,
+        control,
     };
     first_contact(&conn, o.timeout)?;
     post_rx(&conn, RX_DEPTH.min(conn.info.rx_attr.size), max)?;
