@@ -345,6 +345,9 @@ pub(crate) trait PeerProgress: Send + Sync {
     fn sleeping(&self, _on: bool) -> bool {
         false
     }
+    /// A descriptor the peer put in the CQ's wait set (`add_wait_fd`) woke a sleeping
+    /// reader: its next progress call should look at it, whatever it rations.
+    fn fd_woke(&self) {}
 }
 
 /// Where the completions of a peer provider's transfers go (fi_peer(3) `FI_PEER_TRANSFER`).
@@ -1153,6 +1156,14 @@ impl CompletionQueue {
         o.n
     }
 
+    /// Calls `f` on each peer still alive, with no lock held.
+    fn for_each_peer(&self, f: impl Fn(&dyn PeerProgress)) {
+        let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
+        for p in peers.iter().filter_map(Weak::upgrade) {
+            f(&*p);
+        }
+    }
+
     /// [`Self::progress_peers`], with the reader's `sink` for what they complete here.
     fn progress_peers_into(&self, mut sink: Option<&mut ReadSink<'_>>) {
         let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
@@ -1853,6 +1864,7 @@ impl CompletionQueue {
                         // A peer's event (a connection request): drive the peers now,
                         // whatever the read count says.
                         if events[..n].iter().any(|e| e.data() == PEER_FD_TOKEN) {
+                            self.for_each_peer(|p| p.fd_woke());
                             self.progress_peers();
                         }
                         Ok(())

@@ -12,7 +12,7 @@
 //! and connections are opened and bound outside it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
@@ -951,6 +951,8 @@ struct Enabled {
     /// events; otherwise one in `CM_POLL_EVERY` does (a read is a system call).
     in_setup: AtomicU32,
     polls: AtomicU32,
+    /// When the next look at connection events may be (`rfabric_sys::clock::cycles`).
+    cm_next: AtomicU64,
     /// Its connection events' descriptor is in its CQ's wait set (`add_wait_fd`).
     cm_wakes: bool,
     /// What its work request ids carry for its CQs to find it (`wr_id::keyed`).
@@ -1016,6 +1018,11 @@ fn deliver_transfers(en: &Enabled) {
 /// How often an idle endpoint's progress looks for connection events (requests from new
 /// peers, disconnects): one call in this many.
 const CM_POLL_EVERY: u32 = 64;
+
+/// At most one look at connection events in this many cycles of the TSC while no
+/// connection is being set up (0.3 to 1 ms on TSCs of 1 to 3 GHz; 1 ms where `cycles` is a
+/// clock in nanoseconds).
+const CM_POLL_GAP: u64 = 1 << 20;
 
 /// With a local path (every read drives the endpoint, and a read can take a few
 /// microseconds): one look at connection events in this many calls.
@@ -1361,6 +1368,7 @@ impl RdmEndpoint {
                 reads_parked: AtomicBool::new(false),
                 in_setup: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
+                cm_next: AtomicU64::new(0),
                 cm_wakes: false,
                 key: crate::verbs::cq::new_owner_key(),
                 directed: (info.caps | info.rx_attr.caps).contains(Flags::DIRECTED_RECV),
@@ -3559,6 +3567,16 @@ impl Shared {
                 return;
             }
         }
+        if en.in_setup.load(Ordering::Relaxed) == 0 {
+            // A look is a system call (rdma_cm's event read), which a reader spinning on
+            // an empty CQ would make every `every` reads, thousands a second: one per
+            // CM_POLL_GAP cycles is enough to see new peers and disconnects.
+            let now = rfabric_sys::clock::cycles();
+            if now < en.cm_next.load(Ordering::Relaxed) {
+                return;
+            }
+            en.cm_next.store(now + CM_POLL_GAP, Ordering::Relaxed);
+        }
         self.progress_cm(en);
     }
 
@@ -4213,6 +4231,13 @@ impl RecvOwner for Shared {
 }
 
 impl PeerProgress for Shared {
+    fn fd_woke(&self) {
+        // Its connection events' descriptor (`cm_wakes`): the next progress reads them.
+        if let Some(en) = self.on.get() {
+            en.cm_next.store(0, Ordering::Relaxed);
+        }
+    }
+
     fn sleeping(&self, on: bool) -> bool {
         self.on
             .get()
