@@ -948,7 +948,8 @@ struct Enabled {
     /// `Inner::reads_failed` holds reads to finish (checked without the lock).
     reads_parked: AtomicBool,
     /// Connections being set up: while any is, every progress call reads the connection
-    /// events; otherwise one in `CM_POLL_EVERY` does (a read is a system call).
+    /// events; otherwise one in `CM_POLL_EVERY` does, at most once per `CM_POLL_GAP` (a read
+    /// is a system call).
     in_setup: AtomicU32,
     polls: AtomicU32,
     /// When the next look at connection events may be (`rfabric_sys::clock::cycles`).
