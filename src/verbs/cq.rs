@@ -1156,8 +1156,10 @@ impl CompletionQueue {
         o.n
     }
 
-    /// Calls `f` on each peer still alive, with no lock held.
-    fn for_each_peer(&self, f: impl Fn(&dyn PeerProgress)) {
+    /// Calls `f` on each peer still alive, with no lock held (a peer may read or write this
+    /// CQ from what `f` calls).
+    #[inline(always)]
+    fn for_each_peer(&self, mut f: impl FnMut(&dyn PeerProgress)) {
         let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
         for p in peers.iter().filter_map(Weak::upgrade) {
             f(&*p);
@@ -1166,13 +1168,7 @@ impl CompletionQueue {
 
     /// [`Self::progress_peers`], with the reader's `sink` for what they complete here.
     fn progress_peers_into(&self, mut sink: Option<&mut ReadSink<'_>>) {
-        let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
-        // Called without the lock held: a peer may read or write this CQ from its progress.
-        for p in peers.iter() {
-            if let Some(p) = p.upgrade() {
-                p.progress(self, sink.as_deref_mut());
-            }
-        }
+        self.for_each_peer(|p| p.progress(self, sink.as_deref_mut()));
     }
 
     /// Adds a peer provider (or an RDM endpoint) whose progress reads of this CQ drive (at
