@@ -11,10 +11,22 @@ fn addr() -> Option<String> {
 
 /// Runs a server and a client of `tool` on `port`; returns the client's stdout.
 fn run_pair(tool: &str, port: u16, args: &[&str], server_ip: &str) -> String {
+    run_pair_env(tool, port, args, server_ip, &[])
+}
+
+/// [`run_pair`] with `envs` set in both processes.
+fn run_pair_env(
+    tool: &str,
+    port: u16,
+    args: &[&str],
+    server_ip: &str,
+    envs: &[(&str, &str)],
+) -> String {
     let port_s = port.to_string();
     // A server of a one-sided test hears nothing from its client while a size runs (8 MiB
     // reads take seconds under TCG): a generous limit, reached only on failure.
     let server = Command::new(tool)
+        .envs(envs.iter().copied())
         .args(["-p", &port_s, "-T", "120"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -22,6 +34,7 @@ fn run_pair(tool: &str, port: u16, args: &[&str], server_ip: &str) -> String {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let client = Command::new(tool)
+        .envs(envs.iter().copied())
         .args(["-p", &port_s, "-T", "120"])
         .args(args)
         .arg(server_ip)
@@ -110,6 +123,55 @@ fn write_lat_runs_between_two_processes_over_every_size_to_8_mib() {
         .unwrap();
     assert_eq!(refused.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("RC, -e msg"));
+}
+
+/// A smaller `FI_RVERBS_RDM_BUFFER_SIZE` alone works: the segmented size's default
+/// follows it (64 buffers' worth), where it used to stay 64 KiB and refuse to open. Sizes
+/// on both sides of each protocol's bound at 1 KiB buffers: eager, segmented, rendezvous.
+#[test]
+fn rdm_with_small_bounce_buffers_opens_and_runs_every_protocol() {
+    let Some(ip) = addr() else { return };
+    let small = [
+        ("FI_RVERBS_RDM_SHM", "0"),
+        ("FI_RVERBS_RDM_BUFFER_SIZE", "1024"),
+    ];
+    for (i, size) in ["992", "993", "63488", "63489"].iter().enumerate() {
+        let out = run_pair_env(
+            env!("CARGO_BIN_EXE_rfab_send_lat"),
+            18620 + i as u16,
+            &["-e", "rdm", "--tagged", "-s", size, "-n", "20", "--json"],
+            &ip,
+            &small,
+        );
+        let rows = json_rows(&out);
+        assert_eq!(rows.len(), 1, "{size}: {out}");
+        assert!(rows[0].contains(&format!("\"bytes\":{size}")), "{out}");
+    }
+    // Set explicitly past 64 buffers, it is refused with the reason (each side opens its
+    // endpoint once the control connection is up).
+    let bad = |host: Option<&str>| {
+        Command::new(env!("CARGO_BIN_EXE_rfab_send_lat"))
+            .envs(small)
+            .env("FI_RVERBS_RDM_SEGMENTED_MAX", "65536")
+            .args([
+                "-e", "rdm", "-p", "18624", "-T", "10", "-s", "64", "-n", "5",
+            ])
+            .args(host)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let server = bad(None);
+    std::thread::sleep(Duration::from_millis(500));
+    let client = bad(Some(&ip)).wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert!(!client.status.success() && !server.status.success());
+    let err = String::from_utf8_lossy(&server.stderr);
+    assert!(
+        err.contains("FI_RVERBS_RDM_SEGMENTED_MAX=65536: at most 64 bounce buffers (63488 bytes)"),
+        "{err}"
+    );
 }
 
 /// The `key` field of a JSON row.

@@ -64,7 +64,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: "FI_RVERBS_RDM_SEGMENTED_MAX",
-        default: "65536",
+        default: "65536 (at most 64 buffers)",
         help: "largest RDM message sent in segments (several bounce buffers, copied on both sides, no registration); larger ones go by rendezvous (RDMA read); at most 64 bounce buffers' worth, 0 for none",
     },
     Knob {

@@ -525,12 +525,14 @@ const UNSIGNALED_MAX: usize = 16;
 const MAX_SEGS: usize = 64;
 
 /// The largest message sent in segments (`FI_RVERBS_RDM_SEGMENTED_MAX`); larger ones
-/// go by rendezvous.
+/// go by rendezvous. Unset, it is 64 KiB or 64 buffers' worth, whichever is less: a
+/// smaller `FI_RVERBS_RDM_BUFFER_SIZE` alone never makes the default invalid.
 fn segmented_max(eager: usize) -> Result<usize> {
     let max = eager * MAX_SEGS;
-    match crate::core::env::get_usize_or("FI_RVERBS_RDM_SEGMENTED_MAX", 65536)? {
-        n if n <= max => Ok(n),
-        n => Err(Error::new(
+    match crate::core::env::get_usize("FI_RVERBS_RDM_SEGMENTED_MAX")? {
+        None => Ok(max.min(65536)),
+        Some(n) if n <= max => Ok(n),
+        Some(n) => Err(Error::new(
             errno::EINVAL,
             format!("FI_RVERBS_RDM_SEGMENTED_MAX={n}: at most {MAX_SEGS} bounce buffers ({max} bytes); 0 turns segments off"),
         )),
