@@ -406,12 +406,35 @@ pub struct Header {
 }
 
 const HDR_MAGIC: u8 = 0xe7;
+/// The short header's magic: an eager message with a tag and nothing else to say.
+const HDR_MAGIC_SHORT: u8 = 0xe8;
 const HAS_DATA: u8 = 1;
 const HAS_ACK: u8 = 2;
 const IS_PEER: u8 = 4;
 
 impl Header {
     pub const LEN: usize = 32;
+    /// The short header: magic, operation, flags, a spare byte and the tag. An eager
+    /// message with no CQ data and no notice to ask for (most of them) goes with it, its
+    /// length told by the bytes received: 20 fewer bytes on the wire per message, which
+    /// keeps a 64-byte message below 79 (rxe computes the ICRC of shorter packets without
+    /// its SIMD path, whose FPU state save is costly under emulation).
+    pub const SHORT_LEN: usize = 12;
+
+    /// The short header of this one, when it can go as one (an eager message, tagged or
+    /// not, with no CQ data and no notice).
+    #[inline]
+    pub fn encode_short(&self) -> Option<[u8; Self::SHORT_LEN]> {
+        if !matches!(self.op, Op::Msg | Op::Tag) || self.data.is_some() || self.ack.is_some() {
+            return None;
+        }
+        let mut b = [0u8; Self::SHORT_LEN];
+        b[0] = HDR_MAGIC_SHORT;
+        b[1] = self.op as u8;
+        b[2] = if self.peer { IS_PEER } else { 0 };
+        b[4..12].copy_from_slice(&self.tag.to_le_bytes());
+        Some(b)
+    }
 
     /// A header with nothing but its operation (a notice with no tag, data or body).
     pub fn bare(op: Op) -> Header {
@@ -441,9 +464,58 @@ impl Header {
         b
     }
 
-    /// Reads the header of a received message of `received` bytes in all.
+    /// Reads the header of a received message of `received` bytes in all, short or full.
     #[inline]
     pub fn decode(b: &[u8], received: usize) -> Result<Header> {
+        Self::decode_at(b, received).map(|(h, _)| h)
+    }
+
+    /// [`Self::decode`], with where the message's bytes begin (the header's length).
+    #[inline]
+    pub fn decode_at(b: &[u8], received: usize) -> Result<(Header, usize)> {
+        if b.first() == Some(&HDR_MAGIC_SHORT) {
+            return Self::decode_short(b, received).map(|h| (h, Self::SHORT_LEN));
+        }
+        Self::decode_full(b, received).map(|h| (h, Self::LEN))
+    }
+
+    #[inline]
+    fn decode_short(b: &[u8], received: usize) -> Result<Header> {
+        let Some(b) = b.first_chunk::<{ Self::SHORT_LEN }>() else {
+            return Err(malformed(format!(
+                "{} bytes, shorter than its header",
+                b.len()
+            )));
+        };
+        if received < Self::SHORT_LEN || received - Self::SHORT_LEN > u32::MAX as usize {
+            return Err(malformed(format!(
+                "{received} bytes, shorter than its header"
+            )));
+        }
+        let op = match Op::from_code(b[1]) {
+            Some(op @ (Op::Msg | Op::Tag)) if b[2] & !IS_PEER == 0 => op,
+            _ => {
+                return Err(malformed(format!(
+                    "a short header with operation {} and flags {:#x}",
+                    b[1], b[2]
+                )))
+            }
+        };
+        let mut tag = [0u8; 8];
+        tag.copy_from_slice(&b[4..12]);
+        Ok(Header {
+            op,
+            tag: u64::from_le_bytes(tag),
+            data: None,
+            len: (received - Self::SHORT_LEN) as u32,
+            ack: None,
+            total: 0,
+            peer: b[2] & IS_PEER != 0,
+        })
+    }
+
+    #[inline]
+    fn decode_full(b: &[u8], received: usize) -> Result<Header> {
         let Some(b) = b.first_chunk::<{ Self::LEN }>() else {
             return Err(malformed(format!(
                 "{} bytes, shorter than its header",
@@ -714,6 +786,52 @@ pub fn host_id(boot_id: Option<&str>, hostname: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_headers_carry_eager_messages_without_data_or_notice() {
+        for (op, peer) in [(Op::Tag, false), (Op::Msg, false), (Op::Tag, true)] {
+            let h = Header {
+                op,
+                tag: 0x0123_4567_89ab_cdef,
+                data: None,
+                len: 64,
+                ack: None,
+                total: 0,
+                peer,
+            };
+            let b = h.encode_short().unwrap();
+            let mut buf = [0xaau8; Header::LEN];
+            buf[..Header::SHORT_LEN].copy_from_slice(&b);
+            // What lies past the short header is stale bytes of the bounce buffer.
+            let (back, body) = Header::decode_at(&buf, Header::SHORT_LEN + 64).unwrap();
+            assert_eq!((back, body), (h, Header::SHORT_LEN));
+            let (empty, _) = Header::decode_at(&buf, Header::SHORT_LEN).unwrap();
+            assert_eq!(empty.len, 0);
+            assert_eq!(Header::decode_at(&buf, 11).unwrap_err().errno(), errno::EIO);
+            // The full form still reads as before, with its own offset.
+            let full = h.encode();
+            assert_eq!(
+                Header::decode_at(&full, Header::LEN + 64).unwrap(),
+                (h, Header::LEN)
+            );
+        }
+        // Data, a notice, or another operation need the full header.
+        let mut h = Header::bare(Op::Tag);
+        h.data = Some(1);
+        assert!(h.encode_short().is_none());
+        h.data = None;
+        h.ack = Some(3);
+        assert!(h.encode_short().is_none());
+        assert!(Header::bare(Op::RtsTag).encode_short().is_none());
+        assert!(Header::bare(Op::SegMsg).encode_short().is_none());
+        // A short header naming anything else, or with data or notice flags, is refused.
+        let mut b = Header::bare(Op::Msg).encode_short().unwrap();
+        b[1] = Op::Fin as u8;
+        assert!(Header::decode_at(&b, 12).is_err());
+        let mut b = Header::bare(Op::Msg).encode_short().unwrap();
+        b[2] = HAS_DATA;
+        assert!(Header::decode_at(&b, 12).is_err());
+    }
 
     #[test]
     fn names_round_trip_and_refuse_other_bytes() {

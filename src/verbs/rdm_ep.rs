@@ -677,6 +677,20 @@ struct RxMeta {
     /// A gathered announcement's ranges, listed after its head in the buffer (0: the head
     /// names the one range).
     ranges: u8,
+    /// It came with the short header (`Header::SHORT_LEN`): its bytes begin there.
+    short: bool,
+}
+
+impl RxMeta {
+    /// Where the message's bytes begin in its bounce buffer.
+    #[inline]
+    fn body(&self) -> usize {
+        if self.short {
+            Header::SHORT_LEN
+        } else {
+            Header::LEN
+        }
+    }
 }
 
 /// A segmented message being put together (in a copy aside) from its segments.
@@ -1837,7 +1851,6 @@ impl RdmEndpoint {
                     },
                     None => user,
                 };
-                g.tx[slot as usize].wire = (Header::LEN + len) as u32;
                 let hdr = Header {
                     op,
                     tag,
@@ -1847,9 +1860,14 @@ impl RdmEndpoint {
                     total: 0,
                     peer: user.peer,
                 };
-                en.tx_pool
-                    .write_at(off, &hdr.encode())
-                    .and_then(|_| src.copy_to(&en.tx_pool, off + Header::LEN))
+                let head = match hdr.encode_short() {
+                    Some(b) => en.tx_pool.write_at(off, &b).map(|_| Header::SHORT_LEN),
+                    None => en.tx_pool.write_at(off, &hdr.encode()).map(|_| Header::LEN),
+                };
+                head.and_then(|n| {
+                    g.tx[slot as usize].wire = (n + len) as u32;
+                    src.copy_to(&en.tx_pool, off + n)
+                })
             }
             Some((reg, remote)) => {
                 stage_rts(en, &mut g, slot, reg, remote, op, tag, data, len, user)
@@ -2859,7 +2877,7 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> 
     let copied = match &ebuf {
         Some(b) if n > 0 => match spilled(en, slot) {
             None => {
-                let body = slot as usize * en.slot + Header::LEN;
+                let body = slot as usize * en.slot + m.body();
                 let pool = en.rx_pool.sys();
                 b.fill(e.offset, n, |to, from, k| {
                     copy(Place::Region(pool, body + from), to, k)
@@ -3206,7 +3224,8 @@ fn flush_reposts(en: &Enabled, g: &mut Inner) {
 /// aside; returns its new holder. The buffer is the caller's to post again.
 fn spill(en: &Enabled, g: &mut Inner, slot: u32, len: usize) -> Result<u32> {
     let i = spill_slot(g, len)?;
-    let from = Place::Region(en.rx_pool.sys(), slot as usize * en.slot + Header::LEN);
+    let at = slot as usize * en.slot + g.rx[slot as usize].body();
+    let from = Place::Region(en.rx_pool.sys(), at);
     if let Err(e) = append_from(from, len, &mut g.spill[i]) {
         g.spill_free.push(i as u32);
         return Err(Error::os(e, "setting an unexpected message aside"));
@@ -3341,6 +3360,7 @@ fn segment(
                         conn,
                         held: false,
                         ranges: 0,
+                        short: false,
                     },
                 },
             );
@@ -3941,8 +3961,8 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     let parsed = en
         .rx_pool
         .read_at(id as usize * en.slot, &mut hdr)
-        .and_then(|_| Header::decode(&hdr, got));
-    let h = match parsed {
+        .and_then(|_| Header::decode_at(&hdr, got));
+    let (h, body) = match parsed {
         Ok(h) => h,
         Err(e) => {
             crate::fi_warn!("rdm", "dropping a message: {e}");
@@ -4002,6 +4022,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         conn,
         held: false,
         ranges,
+        short: body == Header::SHORT_LEN,
     };
     match arrive(&mut g, kind, addr, h.tag, size, id) {
         // Delivered now: the holder's `RxMeta` is never read (its `held` stays false).
