@@ -482,15 +482,13 @@ impl Header {
     #[inline]
     fn decode_short(b: &[u8], received: usize) -> Result<Header> {
         let Some(b) = b.first_chunk::<{ Self::SHORT_LEN }>() else {
-            return Err(malformed(format!(
-                "{} bytes, shorter than its header",
-                b.len()
-            )));
+            return Err(too_short(b.len()));
         };
-        if received < Self::SHORT_LEN || received - Self::SHORT_LEN > u32::MAX as usize {
-            return Err(malformed(format!(
-                "{received} bytes, shorter than its header"
-            )));
+        if received < Self::SHORT_LEN {
+            return Err(too_short(received));
+        }
+        if received - Self::SHORT_LEN > u32::MAX as usize {
+            return Err(malformed(format!("{received} bytes in one message")));
         }
         let op = match Op::from_code(b[1]) {
             Some(op @ (Op::Msg | Op::Tag)) if b[2] & !IS_PEER == 0 => op,
@@ -517,10 +515,7 @@ impl Header {
     #[inline]
     fn decode_full(b: &[u8], received: usize) -> Result<Header> {
         let Some(b) = b.first_chunk::<{ Self::LEN }>() else {
-            return Err(malformed(format!(
-                "{} bytes, shorter than its header",
-                b.len()
-            )));
+            return Err(too_short(b.len()));
         };
         let word = |i: usize| {
             let mut w = [0u8; 8];
@@ -569,7 +564,7 @@ impl Header {
     #[inline(never)]
     fn bad_head(magic: u8, len: u32, received: usize) -> Error {
         if received < Self::LEN {
-            malformed(format!("{received} bytes, shorter than its header"))
+            too_short(received)
         } else if magic != HDR_MAGIC {
             malformed(format!("header magic {magic:#x}"))
         } else {
@@ -585,6 +580,12 @@ impl Header {
 #[cold]
 fn malformed(why: String) -> Error {
     Error::new(errno::EIO, format!("malformed RDM message: {why}"))
+}
+
+/// A message of `n` bytes, too short for its header.
+#[cold]
+fn too_short(n: usize) -> Error {
+    malformed(format!("{n} bytes, shorter than its header"))
 }
 
 /// A peer's link: no connection, one being made, or one carrying its traffic. `C` names a

@@ -919,7 +919,7 @@ struct Inner {
     /// Matched receives the local path is filling, by engine slot.
     local_rx: Vec<local::LocalRx>,
     /// The endpoint's address of each local path handle (its arrivals' sources).
-    local_from: HashMap<u64, u64, QpnHash>,
+    local_from: local::LocalFrom,
     /// Remote CQ data of unexpected local messages, by engine slot (`FI_PEEK` reports it).
     local_data: HashMap<u32, u64, QpnHash>,
     /// Bounce buffers done with and not yet on the SRQ: posted `Enabled::repost_batch` at a
@@ -1352,7 +1352,7 @@ impl RdmEndpoint {
                     addr_gen: 0,
                     unsignaled: 0,
                     local_rx: Vec::new(),
-                    local_from: HashMap::default(),
+                    local_from: local::LocalFrom::default(),
                     local_data: HashMap::default(),
                     repost: Vec::with_capacity(repost_batch(rx_n)),
                     tx_free: (0..tx_n as u32).rev().collect(),
@@ -1780,7 +1780,7 @@ impl RdmEndpoint {
         // A peer's transfers go over the endpoint's connections (verbs) only.
         if let Some(l) = en.local.get().filter(|_| !self.peer) {
             let sent = l.with_route(en, dest, |to, bell| {
-                local::post_local(en, l, to, bell, &src, user, data, flags)
+                local::post_local(en, l, to, bell, &src, len, user, data, flags)
             });
             if let Some(sent) = sent {
                 if sent? {

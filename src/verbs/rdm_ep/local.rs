@@ -131,6 +131,42 @@ struct RouteTable {
 /// AV addresses below this are routed by index.
 const DENSE_ROUTES: u64 = 1 << 16;
 
+/// The endpoint's AV address of each path handle (an arrival's source), by index for the
+/// path's small handles (shm's AV indices), hashed for the rest: an arrival looks it up
+/// under the endpoint's lock.
+#[derive(Debug, Default)]
+pub(super) struct LocalFrom {
+    dense: Vec<u64>,
+    sparse: HashMap<u64, u64, QpnHash>,
+}
+
+impl LocalFrom {
+    /// The AV address of handle `h`, `FI_ADDR_NOTAVAIL` if none.
+    #[inline]
+    pub(super) fn get(&self, h: u64) -> u64 {
+        match self.dense.get(h as usize) {
+            Some(&a) => a,
+            None if self.sparse.is_empty() => FI_ADDR_NOTAVAIL,
+            None => self.sparse.get(&h).copied().unwrap_or(FI_ADDR_NOTAVAIL),
+        }
+    }
+
+    /// Maps `h` to `addr` unless it is mapped already (the first address of a name wins).
+    fn insert_first(&mut self, h: u64, addr: u64) {
+        if h < DENSE_ROUTES {
+            let i = h as usize;
+            if self.dense.len() <= i {
+                self.dense.resize(i + 1, FI_ADDR_NOTAVAIL);
+            }
+            if self.dense[i] == FI_ADDR_NOTAVAIL {
+                self.dense[i] = addr;
+            }
+        } else {
+            self.sparse.entry(h).or_insert(addr);
+        }
+    }
+}
+
 impl RouteTable {
     #[inline]
     fn get(&self, dest: u64) -> Option<&Route> {
@@ -307,7 +343,7 @@ impl LocalLink {
         let local = en.av.rdm_on_host(en.name.host);
         let mut to = RouteTable::default();
         let mut any = false;
-        let mut from = HashMap::<u64, u64, QpnHash>::default();
+        let mut from = LocalFrom::default();
         for (addr, name) in local {
             let bytes = name.to_bytes();
             let h = match r.by_name.get(&bytes) {
@@ -334,7 +370,7 @@ impl LocalLink {
                 .clone();
             to.insert(addr, Route { handle: h, bell });
             any = true;
-            from.entry(h).or_insert(addr);
+            from.insert_first(h, addr);
         }
         self.any.store(any, Ordering::Relaxed);
         // Arrivals translate under the endpoint's lock, which they take anyway; released
@@ -469,7 +505,7 @@ impl LocalOwner {
             l.arrived.fetch_add(1, Ordering::Relaxed);
             let kind = if tagged { RxKind::Tag } else { RxKind::Msg };
             let mut g = en.inner.lock();
-            let addr = g.local_from.get(&from).copied().unwrap_or(FI_ADDR_NOTAVAIL);
+            let addr = g.local_from.get(from);
             let a = match g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER) {
                 Err(e) if e.errno() == errno::EAGAIN => {
                     let n = g.engine.capacity();
@@ -705,8 +741,8 @@ pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
     }
 }
 
-/// Sends `src` to the local peer `to`. Up to the path's inject size it is copied during
-/// the call (the completion, if wanted, is written here); larger, it goes from a send
+/// Sends `src` (`len` bytes) to the local peer `to`. Up to the path's inject size it is
+/// copied during the call (the completion, if wanted, is written here); larger, from a send
 /// buffer (copied) or from the application's memory (a region, held until the path's
 /// completion; a C buffer). False when the path cannot carry it: a borrowed slice past a
 /// send buffer, or past the largest message; verbs carries those.
@@ -717,11 +753,11 @@ pub(super) fn post_local(
     to: u64,
     bell: Option<&BellRemote>,
     src: &Src<'_>,
+    len: usize,
     user: TxMeta,
     data: Option<u64>,
     flags: Flags,
 ) -> Result<bool> {
-    let len = src.len();
     let tagged = user.flags.contains(Flags::TAGGED);
     let dc = flags.contains(Flags::DELIVERY_COMPLETE);
     if len > l.max {
