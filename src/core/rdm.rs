@@ -406,7 +406,8 @@ pub struct Header {
 }
 
 const HDR_MAGIC: u8 = 0xe7;
-/// The short header's magic: an eager message with a tag and nothing else to say.
+/// The short header's magic: an eager message with nothing to say but its operation,
+/// flags and tag.
 const HDR_MAGIC_SHORT: u8 = 0xe8;
 const HAS_DATA: u8 = 1;
 const HAS_ACK: u8 = 2;

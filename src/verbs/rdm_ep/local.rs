@@ -120,75 +120,70 @@ struct Route {
     bell: Arc<PeerBell>,
 }
 
-/// The routes a send looks up: by index for the AV's small addresses (`FI_AV_TABLE`'s),
-/// hashed for the rest (`FI_AV_MAP`'s carry a generation in their high bits).
-#[derive(Debug, Default)]
-struct RouteTable {
-    dense: Vec<Option<Route>>,
-    sparse: HashMap<u64, Route, QpnHash>,
+/// A map keyed by an address or handle: by index below `DENSE_KEYS` (the AV's small
+/// `FI_AV_TABLE` addresses, shm's handles), hashed above (`FI_AV_MAP`'s addresses carry a
+/// generation in their high bits).
+#[derive(Debug)]
+pub(super) struct ByAddr<T> {
+    dense: Vec<Option<T>>,
+    sparse: HashMap<u64, T, QpnHash>,
 }
 
-/// AV addresses below this are routed by index.
-const DENSE_ROUTES: u64 = 1 << 16;
-
-/// The endpoint's AV address of each path handle (an arrival's source), by index for the
-/// path's small handles (shm's AV indices), hashed for the rest: an arrival looks it up
-/// under the endpoint's lock.
-#[derive(Debug, Default)]
-pub(super) struct LocalFrom {
-    dense: Vec<u64>,
-    sparse: HashMap<u64, u64, QpnHash>,
-}
-
-impl LocalFrom {
-    /// The AV address of handle `h`, `FI_ADDR_NOTAVAIL` if none.
-    #[inline]
-    pub(super) fn get(&self, h: u64) -> u64 {
-        match self.dense.get(h as usize) {
-            Some(&a) => a,
-            None if self.sparse.is_empty() => FI_ADDR_NOTAVAIL,
-            None => self.sparse.get(&h).copied().unwrap_or(FI_ADDR_NOTAVAIL),
-        }
-    }
-
-    /// Maps `h` to `addr` unless it is mapped already (the first address of a name wins).
-    fn insert_first(&mut self, h: u64, addr: u64) {
-        if h < DENSE_ROUTES {
-            let i = h as usize;
-            if self.dense.len() <= i {
-                self.dense.resize(i + 1, FI_ADDR_NOTAVAIL);
-            }
-            if self.dense[i] == FI_ADDR_NOTAVAIL {
-                self.dense[i] = addr;
-            }
-        } else {
-            self.sparse.entry(h).or_insert(addr);
+impl<T> Default for ByAddr<T> {
+    fn default() -> Self {
+        ByAddr {
+            dense: Vec::new(),
+            sparse: HashMap::default(),
         }
     }
 }
 
-impl RouteTable {
+/// Keys below this are found by index.
+const DENSE_KEYS: u64 = 1 << 16;
+
+impl<T> ByAddr<T> {
     #[inline]
-    fn get(&self, dest: u64) -> Option<&Route> {
-        match self.dense.get(dest as usize) {
+    pub(super) fn get(&self, key: u64) -> Option<&T> {
+        match self.dense.get(key as usize) {
             Some(r) => r.as_ref(),
             None if self.sparse.is_empty() => None,
-            None => self.sparse.get(&dest),
+            None => self.sparse.get(&key),
         }
     }
 
-    fn insert(&mut self, addr: u64, r: Route) {
-        if addr < DENSE_ROUTES {
-            let i = addr as usize;
-            if self.dense.len() <= i {
-                self.dense.resize_with(i + 1, || None);
-            }
-            self.dense[i] = Some(r);
+    /// The entry of `key`, made with `f` if there is none.
+    fn get_or_insert_with(&mut self, key: u64, f: impl FnOnce() -> T) -> &mut T {
+        if key < DENSE_KEYS {
+            self.dense_slot(key).get_or_insert_with(f)
         } else {
-            self.sparse.insert(addr, r);
+            self.sparse.entry(key).or_insert_with(f)
         }
     }
+
+    fn insert(&mut self, key: u64, v: T) {
+        if key < DENSE_KEYS {
+            *self.dense_slot(key) = Some(v);
+        } else {
+            self.sparse.insert(key, v);
+        }
+    }
+
+    /// The by-index slot of `key` (below `DENSE_KEYS`), the table grown to it.
+    fn dense_slot(&mut self, key: u64) -> &mut Option<T> {
+        let i = key as usize;
+        if self.dense.len() <= i {
+            self.dense.resize_with(i + 1, || None);
+        }
+        &mut self.dense[i]
+    }
 }
+
+/// The routes a send looks up, by AV address.
+type RouteTable = ByAddr<Route>;
+
+/// The endpoint's AV address of each path handle (an arrival's source), looked up under
+/// the endpoint's lock.
+pub(super) type LocalFrom = ByAddr<u64>;
 
 /// The bell of an endpoint on this host (`bell_name`), opened once its owner made it.
 #[derive(Debug)]
@@ -370,7 +365,8 @@ impl LocalLink {
                 .clone();
             to.insert(addr, Route { handle: h, bell });
             any = true;
-            from.insert_first(h, addr);
+            // The first address of a name answers for its arrivals.
+            from.get_or_insert_with(h, || addr);
         }
         self.any.store(any, Ordering::Relaxed);
         // Arrivals translate under the endpoint's lock, which they take anyway; released
@@ -505,7 +501,7 @@ impl LocalOwner {
             l.arrived.fetch_add(1, Ordering::Relaxed);
             let kind = if tagged { RxKind::Tag } else { RxKind::Msg };
             let mut g = en.inner.lock();
-            let addr = g.local_from.get(from);
+            let addr = g.local_from.get(from).copied().unwrap_or(FI_ADDR_NOTAVAIL);
             let a = match g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER) {
                 Err(e) if e.errno() == errno::EAGAIN => {
                     let n = g.engine.capacity();
