@@ -337,6 +337,135 @@ fn unexpected_messages_wait_for_their_receive_and_tags_match_under_ignore_bits()
     assert_eq!(next_ok(&v, 1).0.op_context, 5);
 }
 
+/// Packets the device has sent (rxe's `sent_pkts`), or `None` where it does not count them.
+fn sent_pkts(dev: &str) -> Option<u64> {
+    let p = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/sent_pkts");
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// Sends `n` tagged messages of `len` bytes from node 0 to node 1 (posted receives, each
+/// read back); returns the packets the device sent meanwhile.
+fn packets_for(v: &[Node], dev: &str, n: usize, len: usize) -> u64 {
+    let before = sent_pkts(dev).expect("the device's sent_pkts counter");
+    for i in 0..n {
+        let buf = RecvBuf::region(&v[1].mr, 0, len).unwrap();
+        v[1].ep.trecv(buf, ANY, 9, 0, i as u64).unwrap();
+        v[0].ep
+            .tsend(&pattern(len, i as u8), 9, 1, i as u64)
+            .unwrap();
+        let (e, _) = next_ok(v, 1);
+        assert_eq!((e.op_context, e.len), (i as u64, len));
+        next_ok(v, 0);
+    }
+    sent_pkts(dev).unwrap() - before
+}
+
+/// Eager messages go without a header once their connection's earlier headers said what
+/// theirs would (a tag's high bits, the CQ data): every mix of tags, data, untagged,
+/// delivery-complete and sizes reads back exactly, posted or unexpected; and a message of
+/// exactly the path MTU takes one packet, not two.
+#[test]
+fn eager_messages_without_a_header_read_back_their_tags_data_and_bytes() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    let dev = v[0].domain.device().name.clone();
+    let mtu = v[0].domain.device().port.active_mtu as usize;
+    let eager = v[0].ep.inject_size();
+    let tags = [
+        5u64,
+        6,
+        (1 << 40) | 5,
+        (1 << 40) | 7,
+        u64::MAX,
+        5,
+        0x1fff_ffff,
+        0x2000_0000,
+    ];
+    let datas = [1u64, 1, 2, u64::MAX, 1, 0];
+    let sizes = [0usize, 1, 64, mtu - 12, mtu, mtu + 1, 4096, eager];
+    let (mut posted, mut completed, mut sent) = (0u64, 0u64, 0u64);
+    for i in 0..160usize {
+        let (tag, data, len) = (tags[i % 8], datas[i % 6], sizes[i % 7 + i / 56 % 2]);
+        let bytes = pattern(len, i as u8);
+        let kind = i % 5;
+        let ctx = i as u64;
+        let recv = || {
+            let buf = RecvBuf::region(&v[1].mr, 0, len).unwrap();
+            match kind {
+                2 | 3 => v[1].ep.recv(buf, ANY, ctx),
+                _ => v[1].ep.trecv(buf, ANY, tag, 0, ctx),
+            }
+            .unwrap()
+        };
+        let unexpected = i % 3 == 0;
+        if !unexpected {
+            recv();
+        }
+        match kind {
+            0 => v[0].ep.tsend(&bytes, tag, 1, ctx),
+            1 => v[0].ep.tsenddata(&bytes, data, tag, 1, ctx),
+            2 => v[0].ep.send(&bytes, 1, ctx),
+            3 => v[0].ep.senddata(&bytes, data, 1, ctx),
+            _ => v[0].ep.sendmsg(
+                &[&bytes],
+                1,
+                Some(tag),
+                Some(data),
+                ctx,
+                Flags::DELIVERY_COMPLETE,
+            ),
+        }
+        .unwrap();
+        posted += 1;
+        if unexpected {
+            // Let it arrive unexpected before its receive is posted.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(20) {
+                v[0].ep.progress();
+                v[1].ep.progress();
+            }
+            recv();
+        }
+        let (e, src) = next_ok(&v, 1);
+        let tagged = matches!(kind, 0 | 1 | 4);
+        let with_data = matches!(kind, 1 | 3 | 4);
+        assert_eq!((e.op_context, e.len, src), (ctx, len, 0), "message {i}");
+        assert_eq!(e.flags & Flags::TAGGED.bits() != 0, tagged, "message {i}");
+        if tagged {
+            assert_eq!(e.tag, tag, "message {i}");
+        }
+        assert_eq!(
+            e.flags & Flags::REMOTE_CQ_DATA.bits() != 0,
+            with_data,
+            "message {i}"
+        );
+        if with_data {
+            assert_eq!(e.data, data, "message {i}");
+        }
+        let mut got = vec![0u8; len];
+        v[1].mr.read_at(0, &mut got).unwrap();
+        assert!(got == bytes, "message {i}: {len} bytes differ");
+        completed += 1;
+        let (s, _) = next_ok(&v, 0);
+        assert_eq!(s.op_context, ctx);
+        sent += 1;
+    }
+    assert_eq!((posted, completed, sent), (160, 160, 160));
+    // One packet per message of exactly the MTU, as for one just below it.
+    match sent_pkts(&dev) {
+        Some(_) => {
+            let below = packets_for(&v, &dev, 64, mtu - 24);
+            let at = packets_for(&v, &dev, 64, mtu);
+            assert!(
+                at < below + 16,
+                "{at} packets for 64 {mtu}-byte messages, {below} for 64 of {} bytes",
+                mtu - 24
+            );
+        }
+        None => assert!(!dev.starts_with("rxe"), "rxe counts its packets"),
+    }
+}
+
 #[test]
 fn truncation_reports_olen_and_remote_cq_data_keeps_64_bits() {
     let Some(info) = rdm_info() else { return };

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use rfabric_sys::lock::{Lock, LockGuard};
 use rfabric_sys::mem::{append_from, copy, copy_in, ForeignBuf, Place};
-use rfabric_sys::verbs::{self as sv, send_flags, WorkCompletion};
+use rfabric_sys::verbs::{self as sv, send_flags, QpHandle, WorkCompletion};
 
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::eq::EqEvent;
@@ -26,8 +26,8 @@ use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{EpType, Flags};
 use crate::core::info::{Info, RxAttr};
 use crate::core::rdm::{
-    host_id, Fin, FixedRing, Header, Op, PeerLink, RdmName, ReadPlan, Request, Rts, RtsRange,
-    SendPath, RTS_RANGES_MAX,
+    host_id, Fin, FixedRing, Header, HeaderBase, Op, PeerLink, RdmName, ReadPlan, Request, Rts,
+    RtsRange, SendPath, RTS_RANGES_MAX,
 };
 use crate::core::srx::{Arrival, Filter, Kind as RxKind, Posted, Recv, RxEngine, ADDR_UNSPEC};
 use crate::verbs::cntr::{Counter, EpCounters};
@@ -483,11 +483,13 @@ fn expose_gathered(v: &[ForeignBuf], domain: &Domain) -> Result<(Exposed, Remote
 }
 
 /// Where a queue pair's messages come from: the peer (kept after its connection went, for
-/// messages still in the CQ) and the connection while it is installed (`NONE` after).
+/// messages still in the CQ) and the connection while it is installed (`NONE` after), and
+/// what the headers that came on it last said (messages without one read it).
 #[derive(Clone, Copy, Debug)]
 struct QpRoute {
     peer: u32,
     conn: u32,
+    base: HeaderBase,
 }
 
 /// A send buffer in flight.
@@ -515,6 +517,9 @@ struct TxMeta {
     peer: bool,
     /// An RDMA write or read (its work request is `Inner::tx_rma`'s entry), not a message.
     rma: bool,
+    /// The bytes of header an eager message's buffer starts with when the message may go
+    /// without them (`HeaderBase`): 0 for everything else.
+    hdr: u8,
 }
 
 /// Quiet sends (no completion wanted) left unsignalled per connection, at most: the next is
@@ -677,19 +682,16 @@ struct RxMeta {
     /// A gathered announcement's ranges, listed after its head in the buffer (0: the head
     /// names the one range).
     ranges: u8,
-    /// It came with the short header (`Header::SHORT_LEN`): its bytes begin there.
-    short: bool,
+    /// Where the message's bytes begin in its bounce buffer: past its header (short or
+    /// full), or at 0 for one that came without.
+    body: u8,
 }
 
 impl RxMeta {
     /// Where the message's bytes begin in its bounce buffer.
     #[inline]
     fn body(&self) -> usize {
-        if self.short {
-            Header::SHORT_LEN
-        } else {
-            Header::LEN
-        }
+        self.body as usize
     }
 }
 
@@ -863,6 +865,8 @@ struct Conn {
     /// Quiet sends posted unsignalled, oldest first, with their `seq`: a later completion on
     /// this connection (the next signalled send's, or a flushed one's) frees them.
     unsignaled: FixedRing<(u64, u32), UNSIGNALED_MAX>,
+    /// What this side's headers last said, which lets later messages go without one.
+    tx_base: HeaderBase,
 }
 
 #[derive(Debug)]
@@ -1762,6 +1766,7 @@ impl RdmEndpoint {
             seq: 0,
             peer: self.peer,
             rma: false,
+            hdr: 0,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
         // the receiver once matched. A region that already grants remote read needs no
@@ -1865,7 +1870,13 @@ impl RdmEndpoint {
                     None => en.tx_pool.write_at(off, &hdr.encode()).map(|_| Header::LEN),
                 };
                 head.and_then(|n| {
-                    g.tx[slot as usize].wire = (n + len) as u32;
+                    let t = &mut g.tx[slot as usize];
+                    t.wire = (n + len) as u32;
+                    // `Header::sets_base`: the receiver reads such a header's values from
+                    // its connection's base when the message comes without it.
+                    if ack.is_none() && !user.peer {
+                        t.hdr = n as u8;
+                    }
                     src.copy_to(&en.tx_pool, off + n)
                 })
             }
@@ -2480,7 +2491,14 @@ fn new_conn(g: &mut Inner, peer: u32) -> u32 {
 
 fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
     let qpn = ep.qp().map(|q| q.qp_num()).unwrap_or(0);
-    g.qpns.insert(qpn, QpRoute { peer, conn: c });
+    g.qpns.insert(
+        qpn,
+        QpRoute {
+            peer,
+            conn: c,
+            base: HeaderBase::default(),
+        },
+    );
     g.last_route = None;
     g.conns[c as usize] = Some(ConnSlot::Open(Conn {
         ep,
@@ -2489,6 +2507,7 @@ fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
         down: false,
         seq: 0,
         unsignaled: FixedRing::default(),
+        tx_base: HeaderBase::default(),
     }));
     crate::fi_debug!(
         "rdm",
@@ -2519,7 +2538,13 @@ fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
 fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     let m = &g.tx[slot as usize];
     let quiet = m.quiet && m.rndv == NONE && !m.part && !m.rma && !en.tx_counted;
-    let wire = m.wire as usize;
+    let (wire, hdr, tagged, tag) = (
+        m.wire as usize,
+        m.hdr,
+        m.flags.contains(Flags::TAGGED),
+        m.tag,
+    );
+    let data = m.flags.contains(Flags::REMOTE_CQ_DATA).then_some(m.data);
     let rdma = if m.rma {
         g.tx_rma[slot as usize].as_ref().map(|p| p.wr)
     } else {
@@ -2536,6 +2561,17 @@ fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> 
     let flags = if unsignaled { 0 } else { send_flags::SIGNALED };
     match rdma {
         Some(w) => rma::post_wr(en, qp, wr, off, &w, flags)?,
+        None if hdr != 0 => {
+            let eager = Eager {
+                off,
+                wire,
+                hdr: hdr as usize,
+                tagged,
+                tag,
+                data,
+            };
+            post_eager(&mut conn.tx_base, qp, en, wr, &eager, flags)?
+        }
         None => qp
             .post_send_mr(wr, en.tx_pool.sys(), off, wire, flags, None)
             .map_err(|e| Error::os(e, "ibv_post_send"))?,
@@ -2551,6 +2587,46 @@ fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> 
     t.conn = c;
     t.seq = seq;
     Ok(())
+}
+
+/// An eager message's buffer as `post_eager` sends it: `wire` bytes at `off`, the first
+/// `hdr` of them its header (which says `tagged`, `tag` and `data`).
+struct Eager {
+    off: usize,
+    wire: usize,
+    hdr: usize,
+    tagged: bool,
+    tag: u64,
+    data: Option<u64>,
+}
+
+/// Posts an eager message on a connection whose headers last said `base`: without its
+/// header, its values in the immediate, when `base` allows; else whole, and its header
+/// becomes the base.
+#[inline(always)]
+fn post_eager(
+    base: &mut HeaderBase,
+    qp: &QpHandle,
+    en: &Enabled,
+    wr: u64,
+    m: &Eager,
+    flags: u32,
+) -> Result<()> {
+    let pool = en.tx_pool.sys();
+    let posted = match base.imm(m.tagged, m.tag, m.data) {
+        Some(imm) => qp.post_send_mr(wr, pool, m.off + m.hdr, m.wire - m.hdr, flags, Some(imm)),
+        None => qp
+            .post_send_mr(wr, pool, m.off, m.wire, flags, None)
+            .inspect(|_| {
+                base.note(&Header {
+                    op: if m.tagged { Op::Tag } else { Op::Msg },
+                    tag: m.tag,
+                    data: m.data,
+                    ..Header::bare(Op::Msg)
+                })
+            }),
+    };
+    posted.map_err(|e| Error::os(e, "ibv_post_send"))
 }
 
 /// A completion of the send at `seq` on connection `c`: the unsignalled sends posted before
@@ -3360,7 +3436,7 @@ fn segment(
                         conn,
                         held: false,
                         ranges: 0,
-                        short: false,
+                        body: Header::LEN as u8,
                     },
                 },
             );
@@ -3954,14 +4030,33 @@ fn finish_failed(en: &Enabled) {
 #[inline]
 fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     let mut g = en.inner.lock();
-    // The header alone (a bounce buffer holds at least 256 bytes): a fixed-size copy, no
-    // call; what lies past the message is stale and `decode` checks the length received.
-    let mut hdr = [0u8; Header::LEN];
     let got = wc.byte_len() as usize;
-    let parsed = en
-        .rx_pool
-        .read_at(id as usize * en.slot, &mut hdr)
-        .and_then(|_| Header::decode_at(&hdr, got));
+    // One lookup per message: who sent it, on which connection, and what its headers said.
+    let qpn = wc.qp_num();
+    let route = route_of(&mut g, qpn);
+    let parsed = match wc.imm_data() {
+        // No header: its values are the connection's base and the immediate.
+        Some(imm) => route
+            .map_or_else(HeaderBase::default, |r| r.base)
+            .expand(imm, got)
+            .map(|h| (h, 0)),
+        None => {
+            // The header alone (a bounce buffer holds at least 256 bytes): a fixed-size
+            // copy, no call; what lies past the message is stale and `decode` checks the
+            // length received.
+            let mut hdr = [0u8; Header::LEN];
+            let parsed = en
+                .rx_pool
+                .read_at(id as usize * en.slot, &mut hdr)
+                .and_then(|_| Header::decode_at(&hdr, got));
+            if let (Ok((h, _)), Some(r)) = (&parsed, route) {
+                if h.sets_base() {
+                    note_base(&mut g, qpn, r.base, h);
+                }
+            }
+            parsed
+        }
+    };
     let (h, body) = match parsed {
         Ok(h) => h,
         Err(e) => {
@@ -3989,8 +4084,6 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         },
         _ => (None, 0),
     };
-    // One lookup per message: who sent it, and on which connection.
-    let route = route_of(&mut g, wc.qp_num());
     let src = route.map(|r| r.peer);
     let addr = match src {
         Some(p) => {
@@ -4011,7 +4104,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         return rma::remote_write(en, id, &h, addr);
     }
     if matches!(h.op, Op::SegMsg | Op::SegTag | Op::Cont) {
-        return segment(en, &mut g, wc.qp_num(), id, &h, addr, conn);
+        return segment(en, &mut g, qpn, id, &h, addr, conn);
     }
     let kind = RxKind::of(h.op.tagged(), h.peer);
     let size = rts.map_or(h.len as usize, |r| r.size as usize);
@@ -4022,7 +4115,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
         conn,
         held: false,
         ranges,
-        short: body == Header::SHORT_LEN,
+        body: body as u8,
     };
     match arrive(&mut g, kind, addr, h.tag, size, id) {
         // Delivered now: the holder's `RxMeta` is never read (its `held` stays false).
@@ -4190,6 +4283,25 @@ fn route_of(g: &mut Inner, qpn: u32) -> Option<QpRoute> {
             let r = g.qpns.get(&qpn).copied();
             g.last_route = r.map(|r| (qpn, r));
             r
+        }
+    }
+}
+
+/// A header that sets its queue pair's base (`Header::sets_base`) came: the base (`was`)
+/// takes its values, written back only when they differ (mostly they do not).
+#[inline]
+fn note_base(g: &mut Inner, qpn: u32, was: HeaderBase, h: &Header) {
+    let mut b = was;
+    b.note(h);
+    if b == was {
+        return;
+    }
+    if let Some(r) = g.qpns.get_mut(&qpn) {
+        r.base = b;
+    }
+    if let Some((q, r)) = &mut g.last_route {
+        if *q == qpn {
+            r.base = b;
         }
     }
 }
