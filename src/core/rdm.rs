@@ -24,7 +24,9 @@ pub struct RdmName {
 }
 
 const NAME_MAGIC: [u8; 2] = *b"rD";
-const NAME_VERSION: u8 = 1;
+/// The wire protocol's version, which a name carries: 2 since eager messages may come
+/// without a header (`HeaderBase`), which an endpoint of version 1 would misread.
+const NAME_VERSION: u8 = 2;
 
 impl RdmName {
     pub const LEN: usize = 40;
@@ -65,7 +67,16 @@ impl RdmName {
     }
 
     pub fn parse(b: &[u8]) -> Result<Self> {
-        if b.len() != Self::LEN || b[0..2] != NAME_MAGIC || b[2] != NAME_VERSION {
+        if b.len() == Self::LEN && b[0..2] == NAME_MAGIC && b[2] != NAME_VERSION {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!(
+                    "an rverbs RDM endpoint name of protocol version {}, and this rverbs speaks version {NAME_VERSION}: run the same rverbs in every process of the job",
+                    b[2]
+                ),
+            ));
+        }
+        if b.len() != Self::LEN || b[0..2] != NAME_MAGIC {
             return Err(Error::new(
                 errno::EINVAL,
                 format!(
@@ -646,8 +657,10 @@ impl HeaderBase {
         }
     }
 
-    /// The header of a message of `received` bytes that came with `imm` and no header.
-    pub fn expand(&self, imm: u32, received: usize) -> Result<Header> {
+    /// The header of a message of `received` bytes that came with `imm` and no header;
+    /// `None` when this base cannot explain it (see [`Self::unexplained`]).
+    #[inline]
+    pub fn expand(&self, imm: u32, received: usize) -> Option<Header> {
         let tagged = imm & IMM_TAGGED != 0;
         let has_data = imm & IMM_DATA != 0;
         if imm & IMM_RESERVED != 0
@@ -655,12 +668,10 @@ impl HeaderBase {
             || (has_data && self.data.is_none())
             || received > u32::MAX as usize
         {
-            return Err(malformed(format!(
-                "a {received}-byte message without a header, immediate {imm:#x}, which its connection's earlier headers do not explain"
-            )));
+            return None;
         }
         let low = u64::from(imm) & IMM_TAG_MASK;
-        Ok(Header {
+        Some(Header {
             op: if tagged { Op::Tag } else { Op::Msg },
             tag: if tagged {
                 self.hi << IMM_TAG_BITS | low
@@ -673,6 +684,14 @@ impl HeaderBase {
             total: 0,
             peer: false,
         })
+    }
+
+    /// Why [`Self::expand`] refused a message.
+    #[cold]
+    pub fn unexplained(imm: u32, received: usize) -> Error {
+        malformed(format!(
+            "a {received}-byte message without a header, immediate {imm:#x}, which its connection's earlier headers do not explain"
+        ))
     }
 }
 
@@ -995,8 +1014,9 @@ mod tests {
         assert_eq!(fresh.imm(false, 0, Some(1)), None);
         assert_eq!(fresh.expand(0, 8).unwrap().op, Op::Msg);
         for imm in [IMM_TAGGED | 5, IMM_DATA, IMM_RESERVED] {
-            assert_eq!(fresh.expand(imm, 8).unwrap_err().errno(), errno::EIO);
+            assert_eq!(fresh.expand(imm, 8), None);
         }
+        assert_eq!(HeaderBase::unexplained(IMM_DATA, 8).errno(), errno::EIO);
     }
 
     #[test]
@@ -1016,6 +1036,12 @@ mod tests {
             let mut c = b;
             c[0] = 0;
             assert_eq!(RdmName::parse(&c).unwrap_err().errno(), errno::EINVAL);
+            // A name of another protocol version is refused, saying so.
+            let mut c = b;
+            c[2] = 1;
+            let e = RdmName::parse(&c).unwrap_err();
+            assert_eq!(e.errno(), errno::EINVAL);
+            assert!(e.to_string().contains("version 1"), "{e}");
         }
         assert!(
             RdmName::parse(&[0u8; 24]).is_err(),

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use rfabric_sys::lock::{Lock, LockGuard};
 use rfabric_sys::mem::{append_from, copy, copy_in, ForeignBuf, Place};
-use rfabric_sys::verbs::{self as sv, send_flags, QpHandle, WorkCompletion};
+use rfabric_sys::verbs::{self as sv, send_flags, WorkCompletion};
 
 use crate::core::cq::{CqEntry, CqErrEntry};
 use crate::core::eq::EqEvent;
@@ -517,9 +517,11 @@ struct TxMeta {
     peer: bool,
     /// An RDMA write or read (its work request is `Inner::tx_rma`'s entry), not a message.
     rma: bool,
-    /// The bytes of header an eager message's buffer starts with when the message may go
-    /// without them (`HeaderBase`): 0 for everything else.
-    hdr: u8,
+    /// The immediate of an eager message that goes without its header (`HeaderBase`).
+    imm: Option<u32>,
+    /// An eager message whose header its connection's base takes once posted
+    /// (`Header::sets_base`).
+    sets_base: bool,
 }
 
 /// Quiet sends (no completion wanted) left unsignalled per connection, at most: the next is
@@ -1766,7 +1768,8 @@ impl RdmEndpoint {
             seq: 0,
             peer: self.peer,
             rma: false,
-            hdr: 0,
+            imm: None,
+            sets_base: false,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
         // the receiver once matched. A region that already grants remote read needs no
@@ -1800,6 +1803,7 @@ impl RdmEndpoint {
         };
         let mut g = en.inner.lock();
         let peer = peer_of(en, &mut g, dest)?;
+        let path = g.peers[peer as usize].link.send_path();
         if g.tx_free.len() < segs {
             return Err(Error::new(
                 errno::EAGAIN,
@@ -1865,18 +1869,23 @@ impl RdmEndpoint {
                     total: 0,
                     peer: user.peer,
                 };
-                let head = match hdr.encode_short() {
-                    Some(b) => en.tx_pool.write_at(off, &b).map(|_| Header::SHORT_LEN),
-                    None => en.tx_pool.write_at(off, &hdr.encode()).map(|_| Header::LEN),
+                // No header at all when the connection it goes on at once has said the
+                // rest (`HeaderBase`); else its header, which then sets the base.
+                let sets = hdr.sets_base();
+                let imm = match (sets, path) {
+                    (true, SendPath::Post(c)) => open_conn_mut(&mut g, c)
+                        .and_then(|k| k.tx_base.imm(op == Op::Tag, tag, data)),
+                    _ => None,
+                };
+                let head = match imm {
+                    Some(_) => Ok(0),
+                    None => write_header(en, off, &hdr),
                 };
                 head.and_then(|n| {
                     let t = &mut g.tx[slot as usize];
                     t.wire = (n + len) as u32;
-                    // `Header::sets_base`: the receiver reads such a header's values from
-                    // its connection's base when the message comes without it.
-                    if ack.is_none() && !user.peer {
-                        t.hdr = n as u8;
-                    }
+                    t.imm = imm;
+                    t.sets_base = sets && imm.is_none();
                     src.copy_to(&en.tx_pool, off + n)
                 })
             }
@@ -1890,7 +1899,7 @@ impl RdmEndpoint {
             drop(regs);
             return Err(e);
         }
-        self.dispatch(en, g, peer, slots)
+        self.dispatch(en, g, peer, path, slots)
     }
 
     /// Sends the staged send buffers `slots` to `peer`, in order: posted on its connection,
@@ -1901,9 +1910,10 @@ impl RdmEndpoint {
         en: &Enabled,
         mut g: LockGuard<'_, Inner>,
         peer: u32,
+        path: SendPath<u32>,
         slots: &[u32],
     ) -> Result<()> {
-        match g.peers[peer as usize].link.send_path() {
+        match path {
             SendPath::Post(c) if slots.len() == 1 => {
                 if let Err(e) = post_on_inline(en, &mut g, c, slots[0]) {
                     let reg = release_tx(&mut g, slots[0]);
@@ -2538,13 +2548,7 @@ fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
 fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
     let m = &g.tx[slot as usize];
     let quiet = m.quiet && m.rndv == NONE && !m.part && !m.rma && !en.tx_counted;
-    let (wire, hdr, tagged, tag) = (
-        m.wire as usize,
-        m.hdr,
-        m.flags.contains(Flags::TAGGED),
-        m.tag,
-    );
-    let data = m.flags.contains(Flags::REMOTE_CQ_DATA).then_some(m.data);
+    let (wire, imm, sets) = (m.wire as usize, m.imm, m.sets_base);
     let rdma = if m.rma {
         g.tx_rma[slot as usize].as_ref().map(|p| p.wr)
     } else {
@@ -2561,20 +2565,10 @@ fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> 
     let flags = if unsignaled { 0 } else { send_flags::SIGNALED };
     match rdma {
         Some(w) => rma::post_wr(en, qp, wr, off, &w, flags)?,
-        None if hdr != 0 => {
-            let eager = Eager {
-                off,
-                wire,
-                hdr: hdr as usize,
-                tagged,
-                tag,
-                data,
-            };
-            post_eager(&mut conn.tx_base, qp, en, wr, &eager, flags)?
+        None => {
+            qp.post_send_mr(wr, en.tx_pool.sys(), off, wire, flags, imm)
+                .map_err(|e| Error::os(e, "ibv_post_send"))?;
         }
-        None => qp
-            .post_send_mr(wr, en.tx_pool.sys(), off, wire, flags, None)
-            .map_err(|e| Error::os(e, "ibv_post_send"))?,
     }
     conn.in_flight += 1;
     let seq = conn.seq;
@@ -2586,47 +2580,45 @@ fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> 
     let t = &mut g.tx[slot as usize];
     t.conn = c;
     t.seq = seq;
+    if sets {
+        note_tx_base(g, c, slot);
+    }
     Ok(())
 }
 
-/// An eager message's buffer as `post_eager` sends it: `wire` bytes at `off`, the first
-/// `hdr` of them its header (which says `tagged`, `tag` and `data`).
-struct Eager {
-    off: usize,
-    wire: usize,
-    hdr: usize,
-    tagged: bool,
-    tag: u64,
-    data: Option<u64>,
+/// Eager send `slot`, posted on connection `c` with its header, sets the connection's base.
+#[cold]
+#[inline(never)]
+fn note_tx_base(g: &mut Inner, c: u32, slot: u32) {
+    let h = eager_header(&g.tx[slot as usize]);
+    if let Some(conn) = open_conn_mut(g, c) {
+        conn.tx_base.note(&h);
+    }
 }
 
-/// Posts an eager message on a connection whose headers last said `base`: without its
-/// header, its values in the immediate, when `base` allows; else whole, and its header
-/// becomes the base.
-#[inline(always)]
-fn post_eager(
-    base: &mut HeaderBase,
-    qp: &QpHandle,
-    en: &Enabled,
-    wr: u64,
-    m: &Eager,
-    flags: u32,
-) -> Result<()> {
-    let pool = en.tx_pool.sys();
-    let posted = match base.imm(m.tagged, m.tag, m.data) {
-        Some(imm) => qp.post_send_mr(wr, pool, m.off + m.hdr, m.wire - m.hdr, flags, Some(imm)),
-        None => qp
-            .post_send_mr(wr, pool, m.off, m.wire, flags, None)
-            .inspect(|_| {
-                base.note(&Header {
-                    op: if m.tagged { Op::Tag } else { Op::Msg },
-                    tag: m.tag,
-                    data: m.data,
-                    ..Header::bare(Op::Msg)
-                })
-            }),
-    };
-    posted.map_err(|e| Error::os(e, "ibv_post_send"))
+/// Writes eager header `h` at `off` of the send buffers, short when it can be; returns its
+/// length.
+#[cold]
+fn write_header(en: &Enabled, off: usize, h: &Header) -> Result<usize> {
+    match h.encode_short() {
+        Some(b) => en.tx_pool.write_at(off, &b).map(|_| Header::SHORT_LEN),
+        None => en.tx_pool.write_at(off, &h.encode()).map(|_| Header::LEN),
+    }
+}
+
+/// The header values of eager send `m` that its connection's base takes (`HeaderBase::note`).
+#[cold]
+fn eager_header(m: &TxMeta) -> Header {
+    Header {
+        op: if m.flags.contains(Flags::TAGGED) {
+            Op::Tag
+        } else {
+            Op::Msg
+        },
+        tag: m.tag,
+        data: m.flags.contains(Flags::REMOTE_CQ_DATA).then_some(m.data),
+        ..Header::bare(Op::Msg)
+    }
 }
 
 /// A completion of the send at `seq` on connection `c`: the unsignalled sends posted before
@@ -4034,12 +4026,15 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     // One lookup per message: who sent it, on which connection, and what its headers said.
     let qpn = wc.qp_num();
     let route = route_of(&mut g, qpn);
-    let parsed = match wc.imm_data() {
+    let (h, body) = match wc.imm_data() {
         // No header: its values are the connection's base and the immediate.
-        Some(imm) => route
+        Some(imm) => match route
             .map_or_else(HeaderBase::default, |r| r.base)
             .expand(imm, got)
-            .map(|h| (h, 0)),
+        {
+            Some(h) => (h, 0),
+            None => return dropped(en, id, HeaderBase::unexplained(imm, got)),
+        },
         None => {
             // The header alone (a bounce buffer holds at least 256 bytes): a fixed-size
             // copy, no call; what lies past the message is stale and `decode` checks the
@@ -4049,20 +4044,15 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
                 .rx_pool
                 .read_at(id as usize * en.slot, &mut hdr)
                 .and_then(|_| Header::decode_at(&hdr, got));
-            if let (Ok((h, _)), Some(r)) = (&parsed, route) {
-                if h.sets_base() {
-                    note_base(&mut g, qpn, r.base, h);
+            match parsed {
+                Ok((h, body)) => {
+                    if let Some(r) = route.filter(|_| h.sets_base()) {
+                        note_base(&mut g, qpn, r.base, &h);
+                    }
+                    (h, body)
                 }
+                Err(e) => return dropped(en, id, e),
             }
-            parsed
-        }
-    };
-    let (h, body) = match parsed {
-        Ok(h) => h,
-        Err(e) => {
-            crate::fi_warn!("rdm", "dropping a message: {e}");
-            let _ = post_bounce(en, id);
-            return None;
         }
     };
     if h.op == Op::Fin {
@@ -4076,11 +4066,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
     let (rts, ranges) = match h.op {
         Op::RtsMsg | Op::RtsTag => match announcement(en, id, got, h.len) {
             Ok((r, n)) => (Some(r), n),
-            Err(e) => {
-                crate::fi_warn!("rdm", "dropping a message: {e}");
-                let _ = post_bounce(en, id);
-                return None;
-            }
+            Err(e) => return dropped(en, id, e),
         },
         _ => (None, 0),
     };
@@ -4285,6 +4271,15 @@ fn route_of(g: &mut Inner, qpn: u32) -> Option<QpRoute> {
             r
         }
     }
+}
+
+/// A message that does not parse: said, and its bounce buffer posted again.
+#[cold]
+#[inline(never)]
+fn dropped(en: &Enabled, id: u32, e: Error) -> Option<Owned> {
+    crate::fi_warn!("rdm", "dropping a message: {e}");
+    let _ = post_bounce(en, id);
+    None
 }
 
 /// A header that sets its queue pair's base (`Header::sets_base`) came: the base (`was`)

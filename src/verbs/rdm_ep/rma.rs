@@ -667,7 +667,8 @@ impl<'a, 'e> Pieces<'a, 'e> {
             slots,
             ..
         } = self;
-        ep.dispatch(en, g, peer, &slots[..n])
+        let path = g.peers[peer as usize].link.send_path();
+        ep.dispatch(en, g, peer, path, &slots[..n])
     }
 }
 
