@@ -517,8 +517,6 @@ struct TxMeta {
     peer: bool,
     /// An RDMA write or read (its work request is `Inner::tx_rma`'s entry), not a message.
     rma: bool,
-    /// The immediate of an eager message that goes without its header (`HeaderBase`).
-    imm: Option<u32>,
     /// An eager message whose header its connection's base takes once posted
     /// (`Header::sets_base`).
     sets_base: bool,
@@ -1768,7 +1766,6 @@ impl RdmEndpoint {
             seq: 0,
             peer: self.peer,
             rma: false,
-            imm: None,
             sets_base: false,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
@@ -1825,6 +1822,8 @@ impl RdmEndpoint {
         // The last buffer carries the send's completion.
         let slot = slots[segs - 1];
         let off = slot as usize * en.slot;
+        // The immediate an eager message goes with instead of its header (`HeaderBase`).
+        let mut imm = None;
         let copied = match reg {
             None if segs > 1 => {
                 let ack = flags.contains(Flags::DELIVERY_COMPLETE).then(|| {
@@ -1872,7 +1871,7 @@ impl RdmEndpoint {
                 // No header at all when the connection it goes on at once has said the
                 // rest (`HeaderBase`); else its header, which then sets the base.
                 let sets = hdr.sets_base();
-                let imm = match (sets, path) {
+                imm = match (sets, path) {
                     (true, SendPath::Post(c)) => open_conn_mut(&mut g, c)
                         .and_then(|k| k.tx_base.imm(op == Op::Tag, tag, data)),
                     _ => None,
@@ -1884,7 +1883,6 @@ impl RdmEndpoint {
                 head.and_then(|n| {
                     let t = &mut g.tx[slot as usize];
                     t.wire = (n + len) as u32;
-                    t.imm = imm;
                     t.sets_base = sets && imm.is_none();
                     src.copy_to(&en.tx_pool, off + n)
                 })
@@ -1899,7 +1897,7 @@ impl RdmEndpoint {
             drop(regs);
             return Err(e);
         }
-        self.dispatch(en, g, peer, path, slots)
+        self.dispatch(en, g, peer, path, slots, imm)
     }
 
     /// Sends the staged send buffers `slots` to `peer`, in order: posted on its connection,
@@ -1912,10 +1910,11 @@ impl RdmEndpoint {
         peer: u32,
         path: SendPath<u32>,
         slots: &[u32],
+        imm: Option<u32>,
     ) -> Result<()> {
         match path {
             SendPath::Post(c) if slots.len() == 1 => {
-                if let Err(e) = post_on_inline(en, &mut g, c, slots[0]) {
+                if let Err(e) = post_on_inline(en, &mut g, c, slots[0], imm) {
                     let reg = release_tx(&mut g, slots[0]);
                     drop(g);
                     drop(reg);
@@ -2540,15 +2539,16 @@ fn open_conn_mut(g: &mut Inner, c: u32) -> Option<&mut Conn> {
 /// for one more: a productive CQ poll less per message.
 #[inline(never)]
 fn post_on(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
-    post_on_inline(en, g, c, slot)
+    post_on_inline(en, g, c, slot, None)
 }
 
-/// `post_on`, inlined where one eager send posts its buffer.
+/// `post_on`, inlined where one eager send posts its buffer: with `imm` when it goes
+/// without its header (`HeaderBase`).
 #[inline(always)]
-fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32) -> Result<()> {
+fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32, imm: Option<u32>) -> Result<()> {
     let m = &g.tx[slot as usize];
     let quiet = m.quiet && m.rndv == NONE && !m.part && !m.rma && !en.tx_counted;
-    let (wire, imm, sets) = (m.wire as usize, m.imm, m.sets_base);
+    let (wire, sets) = (m.wire as usize, m.sets_base);
     let rdma = if m.rma {
         g.tx_rma[slot as usize].as_ref().map(|p| p.wr)
     } else {

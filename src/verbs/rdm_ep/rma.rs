@@ -668,7 +668,7 @@ impl<'a, 'e> Pieces<'a, 'e> {
             ..
         } = self;
         let path = g.peers[peer as usize].link.send_path();
-        ep.dispatch(en, g, peer, path, &slots[..n])
+        ep.dispatch(en, g, peer, path, &slots[..n], None)
     }
 }
 
