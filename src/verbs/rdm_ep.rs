@@ -2598,7 +2598,6 @@ fn note_tx_base(g: &mut Inner, c: u32, slot: u32) {
 
 /// Writes eager header `h` at `off` of the send buffers, short when it can be; returns its
 /// length.
-#[cold]
 fn write_header(en: &Enabled, off: usize, h: &Header) -> Result<usize> {
     match h.encode_short() {
         Some(b) => en.tx_pool.write_at(off, &b).map(|_| Header::SHORT_LEN),
