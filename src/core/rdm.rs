@@ -649,10 +649,10 @@ impl HeaderBase {
     /// A header that [`Header::sets_base`] went (sender) or came (receiver) this way.
     #[inline]
     pub fn note(&mut self, h: &Header) {
-        if h.op == Op::Tag && h.tag >> IMM_TAG_BITS != self.hi {
+        if h.op == Op::Tag {
             self.hi = h.tag >> IMM_TAG_BITS;
         }
-        if h.data.is_some() && h.data != self.data {
+        if h.data.is_some() {
             self.data = h.data;
         }
     }
