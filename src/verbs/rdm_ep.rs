@@ -695,15 +695,29 @@ impl RxMeta {
     }
 }
 
-/// A segmented message being put together (in a copy aside) from its segments.
+/// A segmented message being put together from its segments.
 #[derive(Debug)]
 struct Asm {
-    spill: usize,
+    into: AsmInto,
+    /// The message's size, as its first segment said.
     total: usize,
+    /// Bytes of it come so far.
+    got: usize,
+    /// A copy into the receive's buffer failed: it completes in error.
+    failed: bool,
     kind: RxKind,
     tag: u64,
     addr: u64,
     meta: RxMeta,
+}
+
+/// Where a segmented message's bytes go as they come.
+#[derive(Debug, Clone, Copy)]
+enum AsmInto {
+    /// A copy aside (`Inner::spill` index): the message arrives once whole.
+    Spill(usize),
+    /// The buffer of the receive (claimed engine entry) it matched on its first segment.
+    Recv(u32),
 }
 
 /// A large send waiting for its receiver to read it and say so.
@@ -899,6 +913,9 @@ struct Inner {
     /// Reads that failed to post a piece outside a completion of theirs, finished (their
     /// receives completed) by the next progress call.
     reads_failed: Vec<u32>,
+    /// Receive completions found in a completion handler, written by the next progress
+    /// call (`park_done`).
+    done_parked: Vec<Done>,
     /// Notices waiting for a send buffer, by connection.
     fins: VecDeque<(u32, Fin)>,
     /// Messages set aside by `FI_PEEK|FI_CLAIM`, by the claiming context.
@@ -965,8 +982,9 @@ struct Enabled {
     opened: AtomicU32,
     /// Notices wait for a send buffer (checked without the lock).
     fins_waiting: std::sync::atomic::AtomicBool,
-    /// `Inner::reads_failed` holds reads to finish (checked without the lock).
-    reads_parked: AtomicBool,
+    /// `Inner::reads_failed` or `Inner::done_parked` hold receives to finish (checked
+    /// without the lock).
+    parked: AtomicBool,
     /// Connections being set up: while any is, every progress call reads the connection
     /// events; otherwise one in `CM_POLL_EVERY` does, at most once per `CM_POLL_GAP` (a read
     /// is a system call).
@@ -1346,6 +1364,7 @@ impl RdmEndpoint {
                     read_wait: VecDeque::new(),
                     reads_out: 0,
                     reads_failed: Vec::new(),
+                    done_parked: Vec::new(),
                     fins: VecDeque::new(),
                     claimed: HashMap::new(),
                     addr_peer: Vec::new(),
@@ -1386,7 +1405,7 @@ impl RdmEndpoint {
                 rx_selective: c.rx_selective,
                 opened: AtomicU32::new(0),
                 fins_waiting: std::sync::atomic::AtomicBool::new(false),
-                reads_parked: AtomicBool::new(false),
+                parked: AtomicBool::new(false),
                 in_setup: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
                 cm_next: AtomicU64::new(0),
@@ -3371,9 +3390,11 @@ fn arrive_grown(g: &mut Inner, a: Arrive) -> Result<Arrival> {
     })
 }
 
-/// A segment of a segmented message on queue pair `qpn`, in bounce buffer `id`: copied
-/// aside behind the segments before it (its buffer posted again); the last one makes the
-/// message arrive.
+/// A segment of a segmented message on queue pair `qpn`, in bounce buffer `id` (posted
+/// again once copied). The first one matches the message: to a posted receive, whose
+/// buffer then takes each segment as it comes (no copy aside), or else the segments are
+/// put together aside and the whole message arrives with the last one. The last one
+/// completes the receive.
 fn segment(
     en: &Enabled,
     g: &mut Inner,
@@ -3383,73 +3404,48 @@ fn segment(
     addr: u64,
     conn: u32,
 ) -> Option<Owned> {
-    let from = Place::Region(en.rx_pool.sys(), id as usize * en.slot + Header::LEN);
+    let body = id as usize * en.slot + Header::LEN;
     let n = h.len as usize;
-    let copied = if h.op == Op::Cont {
-        match g.asm.get(&qpn) {
-            Some(a) => {
-                let (i, room) = (a.spill, a.total - g.spill[a.spill].len());
-                append_from(from, n.min(room), &mut g.spill[i])
-                    .map_err(|e| Error::os(e, "putting a segmented message together"))
-            }
-            None => Err(Error::new(
-                errno::EIO,
-                "a segment without the message's first one",
-            )),
-        }
+    let begun = if h.op == Op::Cont {
+        Ok(())
     } else {
         if let Some(old) = g.asm.remove(&qpn) {
+            // A peer breaking the protocol: said, and what it left finishes in error.
             crate::fi_warn!("rdm", "a segmented message on QP {qpn} was left incomplete");
-            g.spill_free.push(old.spill as u32);
+            let done = abandon(en, g, old, errno::EIO);
+            park_done(en, g, done);
         }
-        let total = h.total as usize;
-        let fits = if total <= MAX_SEGS << 20 {
-            Ok(())
-        } else {
-            Err(Error::new(
-                errno::EIO,
-                format!("a {total}-byte segmented message: more than any peer sends"),
-            ))
-        };
-        fits.and_then(|()| spill_slot(g, total)).and_then(|i| {
-            g.asm.insert(
-                qpn,
-                Asm {
-                    spill: i,
-                    total,
-                    kind: RxKind::of(h.op.tagged(), h.peer),
-                    tag: h.tag,
-                    addr,
-                    meta: RxMeta {
-                        data: h.data,
-                        rts: None,
-                        ack: h.ack,
-                        conn,
-                        held: false,
-                        ranges: 0,
-                        body: Header::LEN as u8,
-                    },
-                },
-            );
-            append_from(from, n.min(total), &mut g.spill[i])
-                .map_err(|e| Error::os(e, "putting a segmented message together"))
-        })
+        first_segment(g, qpn, h, addr, conn)
     };
+    let copied = begun.and_then(|()| match g.asm.get_mut(&qpn) {
+        Some(a) => {
+            put_segment(en, &mut g.spill, &g.engine, a, body, n);
+            Ok(())
+        }
+        None => Err(Error::new(
+            errno::EIO,
+            "a segment without the message's first one",
+        )),
+    });
     repost(en, g, id);
     if let Err(err) = copied {
         // Out of memory, or a peer breaking the protocol: said, not silent.
         crate::fi_warn!("rdm", "segmented message from QP {qpn} dropped: {err}");
-        if let Some(a) = g.asm.remove(&qpn) {
-            g.spill_free.push(a.spill as u32);
-        }
         return None;
     }
     match g.asm.get(&qpn) {
-        Some(a) if g.spill[a.spill].len() >= a.total => {}
+        Some(a) if a.got >= a.total => {}
         _ => return None,
     }
     let a = g.asm.remove(&qpn)?;
-    let holder = (en.rx_n + a.spill) as u32;
+    let i = match a.into {
+        AsmInto::Recv(e) => {
+            let failed = a.failed.then_some(errno::EIO);
+            return to_owned(assembled(en, g, e, a.meta, a.got, failed));
+        }
+        AsmInto::Spill(i) => i,
+    };
+    let holder = (en.rx_n + i) as u32;
     g.rx[holder as usize] = a.meta;
     match arrive(g, a.kind, a.addr, a.tag, a.total, holder) {
         Ok(Arrival::Matched(e)) => to_owned(deliver(en, g, e)),
@@ -3459,8 +3455,162 @@ fn segment(
         }
         Err(err) => {
             crate::fi_warn!("rdm", "receive engine full, message dropped: {err}");
-            g.spill_free.push(a.spill as u32);
+            g.spill_free.push(i as u32);
             None
+        }
+    }
+}
+
+/// The first segment of a message of `h.total` bytes on queue pair `qpn`: the message is
+/// matched now if a posted receive takes it. Otherwise it arrives once whole (a receive
+/// posted meanwhile must find it then), put together aside until then.
+fn first_segment(g: &mut Inner, qpn: u32, h: &Header, addr: u64, conn: u32) -> Result<()> {
+    let total = h.total as usize;
+    if total > MAX_SEGS << 20 {
+        return Err(Error::new(
+            errno::EIO,
+            format!("a {total}-byte segmented message: more than any peer sends"),
+        ));
+    }
+    let kind = RxKind::of(h.op.tagged(), h.peer);
+    let into = match arrive(g, kind, addr, h.tag, total, NONE)? {
+        Arrival::Matched(e) => AsmInto::Recv(e),
+        Arrival::Unexpected(e) => {
+            let _ = g.engine.free(e);
+            AsmInto::Spill(spill_slot(g, total)?)
+        }
+    };
+    g.asm.insert(
+        qpn,
+        Asm {
+            into,
+            total,
+            got: 0,
+            failed: false,
+            kind,
+            tag: h.tag,
+            addr,
+            meta: RxMeta {
+                data: h.data,
+                rts: None,
+                ack: h.ack,
+                conn,
+                held: false,
+                ranges: 0,
+                body: Header::LEN as u8,
+            },
+        },
+    );
+    Ok(())
+}
+
+/// Puts a segment's `n` bytes (at `body` of the receive buffers) where message `a` is being
+/// put together: past what came before, up to the size its first segment said (a receive's
+/// buffer takes what fits: the rest is reported truncated). A copy that fails marks it
+/// failed; the rest of its segments are still taken.
+fn put_segment(
+    en: &Enabled,
+    spill: &mut [Vec<u8>],
+    engine: &RxEngine<RecvBuf>,
+    a: &mut Asm,
+    body: usize,
+    n: usize,
+) {
+    let k = n.min(a.total - a.got);
+    let pool = en.rx_pool.sys();
+    let copied = match a.into {
+        AsmInto::Spill(i) => append_from(Place::Region(pool, body), k, &mut spill[i]),
+        AsmInto::Recv(e) => {
+            let ent = engine.entry(e);
+            match &ent.buf {
+                Some(b) if !a.failed => {
+                    let room = b.len().saturating_sub(ent.offset).saturating_sub(a.got);
+                    match k.min(room) {
+                        0 => Ok(()),
+                        fits => b.fill(ent.offset + a.got, fits, |to, from, m| {
+                            copy(Place::Region(pool, body + from), to, m)
+                        }),
+                    }
+                }
+                _ => Ok(()),
+            }
+        }
+    };
+    if copied.is_err() {
+        a.failed = true;
+    }
+    a.got += k;
+}
+
+/// The receive that segmented message went straight into (`Asm::Recv` entry `id`), once
+/// `got` bytes of it came: its completion (`failed`: a positive errno), routed as
+/// `deliver_as` routes one; the sender's notice goes unless its connection is gone.
+fn assembled(
+    en: &Enabled,
+    g: &mut Inner,
+    id: u32,
+    m: RxMeta,
+    got: usize,
+    failed: Option<i32>,
+) -> Option<Done> {
+    let Claimed {
+        e,
+        ebuf,
+        flags,
+        buf,
+        quiet,
+        n,
+        ..
+    } = claimed(en, g, id);
+    drop(ebuf);
+    let _ = g.engine.free(id);
+    if let Some(fid) = m.ack.filter(|_| failed != Some(errno::ECONNABORTED)) {
+        let status = failed.unwrap_or(0);
+        queue_fin(en, g, m.conn, Fin { id: fid, status });
+    }
+    let d = recv_done(
+        e.context,
+        flags,
+        e.tag,
+        m.data,
+        e.addr,
+        e.size,
+        n.min(got),
+        buf,
+        quiet,
+        failed,
+    );
+    let d = counted_rx(en, e.kind.peer(), d);
+    if !e.kind.peer() {
+        return d;
+    }
+    // A peer's transfer completes to its link, never on the CQ.
+    match d? {
+        Ok((c, src)) => to_transfer(en, Ok(c), src),
+        Err(c) => to_transfer(en, Err(*c), e.addr),
+    }
+    None
+}
+
+/// A segmented message that stops short (`err`): its copy aside is freed; a receive it
+/// went into completes in error with what came.
+fn abandon(en: &Enabled, g: &mut Inner, a: Asm, err: i32) -> Option<Done> {
+    match a.into {
+        AsmInto::Spill(i) => {
+            g.spill_free.push(i as u32);
+            None
+        }
+        AsmInto::Recv(e) => assembled(en, g, e, a.meta, a.got, Some(err)),
+    }
+}
+
+/// A completion found where the CQ may not be written (a completion handler): written by
+/// the next progress call.
+fn park_done(en: &Enabled, g: &mut Inner, done: Option<Done>) {
+    if let Some(d) = done {
+        g.done_parked.push(d);
+        if !en.parked.swap(true, Ordering::Relaxed) {
+            en.rx_cq.want_progress(true);
         }
     }
 }
@@ -3635,7 +3785,7 @@ impl Shared {
             let mut g = en.inner.lock();
             flush_fins(en, &mut g);
         }
-        if en.reads_parked.load(Ordering::Relaxed) {
+        if en.parked.load(Ordering::Relaxed) {
             finish_failed(en);
         }
         // One CQ and no local path: it calls this one read in PEER_POLL_EVERY while
@@ -3721,6 +3871,8 @@ impl Shared {
                 };
                 conn.down = true;
                 let peer = conn.peer;
+                let qpn = conn.ep.qp().ok().map(|q| q.qp_num());
+                let torn = qpn.filter(|q| g.asm.contains_key(q));
                 drain_unsignaled(en, &mut g, c);
                 g.peers[peer as usize].link.disconnected(c);
                 // Sends that waited for a link that went down before carrying them.
@@ -3739,6 +3891,21 @@ impl Shared {
                 drop((gone, regs));
                 for x in errs {
                     write_tx_err(en, x);
+                }
+                if let Some(q) = torn {
+                    // A segmented message the peer left short. What it sent before going is
+                    // in the CQ already: taken first, so that only what never comes fails.
+                    en.rx_cq.drive();
+                    let mut g = en.inner.lock();
+                    if let Some(a) = g.asm.remove(&q) {
+                        crate::fi_info!(
+                            "rdm",
+                            "a segmented message on QP {q} ended with its connection"
+                        );
+                        let done = abandon(en, &mut g, a, errno::ECONNABORTED);
+                        drop(g);
+                        write_out(&en.rx_cq, Some(done));
+                    }
                 }
             }
             _ => {}
@@ -3991,16 +4158,17 @@ fn read_done(en: &Enabled, r: RndvRead) -> Option<Done> {
 /// Has the next progress call finish the reads `pump_reads` failed (a completion handler
 /// may not write its own CQ).
 fn park_failed(en: &Enabled, g: &Inner) {
-    if !g.reads_failed.is_empty() && !en.reads_parked.swap(true, Ordering::Relaxed) {
+    if !g.reads_failed.is_empty() && !en.parked.swap(true, Ordering::Relaxed) {
         en.rx_cq.want_progress(true);
     }
 }
 
-/// Finishes the reads parked by `park_failed`: each receive completes in error.
+/// Finishes the reads parked by `park_failed` (each receive completes in error) and writes
+/// the completions `park_done` kept.
 #[cold]
 fn finish_failed(en: &Enabled) {
     let mut g = en.inner.lock();
-    if en.reads_parked.swap(false, Ordering::Relaxed) {
+    if en.parked.swap(false, Ordering::Relaxed) {
         en.rx_cq.want_progress(false);
     }
     let failed: Vec<_> = std::mem::take(&mut g.reads_failed)
@@ -4010,10 +4178,14 @@ fn finish_failed(en: &Enabled) {
     for r in &failed {
         r.tell_sender(en, &mut g);
     }
+    let parked = std::mem::take(&mut g.done_parked);
     drop(g);
     for r in failed {
         let done = read_done(en, r);
         write_out(&en.rx_cq, Some(done));
+    }
+    for d in parked {
+        write_out(&en.rx_cq, Some(Some(d)));
     }
 }
 
@@ -4404,7 +4576,7 @@ impl Drop for Shared {
         if *en.fins_waiting.get_mut() {
             en.tx_cq.want_progress(false);
         }
-        if *en.reads_parked.get_mut() {
+        if *en.parked.get_mut() {
             en.rx_cq.want_progress(false);
         }
         let g = en.inner.get_mut();
@@ -4431,6 +4603,23 @@ impl Drop for RdmEndpoint {
             // does each whose message was still being read.
             let mut g = en.inner.lock();
             let reading: Vec<_> = g.reads.drain().filter(|r| !r.peer).collect();
+            // Receives that segmented messages were going into.
+            let into: Vec<_> = g
+                .asm
+                .drain()
+                .filter_map(|(_, a)| match a.into {
+                    AsmInto::Recv(e) => Some(e),
+                    AsmInto::Spill(_) => None,
+                })
+                .collect();
+            let assembling: Vec<_> = into
+                .into_iter()
+                .filter_map(|e| {
+                    let x = g.engine.entry(e).clone();
+                    let _ = g.engine.free(e);
+                    (!x.kind.peer()).then_some(x)
+                })
+                .collect();
             g.read_wait.clear();
             g.reads_failed.clear();
             let posted = g.engine.cancel_all();
@@ -4444,7 +4633,7 @@ impl Drop for RdmEndpoint {
                     ..Default::default()
                 });
             }
-            for e in posted {
+            for e in assembling.into_iter().chain(posted) {
                 let kind = if e.kind.tagged() {
                     Flags::TAGGED
                 } else {
