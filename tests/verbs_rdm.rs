@@ -1211,8 +1211,8 @@ fn rendezvous_uses_the_applications_registrations_when_their_access_allows() {
     let readable = MemoryRegion::alloc(&domain, n, Flags::SEND | Flags::REMOTE_READ).unwrap();
     let dst = MemoryRegion::alloc(&domain, n, Flags::RECV).unwrap();
     assert_eq!(rendezvous_registrations(&v, &txs, &readable, &dst, n, 4), 0);
-    // Past two bounce buffers such a region goes by rendezvous even below the segmented size.
-    let mid = 3 * v[0].ep.inject_size() + 7;
+    // Past four bounce buffers such a region goes by rendezvous even below the segmented size.
+    let mid = 4 * v[0].ep.inject_size() + 7;
     assert_eq!(
         rendezvous_registrations(&v, &txs, &readable, &dst, mid, 2),
         0

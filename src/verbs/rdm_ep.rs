@@ -1789,10 +1789,11 @@ impl RdmEndpoint {
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
         // the receiver once matched. A region that already grants remote read needs no
-        // registration for that read, which then beats copying past two buffers' worth.
+        // registration for that read, which then beats copying past four buffers' worth
+        // (measured on rxe: 16 KiB in segments 6-8% faster than read, 32 KiB even).
         let seg_max = match src {
             Src::Region(mr, ..) if mr.sys().access() & sv::access::REMOTE_READ != 0 => {
-                en.seg_max.min(2 * eager)
+                en.seg_max.min(4 * eager)
             }
             _ => en.seg_max,
         };
