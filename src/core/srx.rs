@@ -407,13 +407,7 @@ impl<B: Clone> RxEngine<B> {
             return Ok(Arrival::Unexpected(id));
         };
         if !self.slots[id as usize].flags.contains(Flags::MULTI_RECV) {
-            self.unlink(l, id);
-            let s = &mut self.slots[id as usize];
-            s.state = State::Claimed;
-            s.addr = addr;
-            s.tag = tag;
-            s.size = size;
-            s.owner = owner;
+            self.claim_posted(l, id, addr, tag, size, owner);
             return Ok(Arrival::Matched(id));
         }
         let child = self.alloc()?;
@@ -427,6 +421,46 @@ impl<B: Clone> RxEngine<B> {
             self.release(id);
         }
         Ok(Arrival::Matched(child))
+    }
+
+    /// [`Self::arrive`] for a message whose bytes come later, in pieces: the first posted
+    /// receive that accepts it claims it, unless that is a multi-receive buffer (whose
+    /// slices must complete in the order they are cut, the one that releases it last).
+    /// `None`: nothing is claimed, and the message arrives whole once it is.
+    pub fn arrive_in_pieces(
+        &mut self,
+        kind: Kind,
+        addr: u64,
+        tag: u64,
+        size: usize,
+        owner: u64,
+    ) -> Option<u32> {
+        let l = list_of(POSTED, kind);
+        let id = self.find(l, |s| {
+            Filter {
+                addr: s.addr,
+                tag: s.tag,
+                ignore: s.ignore,
+            }
+            .accepts(kind, addr, tag)
+        })?;
+        if self.slots[id as usize].flags.contains(Flags::MULTI_RECV) {
+            return None;
+        }
+        self.claim_posted(l, id, addr, tag, size, owner);
+        Some(id)
+    }
+
+    /// Posted entry `id` of list `l` claimed by an arrival.
+    #[inline(always)]
+    fn claim_posted(&mut self, l: usize, id: u32, addr: u64, tag: u64, size: usize, owner: u64) {
+        self.unlink(l, id);
+        let s = &mut self.slots[id as usize];
+        s.state = State::Claimed;
+        s.addr = addr;
+        s.tag = tag;
+        s.size = size;
+        s.owner = owner;
     }
 
     /// Gives `into` (a fresh or an arrived entry) the next slice of the multi-receive
@@ -732,6 +766,49 @@ mod tests {
         assert_eq!(e.post_one(m).unwrap_err().errno(), errno::EINVAL);
         assert_eq!((e.in_use(), e.posted(Kind::Msg)), (2, 0), "nothing posted");
         assert_eq!(e.entry(w).context, 2);
+    }
+
+    #[test]
+    fn arrivals_in_pieces_claim_a_posted_receive_but_never_a_multi_receive_buffer() {
+        let mut e = RxEngine::new(8);
+        // Nothing posted: nothing claimed, nothing allocated.
+        assert_eq!(e.arrive_in_pieces(Kind::Tag, 5, 9, 20_000, 1), None);
+        assert_eq!(e.in_use(), 0);
+        // A directed receive for another source is passed over; the next one claims it.
+        e.post(
+            recv(
+                Kind::Tag,
+                Filter {
+                    addr: 6,
+                    ..tagged(9, 0)
+                },
+                64,
+                1,
+            ),
+            no_start,
+        )
+        .unwrap();
+        e.post(recv(Kind::Tag, tagged(9, 0), 64, 2), no_start)
+            .unwrap();
+        let c = e.arrive_in_pieces(Kind::Tag, 5, 9, 20_000, 7).unwrap();
+        let x = e.entry(c);
+        assert_eq!(
+            (x.context, x.state, x.size, x.addr, x.owner),
+            (2, State::Claimed, 20_000, 5, 7)
+        );
+        assert_eq!(e.posted(Kind::Tag), 1);
+        // A multi-receive buffer first in line: nothing claimed, the buffer left whole.
+        let mut m = any(3);
+        m.flags = Flags::MULTI_RECV;
+        e.post(m, no_start).unwrap();
+        let before = e.in_use();
+        assert_eq!(e.arrive_in_pieces(Kind::Msg, 5, 0, 20_000, 1), None);
+        assert_eq!((e.in_use(), e.posted(Kind::Msg)), (before, 1));
+        // Arriving whole, the message gets its slice as any other.
+        assert!(matches!(
+            e.arrive(Kind::Msg, 5, 0, 1000, 1),
+            Ok(Arrival::Matched(_))
+        ));
     }
 
     #[test]

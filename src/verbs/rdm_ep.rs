@@ -3463,8 +3463,9 @@ fn segment(
 }
 
 /// The first segment of a message of `h.total` bytes on queue pair `qpn`: the message is
-/// matched now if a posted receive takes it. Otherwise it arrives once whole (a receive
-/// posted meanwhile must find it then), put together aside until then.
+/// matched now if a posted receive takes it (not a multi-receive buffer: see
+/// `RxEngine::arrive_in_pieces`). Otherwise it arrives once whole (a receive posted
+/// meanwhile must find it then), put together aside until then.
 fn first_segment(g: &mut Inner, qpn: u32, h: &Header, addr: u64, conn: u32) -> Result<()> {
     let total = h.total as usize;
     if total > MAX_SEGS << 20 {
@@ -3474,12 +3475,12 @@ fn first_segment(g: &mut Inner, qpn: u32, h: &Header, addr: u64, conn: u32) -> R
         ));
     }
     let kind = RxKind::of(h.op.tagged(), h.peer);
-    let into = match arrive(g, kind, addr, h.tag, total, NONE)? {
-        Arrival::Matched(e) => AsmInto::Recv(e),
-        Arrival::Unexpected(e) => {
-            let _ = g.engine.free(e);
-            AsmInto::Spill(spill_slot(g, total)?)
-        }
+    let into = match g
+        .engine
+        .arrive_in_pieces(kind, addr, h.tag, total, NONE as u64)
+    {
+        Some(e) => AsmInto::Recv(e),
+        None => AsmInto::Spill(spill_slot(g, total)?),
     };
     g.asm.insert(
         qpn,
