@@ -342,38 +342,12 @@ const STREAM: u64 = 7;
 const AFTER: u64 = 8;
 
 /// A child process of this test binary.
-type Child = (
-    std::process::Child,
-    std::io::Lines<BufReader<std::process::ChildStdout>>,
-    String,
-);
+type Child = (std::process::Child, ChildLines, String);
 
 /// Starts the ignored test `test` of this binary as a child (with `env` set) and reads the
 /// name it prints after `marker`.
 fn spawn_child(test: &str, env: (&str, &str), marker: &str) -> Child {
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            test,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(env.0, env.1)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let name = lines
-        .by_ref()
-        .map_while(|l| l.ok())
-        .find_map(|l| {
-            l.find(marker)
-                .map(|i| l[i + marker.len()..].trim().to_string())
-        })
-        .expect("the child's name");
-    (child, lines, name)
+    spawn_test_child(test, &[env], marker)
 }
 
 /// A child of the killed-peer test in `role` (`stay` or `victim`).

@@ -1558,15 +1558,7 @@ fn delivery_complete_waits_for_the_message_to_be_in_a_receive_buffer() {
 #[test]
 #[ignore = "the child process of a_killed_peer_process_is_no_error_for_the_survivor"]
 fn rdm_victim() {
-    let info = rdm_info().expect("a device");
-    let v = nodes(&info, 1, false);
-    println!(
-        "VICTIM NAME {}",
-        hex(&v[0].ep.getname().unwrap().to_bytes())
-    );
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    let peer = v[0].av.insert(&unhex(line.trim())).unwrap();
+    let (v, peer) = victim_side(&rdm_info().expect("a device"));
     let end = Instant::now() + Duration::from_secs(60);
     let mut k = 0u64;
     while Instant::now() < end {
@@ -1591,41 +1583,41 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
+/// A victim child's side of the name swap: prints its endpoint's name and reads the
+/// survivor's; returns its node and the survivor's address.
+fn victim_side(info: &Info) -> (Vec<Node>, u64) {
+    let v = nodes(info, 1, false);
+    println!(
+        "VICTIM NAME {}",
+        hex(&v[0].ep.getname().unwrap().to_bytes())
+    );
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let peer = v[0].av.insert(&unhex(line.trim())).unwrap();
+    (v, peer)
+}
+
+/// Runs this binary's ignored test `test` as a child process (a victim) and swaps names with
+/// it through `me`: returns the child, its output's lines and its address in `me`'s AV.
+fn spawn_victim(test: &str, me: &Node) -> (std::process::Child, ChildLines, u64) {
+    use std::io::Write;
+    let (mut child, lines, name) = spawn_test_child(test, &[], "VICTIM NAME ");
+    let victim = me.av.insert(&unhex(&name)).unwrap();
+    writeln!(
+        child.stdin.as_mut().unwrap(),
+        "{}",
+        hex(&me.ep.getname().unwrap().to_bytes())
+    )
+    .unwrap();
+    (child, lines, victim)
+}
+
 #[test]
 fn a_killed_peer_process_is_no_error_for_the_survivor() {
-    use std::io::{BufRead, Write};
     let Some(info) = rdm_info() else { return };
     let v = nodes(&info, 2, false);
     for round in 0..3 {
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "rdm_victim",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let name = lines
-            .by_ref()
-            .take(50)
-            .map_while(|l| l.ok())
-            .find_map(|l| {
-                l.find("VICTIM NAME ")
-                    .map(|i| l[i + 12..].trim().to_string())
-            })
-            .expect("the victim's name");
-        let victim = v[0].av.insert(&unhex(&name)).unwrap();
-        writeln!(
-            child.stdin.as_mut().unwrap(),
-            "{}",
-            hex(&v[0].ep.getname().unwrap().to_bytes())
-        )
-        .unwrap();
+        let (mut child, _lines, victim) = spawn_victim("rdm_victim", &v[0]);
         // Receive a few of its messages, then kill it mid-stream.
         for k in 0..5 {
             v[0].ep
@@ -2410,15 +2402,8 @@ fn segmented_messages_fill_posted_receives_directly_and_a_sender_that_leaves_aft
 #[test]
 #[ignore = "the child process of a_peer_killed_mid_segmented_message_fails_that_receive_once"]
 fn rdm_segment_victim() {
-    let info = rdm_info().expect("a device");
-    let v = nodes(&info, 1, false);
-    println!(
-        "VICTIM NAME {}",
-        hex(&v[0].ep.getname().unwrap().to_bytes())
-    );
+    let (v, peer) = victim_side(&rdm_info().expect("a device"));
     let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    let peer = v[0].av.insert(&unhex(line.trim())).unwrap();
     let drive = |ms: u64| {
         let t = Instant::now();
         while t.elapsed() < Duration::from_millis(ms) {
@@ -2445,36 +2430,13 @@ fn rdm_segment_victim() {
 /// nothing else appears.
 #[test]
 fn a_peer_killed_mid_segmented_message_fails_that_receive_once() {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let Some(mut info) = rdm_info() else { return };
     info.rx_attr.size = 4;
     let v = nodes(&info, 1, false);
     let eager = v[0].ep.inject_size();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "rdm_segment_victim",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut wait_for = |what: &str| {
-        lines
-            .by_ref()
-            .take(50)
-            .map_while(|l| l.ok())
-            .find_map(|l| l.find(what).map(|i| l[i + what.len()..].trim().to_string()))
-            .unwrap_or_else(|| panic!("the victim never said {what:?}"))
-    };
-    let name = wait_for("VICTIM NAME ");
-    let victim = v[0].av.insert(&unhex(&name)).unwrap();
+    let (mut child, mut lines, victim) = spawn_victim("rdm_segment_victim", &v[0]);
     let mut stdin = child.stdin.take().unwrap();
-    writeln!(stdin, "{}", hex(&v[0].ep.getname().unwrap().to_bytes())).unwrap();
     let rx = MemoryRegion::alloc(&v[0].domain, 65536, Flags::RECV).unwrap();
     v[0].ep
         .trecv(RecvBuf::region(&rx, 0, 65536).unwrap(), ANY, 1, 0, 100)
@@ -2486,7 +2448,7 @@ fn a_peer_killed_mid_segmented_message_fails_that_receive_once() {
     // Not read while the message comes: four segments fill the bounce buffers, the rest
     // wait for room.
     writeln!(stdin, "go").unwrap();
-    wait_for("VICTIM SENT");
+    said(&mut lines, "VICTIM SENT");
     child.kill().unwrap();
     child.wait().unwrap();
     let x = next_err(&v, 0);

@@ -387,15 +387,7 @@ impl<B: Clone> RxEngine<B> {
         owner: u64,
     ) -> Result<Arrival> {
         let l = list_of(POSTED, kind);
-        let found = self.find(l, |s| {
-            Filter {
-                addr: s.addr,
-                tag: s.tag,
-                ignore: s.ignore,
-            }
-            .accepts(kind, addr, tag)
-        });
-        let Some(id) = found else {
+        let Some(id) = self.first_accepting(l, kind, addr, tag) else {
             let id = self.alloc()?;
             let s = &mut self.slots[id as usize];
             s.kind = kind;
@@ -436,19 +428,26 @@ impl<B: Clone> RxEngine<B> {
         owner: u64,
     ) -> Option<u32> {
         let l = list_of(POSTED, kind);
-        let id = self.find(l, |s| {
+        let id = self.first_accepting(l, kind, addr, tag)?;
+        if self.slots[id as usize].flags.contains(Flags::MULTI_RECV) {
+            return None;
+        }
+        self.claim_posted(l, id, addr, tag, size, owner);
+        Some(id)
+    }
+
+    /// The first posted receive of list `l` that accepts an arrival of `kind` from `addr`
+    /// with `tag`, in posting order.
+    #[inline(always)]
+    fn first_accepting(&self, l: usize, kind: Kind, addr: u64, tag: u64) -> Option<u32> {
+        self.find(l, |s| {
             Filter {
                 addr: s.addr,
                 tag: s.tag,
                 ignore: s.ignore,
             }
             .accepts(kind, addr, tag)
-        })?;
-        if self.slots[id as usize].flags.contains(Flags::MULTI_RECV) {
-            return None;
-        }
-        self.claim_posted(l, id, addr, tag, size, owner);
-        Some(id)
+        })
     }
 
     /// Posted entry `id` of list `l` claimed by an arrival.

@@ -342,3 +342,42 @@ pub fn domain_and_tagged_cq(info: &Info) -> (Arc<Domain>, Arc<CompletionQueue>) 
     .unwrap();
     (domain, cq)
 }
+
+/// A child test process's output, line by line.
+pub type ChildLines = std::io::Lines<std::io::BufReader<std::process::ChildStdout>>;
+
+/// Starts this binary's ignored test `test` as a child process (with `env` set), its stdin
+/// and stdout piped; returns it, its output's lines and what it prints after `marker` (its
+/// name, for the parent to insert).
+pub fn spawn_test_child(
+    test: &str,
+    env: &[(&str, &str)],
+    marker: &str,
+) -> (std::process::Child, ChildLines, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let name = said(&mut lines, marker);
+    (child, lines, name)
+}
+
+/// What a child says after `what` on a line of its output (the first such line).
+pub fn said(lines: &mut ChildLines, what: &str) -> String {
+    lines
+        .by_ref()
+        .map_while(|l| l.ok())
+        .find_map(|l| l.find(what).map(|i| l[i + what.len()..].trim().to_string()))
+        .unwrap_or_else(|| panic!("the child never said {what:?}"))
+}
