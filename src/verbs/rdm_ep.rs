@@ -2884,12 +2884,9 @@ fn deliver_as(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> {
     if !e.kind.peer() {
         return deliver_one(en, g, id, m);
     }
-    // A peer's transfer completes to its link, never on the CQ.
     let from = e.addr;
-    match deliver_one(en, g, id, m)? {
-        Ok((c, src)) => to_transfer(en, Ok(c), src),
-        Err(c) => to_transfer(en, Err(*c), from),
-    }
+    let done = deliver_one(en, g, id, m);
+    to_link(en, done, from);
     None
 }
 
@@ -2952,16 +2949,9 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> 
     if let Some(rts) = m.rts {
         return deliver_announced(en, g, id, m, rts);
     }
-    let Claimed {
-        e,
-        ebuf,
-        slot,
-        flags,
-        buf,
-        quiet,
-        n,
-    } = claimed(en, g, id);
-    let copied = match &ebuf {
+    let mut c = claimed(en, g, id);
+    let (e, slot, n) = (c.e, c.slot, c.n);
+    let copied = match &c.ebuf {
         Some(b) if n > 0 => match spilled(en, slot) {
             None => {
                 let body = slot as usize * en.slot + m.body();
@@ -2979,21 +2969,44 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> 
         },
         _ => Ok(()),
     };
-    drop(ebuf);
+    drop(c.ebuf.take());
     let _ = g.engine.free(id);
-    let RxMeta {
-        data, ack, conn, ..
-    } = m;
     release_holder(en, g, slot);
     let failed = copied.err().map(|_| errno::EIO);
-    if let Some(id) = ack {
+    received(en, g, &c, n, &m, failed)
+}
+
+/// What a receive whose bytes are in place (`n` of them, its entry freed) finishes with:
+/// the sender's notice when it asked for one (unless `failed` is its connection's end), and
+/// the receive's completion, counted.
+#[inline(always)]
+fn received(
+    en: &Enabled,
+    g: &mut Inner,
+    c: &Claimed,
+    n: usize,
+    m: &RxMeta,
+    failed: Option<i32>,
+) -> Option<Done> {
+    if let Some(id) = m.ack.filter(|_| failed != Some(errno::ECONNABORTED)) {
         let status = failed.unwrap_or(0);
-        queue_fin(en, g, conn, Fin { id, status });
+        queue_fin(en, g, m.conn, Fin { id, status });
     }
+    let e = &c.e;
     let d = recv_done(
-        e.context, flags, e.tag, data, e.addr, e.size, n, buf, quiet, failed,
+        e.context, c.flags, e.tag, m.data, e.addr, e.size, n, c.buf, c.quiet, failed,
     );
     counted_rx(en, e.kind.peer(), d)
+}
+
+/// A peer transfer's receive completion `done` goes to its link, never on the CQ (`from`:
+/// the source an error reports).
+fn to_link(en: &Enabled, done: Option<Done>, from: u64) {
+    match done {
+        Some(Ok((c, src))) => to_transfer(en, Ok(c), src),
+        Some(Err(c)) => to_transfer(en, Err(*c), from),
+        None => {}
+    }
 }
 
 /// `deliver_one` of an announced message (`rts`): its ranges are read into the receive's
@@ -3555,42 +3568,14 @@ fn assembled(
     got: usize,
     failed: Option<i32>,
 ) -> Option<Done> {
-    let Claimed {
-        e,
-        ebuf,
-        flags,
-        buf,
-        quiet,
-        n,
-        ..
-    } = claimed(en, g, id);
-    drop(ebuf);
+    let mut c = claimed(en, g, id);
+    drop(c.ebuf.take());
     let _ = g.engine.free(id);
-    if let Some(fid) = m.ack.filter(|_| failed != Some(errno::ECONNABORTED)) {
-        let status = failed.unwrap_or(0);
-        queue_fin(en, g, m.conn, Fin { id: fid, status });
-    }
-    let d = recv_done(
-        e.context,
-        flags,
-        e.tag,
-        m.data,
-        e.addr,
-        e.size,
-        n.min(got),
-        buf,
-        quiet,
-        failed,
-    );
-    let d = counted_rx(en, e.kind.peer(), d);
-    if !e.kind.peer() {
+    let d = received(en, g, &c, c.n.min(got), &m, failed);
+    if !c.e.kind.peer() {
         return d;
     }
-    // A peer's transfer completes to its link, never on the CQ.
-    match d? {
-        Ok((c, src)) => to_transfer(en, Ok(c), src),
-        Err(c) => to_transfer(en, Err(*c), e.addr),
-    }
+    to_link(en, d, c.e.addr);
     None
 }
 
@@ -3611,9 +3596,7 @@ fn abandon(en: &Enabled, g: &mut Inner, a: Asm, err: i32) -> Option<Done> {
 fn park_done(en: &Enabled, g: &mut Inner, done: Option<Done>) {
     if let Some(d) = done {
         g.done_parked.push(d);
-        if !en.parked.swap(true, Ordering::Relaxed) {
-            en.rx_cq.want_progress(true);
-        }
+        park(en);
     }
 }
 
@@ -4147,11 +4130,7 @@ fn read_done(en: &Enabled, r: RndvRead) -> Option<Done> {
     );
     let done = counted_rx(en, r.peer, done);
     if r.peer {
-        match done {
-            Some(Ok((c, src))) => to_transfer(en, Ok(c), src),
-            Some(Err(c)) => to_transfer(en, Err(*c), r.from),
-            None => {}
-        }
+        to_link(en, done, r.from);
         return None;
     }
     done
@@ -4160,7 +4139,14 @@ fn read_done(en: &Enabled, r: RndvRead) -> Option<Done> {
 /// Has the next progress call finish the reads `pump_reads` failed (a completion handler
 /// may not write its own CQ).
 fn park_failed(en: &Enabled, g: &Inner) {
-    if !g.reads_failed.is_empty() && !en.parked.swap(true, Ordering::Relaxed) {
+    if !g.reads_failed.is_empty() {
+        park(en);
+    }
+}
+
+/// Has the next progress call finish what is parked (`finish_failed`).
+fn park(en: &Enabled) {
+    if !en.parked.swap(true, Ordering::Relaxed) {
         en.rx_cq.want_progress(true);
     }
 }
