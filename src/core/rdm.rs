@@ -631,7 +631,7 @@ impl Default for HeaderBase {
 impl HeaderBase {
     /// The immediate standing for an eager message (`tagged`, `tag`, `data`) when this
     /// base lets it go without its header.
-    #[inline]
+    #[inline(always)]
     pub fn imm(&self, tagged: bool, tag: u64, data: Option<u64>) -> Option<u32> {
         let tag_ok = if tagged {
             tag >> IMM_TAG_BITS == self.hi

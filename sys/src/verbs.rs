@@ -1082,6 +1082,29 @@ impl QpHandle {
         self.post_send_raw(wr_id, &mut sge, n, flags | send_flags::INLINE, imm)
     }
 
+    /// `post_send_inline` of an application's buffer (`EINVAL` past the inline size).
+    #[inline]
+    pub fn post_send_inline_foreign(
+        &self,
+        wr_id: u64,
+        buf: &crate::mem::ForeignBuf,
+        flags: u32,
+        imm: Option<u32>,
+    ) -> Result<(), i32> {
+        if buf.len() > self.max_inline as usize {
+            return Err(libc::EINVAL);
+        }
+        let mut sge = Sge {
+            addr: buf.addr(),
+            length: buf.len() as u32,
+            lkey: 0,
+        };
+        // Inline: the provider reads the bytes during the call, which ForeignBuf's contract
+        // (readable for a send) covers.
+        let n = usize::from(!buf.is_empty());
+        self.post_send_raw(wr_id, &mut sge, n, flags | send_flags::INLINE, imm)
+    }
+
     #[inline(always)]
     fn post_send_raw(
         &self,
