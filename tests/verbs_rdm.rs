@@ -466,6 +466,94 @@ fn eager_messages_without_a_header_read_back_their_tags_data_and_bytes() {
     }
 }
 
+/// Headerless eager sends (posted in one step once the connection's base explains them)
+/// from every kind of source, a region at an offset, a C buffer, one slice and two, small
+/// enough to go inline and not, arrive whole and in order; one whose range runs past its
+/// region is refused at the call with nothing posted, and the next one still arrives.
+#[test]
+fn headerless_sends_from_every_source_arrive_whole_and_a_bad_range_posts_nothing() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    let eager = v[0].ep.inject_size();
+    let mtu = v[0].domain.device().port.active_mtu as usize;
+    let src = MemoryRegion::alloc(&v[0].domain, eager + 100, Flags::SEND).unwrap();
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let mut expect = |ctx: u64, bytes: &[u8]| {
+        v[1].ep
+            .trecv(RecvBuf::region(&v[1].mr, 0, eager).unwrap(), ANY, 9, 0, ctx)
+            .unwrap();
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!((e.op_context, e.len, e.tag), (ctx, bytes.len(), 9));
+        assert!(read(&v[1], 0, bytes.len()) == bytes, "message {ctx}");
+        let (s, _) = next_ok(&v, 0);
+        assert_eq!(s.op_context, ctx);
+        completed += 1;
+    };
+    // The first message's header sets the connection's base; the rest go without one.
+    v[0].ep.tsend(b"base", 9, 1, 0).unwrap();
+    posted += 1;
+    expect(0, b"base");
+    let mut ctx = 1;
+    for len in [1usize, 8, 60, 200, mtu, eager] {
+        let bytes = pattern(len, ctx as u8);
+        // From a region, 100 bytes in.
+        src.write_at(100, &bytes).unwrap();
+        v[0].ep
+            .send_region(&src, 100, len, 1, Some(9), ctx, Flags::empty())
+            .unwrap();
+        posted += 1;
+        expect(ctx, &bytes);
+        ctx += 1;
+        // From a C buffer.
+        v[0].ep
+            .send_foreign(
+                foreign(len, ctx as u8),
+                1,
+                Some(9),
+                None,
+                ctx,
+                Flags::empty(),
+            )
+            .unwrap();
+        posted += 1;
+        expect(ctx, &pattern(len, ctx as u8));
+        ctx += 1;
+        // From one slice, and from two.
+        let bytes = pattern(len, ctx as u8);
+        v[0].ep.tsend(&bytes, 9, 1, ctx).unwrap();
+        posted += 1;
+        expect(ctx, &bytes);
+        ctx += 1;
+        let bytes = pattern(len, ctx as u8);
+        let (a, b) = bytes.split_at(len / 2);
+        v[0].ep
+            .sendmsg(&[a, b], 1, Some(9), None, ctx, Flags::empty())
+            .unwrap();
+        posted += 1;
+        expect(ctx, &bytes);
+        ctx += 1;
+    }
+    // Past the region's end: refused, and nothing goes.
+    let err = v[0]
+        .ep
+        .send_region(&src, eager + 50, 60, 1, Some(9), ctx, Flags::empty())
+        .unwrap_err();
+    assert_eq!(err.errno(), errno::EINVAL, "{err}");
+    v[1].ep
+        .trecv(RecvBuf::region(&v[1].mr, 0, eager).unwrap(), ANY, 9, 0, ctx)
+        .unwrap();
+    quiet(&v, 1);
+    quiet(&v, 0);
+    v[1].ep.cancel(ctx).unwrap();
+    assert_eq!(next_err(&v, 1).err, errno::ECANCELED);
+    ctx += 1;
+    let bytes = pattern(33, 7);
+    v[0].ep.tsend(&bytes, 9, 1, ctx).unwrap();
+    posted += 1;
+    expect(ctx, &bytes);
+    assert_eq!((posted, completed), (26, 26));
+}
+
 #[test]
 fn truncation_reports_olen_and_remote_cq_data_keeps_64_bits() {
     let Some(info) = rdm_info() else { return };
