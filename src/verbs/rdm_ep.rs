@@ -1812,9 +1812,7 @@ impl RdmEndpoint {
             sets_base: false,
         };
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
-        // the receiver once matched. A region that already grants remote read needs no
-        // registration for that read, which then beats copying past four buffers' worth
-        // (measured on rxe: 16 KiB in segments 6-8% faster than read, 32 KiB even).
+        // the receiver once matched.
         let segs = if len > eager && len <= seg_max(en, &src, eager) {
             len.div_ceil(eager)
         } else {
