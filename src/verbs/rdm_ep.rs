@@ -34,7 +34,7 @@ use crate::core::srx::{
 };
 use crate::verbs::cntr::{Counter, EpCounters};
 use crate::verbs::cq::{Owned, PeerProgress, PeerTransferSink, QpnHash, ReadSink, RecvOwner};
-use crate::verbs::ep_common::{check_send_flags, lock, CqBinding};
+use crate::verbs::ep_common::{check_send_flags, lock, region_post_error, CqBinding};
 use crate::verbs::eq::ConnRequest;
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{
@@ -397,10 +397,7 @@ impl Src<'_> {
         let r = match self {
             Src::Region(mr, off, len) if *len <= qp.max_inline() as usize => qp
                 .post_send_mr(wr, mr.sys(), *off, *len, flags, Some(imm))
-                .map_err(|e| match e {
-                    libc::EINVAL => mr.range_error(*off, *len),
-                    e => Error::os(e, "ibv_post_send"),
-                }),
+                .map_err(|e| region_post_error(e, mr, *off, *len, "send")),
             Src::Foreign(f) if f.len() <= qp.max_inline() as usize => qp
                 .post_send_inline_foreign(wr, f, flags, Some(imm))
                 .map_err(|e| Error::os(e, "ibv_post_send")),
@@ -905,6 +902,31 @@ struct Conn {
     unsignaled: FixedRing<(u64, u32), UNSIGNALED_MAX>,
     /// What this side's headers last said, which lets later messages go without one.
     tx_base: HeaderBase,
+}
+
+impl Conn {
+    /// Whether a send with nothing to report (`quiet`) goes unsignalled here; `room`: the
+    /// endpoint's own bound (`unsignaled_room`).
+    #[inline(always)]
+    fn unsignaled_ok(&self, quiet: bool, room: bool) -> bool {
+        quiet && room && self.unsignaled.len() + 1 < UNSIGNALED_MAX
+    }
+
+    /// Send buffer `slot`, just posted (`unsignaled` as `unsignaled_ok` said): its place in
+    /// the queue, and whether it joined the unsignalled sends.
+    #[inline(always)]
+    fn posted(&mut self, slot: u32, unsignaled: bool) -> (u64, bool) {
+        self.in_flight += 1;
+        let seq = self.seq;
+        self.seq += 1;
+        (seq, unsignaled && self.unsignaled.push_back((seq, slot)))
+    }
+}
+
+/// Whether the endpoint may leave one more send unsignalled (a quarter of its buffers).
+#[inline(always)]
+fn unsignaled_room(g: &Inner) -> bool {
+    (g.unsignaled as usize) < g.tx.len() / 4
 }
 
 #[derive(Debug)]
@@ -2607,12 +2629,11 @@ fn eager_now(
     data: Option<u64>,
 ) -> Option<Result<()>> {
     let slot = *g.tx_free.last()?;
-    let room = (g.unsignaled as usize) < g.tx.len() / 4;
+    let room = unsignaled_room(g);
     let conn = open_conn_mut(g, c)?;
     let imm = conn.tx_base.imm(op == Op::Tag, user.tag, data)?;
     let qp = conn.ep.qp().ok()?;
-    let unsignaled =
-        user.quiet && !en.tx_counted && room && conn.unsignaled.len() + 1 < UNSIGNALED_MAX;
+    let unsignaled = conn.unsignaled_ok(user.quiet && !en.tx_counted, room);
     let wr = wr_id::keyed(slot, en.key, Kind::RdmSend);
     let flags = if unsignaled { 0 } else { send_flags::SIGNALED };
     let posted = match src.post_inline(qp, wr, flags, imm) {
@@ -2628,13 +2649,8 @@ fn eager_now(
     if let Err(e) = posted {
         return Some(Err(e));
     }
-    conn.in_flight += 1;
-    let seq = conn.seq;
-    conn.seq += 1;
-    // Room was checked above (`len + 1 < UNSIGNALED_MAX`).
-    if unsignaled && conn.unsignaled.push_back((seq, slot)) {
-        g.unsignaled += 1;
-    }
+    let (seq, held) = conn.posted(slot, unsignaled);
+    g.unsignaled += u32::from(held);
     g.tx_free.pop();
     g.tx[slot as usize] = TxMeta {
         conn: c,
@@ -2665,11 +2681,11 @@ fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32, imm: Option<u3
     } else {
         None
     };
-    let room = (g.unsignaled as usize) < g.tx.len() / 4;
+    let room = unsignaled_room(g);
     let Some(conn) = open_conn_mut(g, c) else {
         return Err(Error::new(errno::EIO, "the peer's connection is gone"));
     };
-    let unsignaled = quiet && room && conn.unsignaled.len() + 1 < UNSIGNALED_MAX;
+    let unsignaled = conn.unsignaled_ok(quiet, room);
     let qp = conn.ep.qp()?;
     let wr = wr_id::keyed(slot, en.key, Kind::RdmSend);
     let off = slot as usize * en.slot;
@@ -2681,13 +2697,8 @@ fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32, imm: Option<u3
                 .map_err(|e| Error::os(e, "ibv_post_send"))?;
         }
     }
-    conn.in_flight += 1;
-    let seq = conn.seq;
-    conn.seq += 1;
-    // Room was checked above (`len + 1 < UNSIGNALED_MAX`).
-    if unsignaled && conn.unsignaled.push_back((seq, slot)) {
-        g.unsignaled += 1;
-    }
+    let (seq, held) = conn.posted(slot, unsignaled);
+    g.unsignaled += u32::from(held);
     let t = &mut g.tx[slot as usize];
     t.conn = c;
     t.seq = seq;
