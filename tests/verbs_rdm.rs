@@ -468,19 +468,25 @@ fn eager_messages_without_a_header_read_back_their_tags_data_and_bytes() {
 
 /// Headerless eager sends (posted in one step once the connection's base explains them)
 /// from every kind of source, a region at an offset, a C buffer, one slice and two, small
-/// enough to go inline and not, arrive whole and in order; one whose range runs past its
-/// region is refused at the call with nothing posted, and the next one still arrives.
+/// enough to go inline and not, up to a whole bounce buffer (the room a header would take
+/// included), arrive whole and in order; a whole buffer's worth arrives unexpected, is
+/// truncated with `olen`, and goes in segments with the header new CQ data needs; one whose
+/// range runs past its region is refused at the call with nothing posted, and the next one
+/// still arrives.
 #[test]
 fn headerless_sends_from_every_source_arrive_whole_and_a_bad_range_posts_nothing() {
     let Some(info) = rdm_info() else { return };
     let v = nodes(&info, 2, false);
     let eager = v[0].ep.inject_size();
+    // A bounce buffer: the eager size and the header's room.
+    let whole = eager + 32;
     let mtu = v[0].domain.device().port.active_mtu as usize;
-    let src = MemoryRegion::alloc(&v[0].domain, eager + 100, Flags::SEND).unwrap();
-    let (mut posted, mut completed) = (0u64, 0u64);
+    let src = MemoryRegion::alloc(&v[0].domain, whole + 100, Flags::SEND).unwrap();
+    // Completions counted by `expect`, and by the checks that read theirs themselves.
+    let (mut posted, mut completed, mut outside) = (0u64, 0u64, 0u64);
     let mut expect = |ctx: u64, bytes: &[u8]| {
         v[1].ep
-            .trecv(RecvBuf::region(&v[1].mr, 0, eager).unwrap(), ANY, 9, 0, ctx)
+            .trecv(RecvBuf::region(&v[1].mr, 0, whole).unwrap(), ANY, 9, 0, ctx)
             .unwrap();
         let (e, _) = next_ok(&v, 1);
         assert_eq!((e.op_context, e.len, e.tag), (ctx, bytes.len(), 9));
@@ -494,7 +500,7 @@ fn headerless_sends_from_every_source_arrive_whole_and_a_bad_range_posts_nothing
     posted += 1;
     expect(0, b"base");
     let mut ctx = 1;
-    for len in [1usize, 8, 60, 200, mtu, eager] {
+    for len in [1usize, 8, 60, 200, mtu, eager, whole] {
         let bytes = pattern(len, ctx as u8);
         // From a region, 100 bytes in.
         src.write_at(100, &bytes).unwrap();
@@ -533,14 +539,52 @@ fn headerless_sends_from_every_source_arrive_whole_and_a_bad_range_posts_nothing
         expect(ctx, &bytes);
         ctx += 1;
     }
+    // A whole buffer's worth taken in before its receive comes (unexpected).
+    let bytes = pattern(whole, 0x5a);
+    v[0].ep.tsend(&bytes, 9, 1, ctx).unwrap();
+    posted += 1;
+    quiet(&v, 1);
+    expect(ctx, &bytes);
+    ctx += 1;
+    // Into a receive with room for the eager size only: truncated, the 32 bytes as olen.
+    let bytes = pattern(whole, 0x5b);
+    v[0].ep.tsend(&bytes, 9, 1, ctx).unwrap();
+    posted += 1;
+    v[1].ep
+        .trecv(RecvBuf::region(&v[1].mr, 0, eager).unwrap(), ANY, 9, 0, ctx)
+        .unwrap();
+    let e = next_err(&v, 1);
+    assert_eq!(
+        (e.op_context, e.err, e.len, e.olen),
+        (ctx, errno::ETRUNC, eager, 32)
+    );
+    assert!(read(&v[1], 0, eager) == bytes[..eager]);
+    let (s, _) = next_ok(&v, 0);
+    assert_eq!(s.op_context, ctx);
+    outside += 1;
+    ctx += 1;
+    // CQ data the connection's base has not carried: a header, so two segments.
+    let bytes = pattern(whole, 0x5c);
+    v[0].ep.tsenddata(&bytes, 0x5eed, 9, 1, ctx).unwrap();
+    posted += 1;
+    v[1].ep
+        .trecv(RecvBuf::region(&v[1].mr, 0, whole).unwrap(), ANY, 9, 0, ctx)
+        .unwrap();
+    let (e, _) = next_ok(&v, 1);
+    assert_eq!((e.op_context, e.len, e.data), (ctx, whole, 0x5eed));
+    assert!(read(&v[1], 0, whole) == bytes);
+    let (s, _) = next_ok(&v, 0);
+    assert_eq!(s.op_context, ctx);
+    outside += 1;
+    ctx += 1;
     // Past the region's end: refused, and nothing goes.
     let err = v[0]
         .ep
-        .send_region(&src, eager + 50, 60, 1, Some(9), ctx, Flags::empty())
+        .send_region(&src, whole + 50, 60, 1, Some(9), ctx, Flags::empty())
         .unwrap_err();
     assert_eq!(err.errno(), errno::EINVAL, "{err}");
     v[1].ep
-        .trecv(RecvBuf::region(&v[1].mr, 0, eager).unwrap(), ANY, 9, 0, ctx)
+        .trecv(RecvBuf::region(&v[1].mr, 0, whole).unwrap(), ANY, 9, 0, ctx)
         .unwrap();
     quiet(&v, 1);
     quiet(&v, 0);
@@ -551,7 +595,7 @@ fn headerless_sends_from_every_source_arrive_whole_and_a_bad_range_posts_nothing
     v[0].ep.tsend(&bytes, 9, 1, ctx).unwrap();
     posted += 1;
     expect(ctx, &bytes);
-    assert_eq!((posted, completed), (26, 26));
+    assert_eq!((posted, completed + outside), (33, 33));
 }
 
 #[test]
@@ -609,8 +653,7 @@ fn inject_and_selective_completion_write_no_send_completion() {
     for k in 0..3 {
         v[1].ep
             .recvmsg(
-                // Three 4 KiB slots each: room for an eager message (8224 bytes by default).
-                recv_buf(&v[1], 3 * k, 4096 * 3),
+                recv_buf(&v[1], 2 * k, 4096 * 2),
                 RxKind::Msg,
                 ANY,
                 0,
@@ -625,8 +668,8 @@ fn inject_and_selective_completion_write_no_send_completion() {
         assert_eq!(e.op_context, k as u64);
     }
     assert_eq!(read(&v[1], 0, big.len()), big);
-    assert_eq!(read(&v[1], 3, 5), b"plain");
-    assert_eq!(read(&v[1], 6, 4), b"with");
+    assert_eq!(read(&v[1], 2, 5), b"plain");
+    assert_eq!(read(&v[1], 4, 4), b"with");
     let (e, _) = next_ok(&v, 0);
     assert_eq!(
         e.op_context, 8,

@@ -54,8 +54,8 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: "FI_RVERBS_RDM_BUFFER_SIZE",
-        default: "8256",
-        help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 32-byte header (8224: 8 KiB goes in one buffer); larger ones go in segments, then by rendezvous",
+        default: "8192",
+        help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 32-byte header, or the whole buffer when it goes without one; larger ones go in segments, then by rendezvous",
     },
     Knob {
         name: "FI_RVERBS_RDM_SHM",

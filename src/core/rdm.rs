@@ -588,11 +588,14 @@ impl Header {
     }
 
     /// Whether this header's values become its connection's [`HeaderBase`]: an eager
-    /// message (tagged or not) of the application's with no notice to ask for. Both sides
+    /// message or a segmented one's first segment (tagged or not) of the application's with
+    /// no notice to ask for (so a peer that only sends whole buffers goes bare too). Both sides
     /// decide it from the header alone, so they follow the same messages.
     #[inline]
     pub fn sets_base(&self) -> bool {
-        matches!(self.op, Op::Msg | Op::Tag) && !self.peer && self.ack.is_none()
+        matches!(self.op, Op::Msg | Op::Tag | Op::SegMsg | Op::SegTag)
+            && !self.peer
+            && self.ack.is_none()
     }
 }
 
@@ -649,7 +652,7 @@ impl HeaderBase {
     /// A header that [`Header::sets_base`] went (sender) or came (receiver) this way.
     #[inline]
     pub fn note(&mut self, h: &Header) {
-        if h.op == Op::Tag {
+        if matches!(h.op, Op::Tag | Op::SegTag) {
             self.hi = h.tag >> IMM_TAG_BITS;
         }
         if h.data.is_some() {

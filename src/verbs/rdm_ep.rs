@@ -51,12 +51,10 @@ use local::{LocalLink, LOCAL_HOLDER};
 /// index).
 const LISTENER: u64 = u64::MAX >> 8;
 
-/// Bytes of each bounce buffer, header included (`FI_RVERBS_RDM_BUFFER_SIZE`). The default
-/// holds 8 KiB and a header: with 8192-byte buffers an 8 KiB message (a size applications
-/// and benchmarks favour) went in two segments, the second 32 bytes long (measured on rxe:
-/// 8 KiB latency 12% lower, bandwidth 9% higher with this one); 64-byte multiples keep
-/// every buffer cache-line aligned.
-const BUFFER_SIZE_DEFAULT: usize = 8192 + 64;
+/// Bytes of each bounce buffer, header included (`FI_RVERBS_RDM_BUFFER_SIZE`): a segment
+/// (header and payload) fills whole 1 KiB, 2 KiB and 4 KiB packets, and a message that
+/// goes without its header (`eager_now`) takes the whole buffer, so 8 KiB still goes in one.
+const BUFFER_SIZE_DEFAULT: usize = 8192;
 
 fn buffer_size() -> Result<usize> {
     match crate::core::env::get_usize_or("FI_RVERBS_RDM_BUFFER_SIZE", BUFFER_SIZE_DEFAULT)? {
@@ -625,6 +623,9 @@ fn stage_segments(
                 ..user
             },
         };
+        // The first segment's header sets its connection's base once posted, as an eager
+        // one's does (`Header::sets_base`).
+        g.tx[s as usize].sets_base = i == 0 && hdr.sets_base();
         g.tx[s as usize].wire = (Header::LEN + n) as u32;
         let off = s as usize * en.slot;
         en.tx_pool.write_at(off, &hdr.encode())?;
@@ -1846,6 +1847,9 @@ impl RdmEndpoint {
         } else {
             1
         };
+        // Kept from one buffer by its header alone (an 8 KiB message in 8 KiB buffers): it
+        // goes bare when its connection's base explains it (`eager_now`), else in segments.
+        let bare = segs > 1 && len <= en.slot;
         // A peer's transfers go over the endpoint's connections (verbs) only.
         if let Some(l) = en.local.get().filter(|_| !self.peer) {
             let sent = l.with_route(en, dest, |to, bell| {
@@ -1871,8 +1875,8 @@ impl RdmEndpoint {
                 "every send buffer is in flight: read the CQ to complete some",
             ));
         }
-        if let (SendPath::Post(c), None, 1) = (path, &reg, segs) {
-            if !user.peer && !flags.contains(Flags::DELIVERY_COMPLETE) {
+        if let (SendPath::Post(c), None) = (path, &reg) {
+            if (segs == 1 || bare) && !user.peer && !flags.contains(Flags::DELIVERY_COMPLETE) {
                 if let Some(r) = eager_now(en, &mut g, c, &src, len, op, user, data) {
                     return r;
                 }
@@ -2618,8 +2622,9 @@ fn seg_max(en: &Enabled, src: &Src<'_>, eager: usize) -> usize {
     }
 }
 
-/// The common send in one step: one buffer's worth, no header (connection `c` is open and
-/// its base explains the message: `HeaderBase::imm`), inline from the application's bytes
+/// The common send in one step: one buffer's worth (a whole buffer: no header takes room),
+/// no header (connection `c` is open and its base explains the message: `HeaderBase::imm`),
+/// inline from the application's bytes
 /// when they fit (else copied into the buffer). `None`, with nothing changed, when that does
 /// not hold: the general path then stages it.
 #[allow(clippy::too_many_arguments)]
