@@ -1869,18 +1869,20 @@ impl RdmEndpoint {
         let mut g = en.inner.lock();
         let peer = peer_of(en, &mut g, dest)?;
         let path = g.peers[peer as usize].link.send_path();
-        if g.tx_free.len() < segs {
-            return Err(Error::new(
-                errno::EAGAIN,
-                "every send buffer is in flight: read the CQ to complete some",
-            ));
-        }
+        // Before the buffer count: a bare send needs one buffer, not its segments' count
+        // (`eager_now` declines when none is free).
         if let (SendPath::Post(c), None) = (path, &reg) {
             if (segs == 1 || bare) && !user.peer && !flags.contains(Flags::DELIVERY_COMPLETE) {
                 if let Some(r) = eager_now(en, &mut g, c, &src, len, op, user, data) {
                     return r;
                 }
             }
+        }
+        if g.tx_free.len() < segs {
+            return Err(Error::new(
+                errno::EAGAIN,
+                "every send buffer is in flight: read the CQ to complete some",
+            ));
         }
         // One buffer (the common case) without setting up the array segments need.
         let (one, mut many);
@@ -2624,9 +2626,9 @@ fn seg_max(en: &Enabled, src: &Src<'_>, eager: usize) -> usize {
 
 /// The common send in one step: one buffer's worth (a whole buffer: no header takes room),
 /// no header (connection `c` is open and its base explains the message: `HeaderBase::imm`),
-/// inline from the application's bytes
-/// when they fit (else copied into the buffer). `None`, with nothing changed, when that does
-/// not hold: the general path then stages it.
+/// inline from the application's bytes when they fit (else copied into the buffer). `None`,
+/// with nothing changed, when that does not hold (no free buffer among it): the general
+/// path then stages it.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn eager_now(

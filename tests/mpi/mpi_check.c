@@ -44,8 +44,9 @@ static size_t first_bad(const uint8_t *b, int from, int to, size_t n)
 }
 
 /* Every pair of ranks, both ways, at sizes around each protocol boundary (inline, eager
- * 8160 B, or a whole 8 KiB buffer without a header, segmented up to 64 KiB, rendezvous, and past one RDMA read of rxe's 8 MiB: read in
- * pieces), with all requests outstanding at once. */
+ * 8160 B or a whole 8 KiB buffer without a header, segmented up to 64 KiB, rendezvous, and
+ * past one RDMA read of rxe's 8 MiB: read in pieces), with all requests outstanding at
+ * once. */
 static void all_pairs(void)
 {
 	static const size_t sizes[] = {0,     1,     8,       4096,    8160,
