@@ -54,7 +54,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         name: "FI_RVERBS_RDM_BUFFER_SIZE",
-        default: "8192",
+        default: "16384",
         help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 32-byte header, or the whole buffer when it goes without one; larger ones go in segments, then by rendezvous",
     },
     Knob {

@@ -53,8 +53,9 @@ const LISTENER: u64 = u64::MAX >> 8;
 
 /// Bytes of each bounce buffer, header included (`FI_RVERBS_RDM_BUFFER_SIZE`): a segment
 /// (header and payload) fills whole 1 KiB, 2 KiB and 4 KiB packets, and a message that
-/// goes without its header (`eager_now`) takes the whole buffer, so 8 KiB still goes in one.
-const BUFFER_SIZE_DEFAULT: usize = 8192;
+/// goes without its header (`eager_now`) takes the whole buffer: 16 KiB (libfabric's rxm
+/// eager limit too) is one send, not three segments with an ACK each.
+const BUFFER_SIZE_DEFAULT: usize = 16384;
 
 fn buffer_size() -> Result<usize> {
     match crate::core::env::get_usize_or("FI_RVERBS_RDM_BUFFER_SIZE", BUFFER_SIZE_DEFAULT)? {
@@ -1847,7 +1848,7 @@ impl RdmEndpoint {
         } else {
             1
         };
-        // Kept from one buffer by its header alone (an 8 KiB message in 8 KiB buffers): it
+        // Kept from one buffer by its header alone (a 16 KiB message in 16 KiB buffers): it
         // goes bare when its connection's base explains it (`eager_now`), else in segments.
         let bare = segs > 1 && len <= en.slot;
         // A peer's transfers go over the endpoint's connections (verbs) only.

@@ -506,7 +506,7 @@ impl MemoryRegion {
         // SAFETY: bounds checked above; the region is valid memory (owned, or the
         // registrant's contract). Raw copies, because the device may also access it.
         unsafe {
-            ptr::copy_nonoverlapping(src.as_ptr(), (self.addr as *mut u8).add(offset), src.len())
+            crate::mem::copy_bytes(src.as_ptr(), (self.addr as *mut u8).add(offset), src.len())
         };
         Ok(())
     }
@@ -517,7 +517,7 @@ impl MemoryRegion {
         self.sge(offset, dst.len()).ok_or(libc::EINVAL)?;
         // SAFETY: bounds checked above; see write_at.
         unsafe {
-            ptr::copy_nonoverlapping(
+            crate::mem::copy_bytes(
                 (self.addr as *const u8).add(offset),
                 dst.as_mut_ptr(),
                 dst.len(),

@@ -44,13 +44,13 @@ static size_t first_bad(const uint8_t *b, int from, int to, size_t n)
 }
 
 /* Every pair of ranks, both ways, at sizes around each protocol boundary (inline, eager
- * 8160 B or a whole 8 KiB buffer without a header, segmented up to 64 KiB, rendezvous, and
- * past one RDMA read of rxe's 8 MiB: read in pieces), with all requests outstanding at
- * once. */
+ * 16352 B or a whole 16 KiB buffer without a header, segmented up to 64 KiB, rendezvous,
+ * and past one RDMA read of rxe's 8 MiB: read in pieces; 8 KiB buffers' 8160 and 8192
+ * too), with all requests outstanding at once. */
 static void all_pairs(void)
 {
-	static const size_t sizes[] = {0,     1,     8,       4096,    8160,
-				       8161,  8192,  8193,    65536,   65537,
+	static const size_t sizes[] = {0,     1,     8,     4096,    8160,    8192,
+				       16352, 16353, 16384, 16385,   65536,   65537,
 				       1 << 20, 4 << 20,
 				       (8 << 20) + 3};
 	for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
