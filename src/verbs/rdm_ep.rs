@@ -2628,7 +2628,7 @@ fn seg_max(en: &Enabled, src: &Src<'_>, eager: usize) -> usize {
 /// The common send in one step: one buffer's worth (a whole buffer: no header takes room),
 /// no header (connection `c` is open and its base explains the message: `HeaderBase::imm`),
 /// inline from the application's bytes when they fit (else copied into the buffer). `None`,
-/// with nothing changed, when that does not hold (no free buffer among it): the general
+/// with nothing changed, when that does not hold or no send buffer is free: the general
 /// path then stages it.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
