@@ -22,6 +22,7 @@ use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use rfabric_sys::lock::{Lock, LockGuard};
 use rfabric_sys::verbs::{
     wc_opcode as op, wc_status as st, wc_status_str, CompChannel, Cq, WcBatch, WorkCompletion,
+    WC_WITH_IMM,
 };
 use rfabric_sys::wait::MutexCond;
 
@@ -61,6 +62,14 @@ mod feature {
     pub(super) const OWNERS: u8 = 2;
     /// Counters to count completions into.
     pub(super) const COUNTERS: u8 = 4;
+    /// Entries staged in the software queue (in `CompletionQueue::gate` only).
+    pub(super) const STAGED: u8 = 8;
+}
+
+/// The value of `CompletionQueue::gate` that lets a read in `format` take the plain path.
+#[inline(always)]
+const fn gate_for(format: CqFormat) -> u32 {
+    (format as u32) << 8
 }
 
 /// Device entries of a CQ no endpoint is bound to yet.
@@ -229,6 +238,10 @@ pub struct CompletionQueue {
     /// What a read must look at besides the device (`feature`), each bit changed under the
     /// lock of what it stands for; `read_plain` runs while none in `plain_mask` is set.
     features: AtomicU8,
+    /// `read`'s one test: the CQ's format in the high byte, and in the low byte the bits of
+    /// `features` in `plain_mask` and `feature::STAGED` while entries are staged. A read in
+    /// the CQ's format finds it equal to `gate_for(format)` exactly when `read_plain` may run.
+    gate: AtomicU32,
     /// The features that keep reads off `read_plain`: owners only where readers can race.
     plain_mask: u8,
     _domain: Arc<Domain>,
@@ -420,11 +433,10 @@ fn wc_flags(wc: &WorkCompletion) -> (Flags, bool) {
             false,
         );
     }
-    let imm = if wc.imm_data().is_some() {
-        Flags::REMOTE_CQ_DATA
-    } else {
-        Flags::empty()
-    };
+    // `IBV_WC_WITH_IMM` shifted onto `FI_REMOTE_CQ_DATA`: no branch.
+    const IMM_SHIFT: u32 =
+        Flags::REMOTE_CQ_DATA.bits().trailing_zeros() - WC_WITH_IMM.trailing_zeros();
+    let imm = Flags::from_bits_retain(u64::from(wc.wc_flags() & WC_WITH_IMM) << IMM_SHIFT);
     match o {
         op::IBV_WC_RECV => (Flags::MSG | Flags::RECV | imm, true),
         op::IBV_WC_RECV_RDMA_WITH_IMM => (
@@ -472,6 +484,20 @@ pub fn to_err_entry(wc: &WorkCompletion) -> CqErrEntry {
         prov_errno: wc.status() as i32,
         ..Default::default()
     }
+}
+
+/// `ibv_poll_cq` failed (the provider's CQ is broken): out of line, as every error.
+#[cold]
+#[inline(never)]
+fn poll_error(e: i32) -> Error {
+    os_err("ibv_poll_cq")(e)
+}
+
+/// The answer of a read that found nothing.
+#[cold]
+#[inline(never)]
+fn no_completion() -> Error {
+    Error::new(errno::EAGAIN, "no completion")
 }
 
 /// Queues one device completion in the software queue: successes nobody asked for are
@@ -635,6 +661,7 @@ impl CompletionQueue {
             transfers: RwLock::new(Vec::new()),
             counters: RwLock::new(HashMap::default()),
             features: AtomicU8::new(0),
+            gate: AtomicU32::new(gate_for(attr.format)),
             plain_mask: if serial {
                 feature::PEERS | feature::COUNTERS
             } else {
@@ -666,6 +693,27 @@ impl CompletionQueue {
         } else {
             self.features.fetch_and(!f, Ordering::SeqCst);
         }
+        if f & self.plain_mask != 0 {
+            self.set_gate(f, on);
+        }
+    }
+
+    fn set_gate(&self, f: u8, on: bool) {
+        if on {
+            self.gate.fetch_or(u32::from(f), Ordering::SeqCst);
+        } else {
+            self.gate.fetch_and(!u32::from(f), Ordering::SeqCst);
+        }
+    }
+
+    /// Stores how many entries are staged (the caller holds the state lock, under which
+    /// every change of `staged` happens) and keeps `gate`'s `STAGED` bit in step.
+    fn set_staged(&self, n: usize, order: Ordering) {
+        let was = self.staged.load(Ordering::Relaxed);
+        self.staged.store(n, order);
+        if (was == 0) != (n == 0) {
+            self.set_gate(feature::STAGED, n != 0);
+        }
     }
 
     fn state(&self) -> LockGuard<'_, CqState> {
@@ -696,8 +744,19 @@ impl CompletionQueue {
     /// Reads completions into `out` in the CQ's format (`fi_cq_read`), driving progress.
     /// `EAGAIN` when none is ready; `EAVAIL` when an error is next (see [`Self::readerr`]).
     /// A zero-length `out` only drives progress.
-    #[inline]
+    #[inline(always)]
     pub fn read<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
+        // One load and compare: the format is the CQ's, and nothing but the device is
+        // there to read (no peers, counters, racing owners or staged entries).
+        if self.gate.load(Ordering::Acquire) == gate_for(E::FORMAT) && !out.is_empty() {
+            return self.read_plain(out);
+        }
+        self.read_other(out)
+    }
+
+    /// Every read `read`'s gate turns away: a wrong format, peers to drive, the rest.
+    #[inline(never)]
+    fn read_other<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         self.check_format::<E>()?;
         let f = self.features.load(Ordering::Acquire) & self.plain_mask;
         if f == 0 && self.staged.load(Ordering::Acquire) == 0 && !out.is_empty() {
@@ -733,11 +792,31 @@ impl CompletionQueue {
     /// A read with nothing but the device to look at (no peers, counters, racing owners
     /// or staged entries): completions the CQ translates itself go straight to `out`;
     /// the first that needs more (an error, an owner's, a suppressed one) hands the rest
-    /// of the poll to [`Self::translate`]. Out of line, as `read_impl`: each carries its
-    /// own frame, and `read`'s choice between them is inlined into its caller.
-    #[inline(never)]
+    /// of the poll to [`Self::read_plain_rest`]. Inlined into `read`'s callers: one
+    /// completion then costs the poll and its translation, no frame of its own.
+    #[inline(always)]
     fn read_plain<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
-        self.read_plain_impl::<false, E>(out)
+        let mut batch = WcBatch::<POLL_BATCH>::new();
+        let wcs = match self.cq.poll_batch(&mut batch, out.len()) {
+            Ok(w) => w,
+            Err(e) => return Err(poll_error(e)),
+        };
+        if wcs.is_empty() {
+            return Err(no_completion());
+        }
+        // `poll_batch` returns at most `out.len()` completions: the zip drops none.
+        for (i, (w, o)) in wcs.iter().zip(out.iter_mut()).enumerate() {
+            let id = w.wr_id();
+            *o = if w.status() == st::IBV_WC_SUCCESS && wr_id::is_plain(id) {
+                E::from_tagged(&to_entry(w))
+            } else if w.status() == st::IBV_WC_SUCCESS && wr_id::is_bare(id, Kind::DgramPlain) {
+                self.plain_ud_done.fetch_add(1, Ordering::Relaxed);
+                E::from_tagged(&plain_ud_entry(w))
+            } else {
+                return self.read_plain_rest(wcs, i, out, i);
+            };
+        }
+        Ok(wcs.len())
     }
 
     /// The plain loop; with `OWNED`, owners' completions are placed in it too (no reader
@@ -904,7 +983,7 @@ impl CompletionQueue {
     fn read_staged<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> Result<usize> {
         let mut s = self.state();
         let r = s.read_into(out, src);
-        self.staged.store(s.pending(), Ordering::Release);
+        self.set_staged(s.pending(), Ordering::Release);
         r
     }
 
@@ -1020,7 +1099,7 @@ impl CompletionQueue {
                 stage_one(&mut s, w);
             }
         }
-        self.staged.store(s.pending(), Ordering::SeqCst);
+        self.set_staged(s.pending(), Ordering::SeqCst);
         peers
     }
 
@@ -1031,7 +1110,7 @@ impl CompletionQueue {
             if let Err(err) = v.into_iter().try_for_each(|e| s.push_error(e)) {
                 crate::fi_warn!("cq", "{err}");
             }
-            self.staged.store(s.pending(), Ordering::SeqCst);
+            self.set_staged(s.pending(), Ordering::SeqCst);
         }
         self.stage(rest)
     }
@@ -1512,7 +1591,7 @@ impl CompletionQueue {
         {
             let mut s = self.state();
             s.push_entry_from(entry, src)?;
-            self.staged.store(s.pending(), Ordering::SeqCst);
+            self.set_staged(s.pending(), Ordering::SeqCst);
         }
         self.wake(false);
         Ok(())
@@ -1544,7 +1623,7 @@ impl CompletionQueue {
         {
             let mut s = self.state();
             s.push_error(entry)?;
-            self.staged.store(s.pending(), Ordering::SeqCst);
+            self.set_staged(s.pending(), Ordering::SeqCst);
         }
         self.wake(false);
         Ok(())
@@ -1576,7 +1655,7 @@ impl CompletionQueue {
         let r = s
             .readerr()
             .ok_or_else(|| Error::new(errno::EAGAIN, "no error completion at the head"));
-        self.staged.store(s.pending(), Ordering::Release);
+        self.set_staged(s.pending(), Ordering::Release);
         r
     }
 
@@ -1593,7 +1672,7 @@ impl CompletionQueue {
             Some((e, d)) => Ok(f(&e, d)),
             None => Err(Error::new(errno::EAGAIN, "no error completion at the head")),
         };
-        self.staged.store(s.pending(), Ordering::Release);
+        self.set_staged(s.pending(), Ordering::Release);
         r
     }
 

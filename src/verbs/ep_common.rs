@@ -1,7 +1,7 @@
 //! What every verbs endpoint has: its CQ and counter bindings, how its sends are signalled, and the
 //! checks and translations of its data calls (flags, ranges, immediate data, full queues).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rfabric_sys::verbs::{
@@ -112,12 +112,20 @@ pub(crate) struct Signalling {
     /// How sends are signalled: `tx_mode::*` bits, one load per send.
     tx_mode: AtomicU8,
     rx_selective: AtomicBool,
-    /// Unsignalled sends since the last signalled one: bounded, so that the send queue
-    /// (whose entries a signalled completion frees) never fills with unsignalled work.
-    unsignaled: AtomicU32,
-    /// Unsignalled sends allowed in a row: half the send queue, set at enable
-    /// ([`Self::set_tx_depth`]), so that a send divides nothing.
-    every: AtomicU32,
+    /// Unsignalled sends left before the next signalled one: counted down, so that the send
+    /// queue (whose entries a signalled completion frees) never fills with unsignalled work.
+    credit: AtomicI32,
+    /// Unsignalled sends allowed in a row: half the send queue, less one (the signalled
+    /// send ends the run), set at enable ([`Self::set_tx_depth`]).
+    run: AtomicI32,
+    /// The same for sends with the endpoint's default flags, fixed at enable
+    /// ([`Self::fix_default`]): a run of 0 when each is signalled. Two runs of half the
+    /// queue less one leave a signalled send in every `depth - 1`, so the queue never
+    /// fills with unsignalled work.
+    default_credit: AtomicI32,
+    default_run: AtomicI32,
+    /// What a signalled default send's id carries: `SUPPRESSED` unless it is reported.
+    default_mark: AtomicU64,
 }
 
 impl Default for Signalling {
@@ -125,8 +133,11 @@ impl Default for Signalling {
         Signalling {
             tx_mode: AtomicU8::new(0),
             rx_selective: AtomicBool::new(false),
-            unsignaled: AtomicU32::new(0),
-            every: AtomicU32::new(1),
+            credit: AtomicI32::new(0),
+            run: AtomicI32::new(0),
+            default_credit: AtomicI32::new(0),
+            default_run: AtomicI32::new(0),
+            default_mark: AtomicU64::new(0),
         }
     }
 }
@@ -233,19 +244,55 @@ impl Signalling {
 
     /// The send queue's depth, granted at enable: it bounds unsignalled sends to half.
     pub(crate) fn set_tx_depth(&self, depth: u32) {
-        self.every.store((depth / 2).max(1), Ordering::Relaxed);
+        let run = ((depth / 2).max(1) - 1).min(i32::MAX as u32) as i32;
+        self.run.store(run, Ordering::Relaxed);
+        self.credit.store(run, Ordering::Relaxed);
     }
 
     /// The work request id and signalling of a send: signalled when a completion is due
     /// (no selective completion, or `FI_COMPLETION` asked), else counted as unsignalled.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn send(&self, id: u64, flags: Flags) -> (u64, u32) {
         let mode = self.tx_mode.load(Ordering::Relaxed);
+        if mode == tx_mode::SELECTIVE && !flags.contains(Flags::COMPLETION) {
+            return self.next_unsignaled(id);
+        }
         if mode & tx_mode::SELECTIVE == 0 || flags.contains(Flags::COMPLETION) {
             (id, send_flags::SIGNALED)
         } else {
             self.unsignaled_in(mode, id)
         }
+    }
+
+    /// Fixes how sends with the default flags `op_flags` are signalled, at enable (the
+    /// bindings that decide it are made before, and the queue's depth is set).
+    pub(crate) fn fix_default(&self, op_flags: Flags) {
+        let mode = self.tx_mode.load(Ordering::Relaxed);
+        let (run, mark) = if mode & tx_mode::SELECTIVE == 0 || op_flags.contains(Flags::COMPLETION)
+        {
+            (0, 0) // each signalled and reported
+        } else if mode & tx_mode::COUNTED != 0 {
+            (0, wr_id::SUPPRESSED) // each signalled for a counter
+        } else {
+            (self.run.load(Ordering::Relaxed), wr_id::SUPPRESSED)
+        };
+        self.default_run.store(run, Ordering::Relaxed);
+        self.default_credit.store(run, Ordering::Relaxed);
+        self.default_mark.store(mark, Ordering::Relaxed);
+    }
+
+    /// [`Self::send`] with the default flags given to [`Self::fix_default`].
+    #[inline(always)]
+    pub(crate) fn send_default(&self, id: u64) -> (u64, u32) {
+        if self.default_credit.fetch_sub(1, Ordering::Relaxed) > 0 {
+            return (id, 0);
+        }
+        self.default_credit
+            .store(self.default_run.load(Ordering::Relaxed), Ordering::Relaxed);
+        (
+            id | self.default_mark.load(Ordering::Relaxed),
+            send_flags::SIGNALED,
+        )
     }
 
     /// The work request id and signalling of a send that reports no completion: every
@@ -261,13 +308,19 @@ impl Signalling {
         if mode & tx_mode::COUNTED != 0 {
             return (id | wr_id::SUPPRESSED, send_flags::SIGNALED);
         }
-        let n = self.unsignaled.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= self.every.load(Ordering::Relaxed) {
-            self.unsignaled.store(0, Ordering::Relaxed);
-            (id | wr_id::SUPPRESSED, send_flags::SIGNALED)
-        } else {
-            (id, 0)
+        self.next_unsignaled(id)
+    }
+
+    /// One send of an unsignalled run: the run's last is signalled (its completion
+    /// suppressed) and starts the next run.
+    #[inline(always)]
+    fn next_unsignaled(&self, id: u64) -> (u64, u32) {
+        if self.credit.fetch_sub(1, Ordering::Relaxed) > 0 {
+            return (id, 0);
         }
+        self.credit
+            .store(self.run.load(Ordering::Relaxed), Ordering::Relaxed);
+        (id | wr_id::SUPPRESSED, send_flags::SIGNALED)
     }
 }
 
@@ -288,11 +341,26 @@ pub(crate) fn wanted_caps(
     }
 }
 
-/// Work requests chained under `FI_MORE` for one queue, and whether any wait (read without
-/// the lock, so operations without `FI_MORE` pay one load while no chain is open).
+/// Work requests chained under `FI_MORE` for one queue, and the queue's gate: one word
+/// that a post with the default flags loads to learn whether it may go straight to the
+/// device (`Batch::plain`).
 pub(crate) struct Batch<W: ChainLink> {
     chain: Mutex<Chain<W>>,
-    open: AtomicBool,
+    /// The work request id bits of a plain post (its kind, in the top byte) with, in the
+    /// low bits, the reasons it may not be plain (`gate::*`), each set and cleared alone.
+    gate: AtomicU64,
+}
+
+/// The reasons a queue's posts may not go straight to the device (`Batch::gate`).
+pub(crate) mod gate {
+    /// Work requests are chained under `FI_MORE`: later posts queue behind them.
+    pub(crate) const OPEN: u64 = 1;
+    /// An `FI_MULTI_RECV` buffer is posted: receives queue behind it.
+    pub(crate) const MULTI: u64 = 2;
+    /// Not enabled yet, or the default flags never allow it (a fence, a chain, a shared
+    /// receive context, multi-receive buffers by default).
+    pub(crate) const OFF: u64 = 4;
+    pub(super) const ANY: u64 = OPEN | MULTI | OFF;
 }
 
 /// Sends and receives chained under `FI_MORE`.
@@ -303,7 +371,7 @@ impl<W: ChainLink> Default for Batch<W> {
     fn default() -> Self {
         Batch {
             chain: Mutex::default(),
-            open: AtomicBool::new(false),
+            gate: AtomicU64::new(gate::OFF),
         }
     }
 }
@@ -322,7 +390,37 @@ pub(crate) type FailureCq<'a> = &'a dyn Fn() -> Option<Arc<CompletionQueue>>;
 impl<W: ChainLink> Batch<W> {
     #[inline]
     pub(crate) fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
+        self.gate.load(Ordering::Acquire) & gate::OPEN != 0
+    }
+
+    /// The id bits of a post that may go straight to the device, or `None`: one load.
+    #[inline(always)]
+    pub(crate) fn plain(&self) -> Option<u64> {
+        let g = self.gate.load(Ordering::Acquire);
+        if g & gate::ANY == 0 {
+            Some(g)
+        } else {
+            None
+        }
+    }
+
+    /// Lets plain posts through with id bits `base` (top byte only), at enable.
+    pub(crate) fn open_plain(&self, base: u64) {
+        debug_assert_eq!(base & !wr_id::KIND_BITS, 0);
+        let _ = self
+            .gate
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |g| {
+                Some((g & gate::ANY & !gate::OFF) | base)
+            });
+    }
+
+    /// Sets or clears one reason of `gate::*` (each has one owner that changes it).
+    pub(crate) fn set_gate(&self, reason: u64, on: bool) {
+        if on {
+            self.gate.fetch_or(reason, Ordering::AcqRel);
+        } else {
+            self.gate.fetch_and(!reason, Ordering::AcqRel);
+        }
     }
 
     /// Appends one work request with `push` (posting a full chain first), then posts the
@@ -344,7 +442,7 @@ impl<W: ChainLink> Batch<W> {
         } else {
             post_chained(qp, &mut ch, true, cq).inspect_err(|_| ch.pop())
         };
-        self.open.store(!ch.is_empty(), Ordering::Release);
+        self.set_gate(gate::OPEN, !ch.is_empty());
         r
     }
 
@@ -355,7 +453,7 @@ impl<W: ChainLink> Batch<W> {
         }
         let mut ch = self.chain.lock().unwrap_or_else(|p| p.into_inner());
         let r = post_chained(qp, &mut ch, false, cq);
-        self.open.store(!ch.is_empty(), Ordering::Release);
+        self.set_gate(gate::OPEN, !ch.is_empty());
         r
     }
 }

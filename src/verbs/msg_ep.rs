@@ -1,10 +1,10 @@
 //! Connected (`FI_EP_MSG`) endpoints on RC queue pairs.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use rfabric_sys::cm::{CmId, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
+use rfabric_sys::cm::{CmId, CmQp, ACCEPT_PRIVATE_DATA_MAX, CONNECT_PRIVATE_DATA_MAX};
 use rfabric_sys::verbs::{send_flags, MrSlice, QpCaps, QpHandle, Sge, WorkCompletion};
 
 use crate::core::addr::{fill_name, sockaddr_bytes};
@@ -15,8 +15,8 @@ use crate::core::info::Info;
 use crate::verbs::cq::{Owned, PeerTransferSink, RecvOwner};
 use crate::verbs::ep_common::{
     check_domain, check_inject, check_recv_flags, check_rma_cap, check_send_flags, check_sendmsg,
-    cq_data, iov_error, lock, post_error, region_post_error, region_sge, send_imm, wanted_caps,
-    with_slices, CqBinding, Iov, RecvBatch, SendBatch, Signalling,
+    cq_data, gate, iov_error, lock, post_error, region_post_error, region_sge, send_imm,
+    wanted_caps, with_slices, CqBinding, Iov, RecvBatch, SendBatch, Signalling,
 };
 use crate::verbs::eq::{encode_cm_data, CmEndpoint, ConnRequest, Owner, CM_DATA_SIZE};
 use crate::verbs::info::resolve_route;
@@ -54,9 +54,9 @@ struct Control {
 /// State shared between the endpoint and its event queue.
 #[derive(Debug)]
 pub(crate) struct EpShared {
-    /// Dropped first: the QP goes before the CQs and PD it uses. Set by `enable`; read
-    /// without a lock from then on (the data path's queue pair).
-    id: OnceLock<CmId>,
+    /// Dropped first: the QP goes before the CQs and PD it uses. Set by `enable`, with the
+    /// QP it created; read without a lock from then on (the data path's queue pair).
+    id: OnceLock<CmQp>,
     state: AtomicU8,
     /// `FI_SHUTDOWN` was written for this endpoint: once, whichever side disconnected.
     shutdown_reported: AtomicBool,
@@ -73,10 +73,6 @@ pub(crate) struct EpShared {
     /// the lock) whether receives must queue there.
     multi: Mutex<MultiRecvQueue>,
     multi_active: AtomicBool,
-    /// The work request id bits of a receive posted with the default flags (`fi_recv`),
-    /// fixed at enable, or 0 where such receives take the general path (before enable, a
-    /// shared receive context, `FI_MULTI_RECV` by default): one load instead of each check.
-    recv_plain: AtomicU64,
     min_multi_recv: AtomicUsize,
     ctl: Mutex<Control>,
     max_msg_size: usize,
@@ -89,17 +85,17 @@ impl EpShared {
     /// The queue pair, once enabled.
     #[inline]
     fn qp(&self) -> Option<&QpHandle> {
-        self.id.get().and_then(|i| i.qp())
+        self.id.get().map(CmQp::qp)
     }
 
     /// Runs `f` on the rdma_cm identifier: the enabled one, or the one `ctl` holds before
     /// (the caller must not hold `ctl`).
     fn with_id<R>(&self, f: impl FnOnce(&CmId) -> R) -> R {
         if let Some(id) = self.id.get() {
-            return f(id);
+            return f(id.id());
         }
         let c = self.ctl();
-        match (self.id.get(), &c.id) {
+        match (self.id.get().map(CmQp::id), &c.id) {
             (Some(id), _) | (None, Some(id)) => f(id),
             (None, None) => unreachable!("an endpoint's identifier is in ctl until enable"),
         }
@@ -117,6 +113,12 @@ impl EpShared {
 
     fn ctl(&self) -> MutexGuard<'_, Control> {
         self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether receives queue behind `FI_MULTI_RECV` buffers (under `multi`'s lock).
+    fn set_multi_active(&self, on: bool) {
+        self.multi_active.store(on, Ordering::Release);
+        self.recvs.set_gate(gate::MULTI, on);
     }
 }
 
@@ -162,7 +164,7 @@ impl RecvOwner for EpShared {
         let mut m = lock(&self.multi);
         let min = self.min_multi_recv.load(Ordering::Relaxed);
         let r = m.completion(self.qp(), wc, min);
-        self.multi_active.store(!m.is_idle(), Ordering::Release);
+        self.set_multi_active(!m.is_idle());
         r.map(|r| match r {
             Ok(e) => Owned::Entry(e, FI_ADDR_NOTAVAIL),
             Err(v) => Owned::Errors(v),
@@ -174,7 +176,12 @@ impl Drop for EpShared {
     fn drop(&mut self) {
         let qpn = self.qp().map(|q| q.qp_num());
         let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
-        let ident = self.id.get().or(c.id.as_ref()).map(|i| i.ident());
+        let ident = self
+            .id
+            .get()
+            .map(CmQp::id)
+            .or(c.id.as_ref())
+            .map(|i| i.ident());
         if let (Some(eq), Some(ident)) = (c.eq.take(), ident) {
             eq.unregister(ident);
         }
@@ -318,11 +325,13 @@ impl MsgEndpoint {
                 ),
             ));
         }
+        // One element of a work request carries at most 2^32 - 1 bytes.
         let max_msg_size = if info.ep_attr.max_msg_size == 0 {
             domain.device().port.max_msg_sz as usize
         } else {
             info.ep_attr.max_msg_size
-        };
+        }
+        .min(u32::MAX as usize);
         Ok(MsgEndpoint {
             peer: 0,
             shared: Arc::new(EpShared {
@@ -336,7 +345,6 @@ impl MsgEndpoint {
                 recvs: RecvBatch::default(),
                 multi: Mutex::default(),
                 multi_active: AtomicBool::new(false),
-                recv_plain: AtomicU64::new(0),
                 min_multi_recv: AtomicUsize::new(DEFAULT_MIN_MULTI_RECV),
                 ctl: Mutex::new(Control {
                     id: Some(id),
@@ -364,6 +372,7 @@ impl MsgEndpoint {
             .shared
             .id
             .get()
+            .map(CmQp::id)
             .or(c.id.as_ref())
             .ok_or_else(not_enabled)?;
         id.migrate(eq.channel())
@@ -453,7 +462,17 @@ impl MsgEndpoint {
         let got = match id.create_qp(pd, tx.raw(), rx.raw(), want, srq) {
             Ok(g) => {
                 // From here on the identifier is fixed and read without the lock.
-                let _ = self.shared.id.set(id);
+                match CmQp::new(id) {
+                    Ok(q) => {
+                        let _ = self.shared.id.set(q);
+                    }
+                    Err(id) => {
+                        // create_qp succeeded, so this does not happen: refuse, unchanged.
+                        c.id = Some(id);
+                        c.cqs.unreserve();
+                        return Err(Error::new(errno::EIO, "rdma_create_qp left no QP"));
+                    }
+                }
                 g
             }
             Err(e) => {
@@ -471,12 +490,25 @@ impl MsgEndpoint {
         crate::fi_debug!("ep", "RC QP {qpn} created: {got:?}");
         c.cqs.count_on(qpn);
         self.shared.signalling.set_tx_depth(got.max_send_wr);
+        self.shared
+            .signalling
+            .fix_default(self.shared.info.tx_attr.op_flags);
         let _ = self.shared.caps.set(got);
         let flags = self.shared.info.rx_attr.op_flags;
         if self.shared.srx.get().is_none() && !flags.contains(Flags::MULTI_RECV) {
             let suppressed = self.shared.signalling.recv_suppressed(flags);
             let base = wr_id::encode(0, Kind::Recv, suppressed);
-            self.shared.recv_plain.store(base, Ordering::Release);
+            self.shared.recvs.open_plain(base);
+        }
+        if !self
+            .shared
+            .info
+            .tx_attr
+            .op_flags
+            .intersects(Flags::MORE | Flags::FENCE)
+        {
+            let base = wr_id::encode(0, Kind::Send, false);
+            self.shared.sends.open_plain(base);
         }
         Ok(())
     }
@@ -857,14 +889,24 @@ impl MsgEndpoint {
     /// endpoint's default `tx_attr.op_flags` contain `FI_COMPLETION`.
     #[inline]
     pub fn send(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
-        self.post_send(
-            mr,
-            offset,
-            len,
-            context,
-            None,
-            self.shared.info.tx_attr.op_flags,
-        )
+        let sh = &*self.shared;
+        // The plain send: enabled, no fence or chain by default nor open, a context and
+        // length within bounds and a region of this domain. Anything else (and any error,
+        // reported there) goes the general way.
+        if let Some(base) = sh.sends.plain().filter(|_| {
+            context & !wr_id::CONTEXT == 0
+                && len <= sh.max_msg_size
+                && Arc::ptr_eq(mr.domain(), &sh.domain)
+        }) {
+            if let Some(qp) = sh.qp() {
+                let (id, vflags) = sh.signalling.send_default(context | base | self.peer);
+                // `len` is within max_msg_size, so within a u32.
+                return qp
+                    .post_send_mr_u32(id, mr.sys(), offset, len as u32, vflags)
+                    .map_err(|e| region_post_error(e, mr, offset, len, "send"));
+            }
+        }
+        self.post_send(mr, offset, len, context, None, sh.info.tx_attr.op_flags)
     }
 
     /// Sends with 4 bytes of remote CQ data, delivered as `data` with `FI_REMOTE_CQ_DATA` (`fi_senddata`).
@@ -1279,15 +1321,19 @@ impl MsgEndpoint {
     /// fabtests' multi_recv test and others post theirs.
     #[inline]
     pub fn recv(&self, mr: &MemoryRegion, offset: usize, len: usize, context: u64) -> Result<()> {
-        let base = self.shared.recv_plain.load(Ordering::Acquire);
-        if base != 0 {
-            let sge = region_sge(mr, &self.shared.domain, offset, len)?;
-            wr_id::check(context)?;
-            let qp = self.qp()?;
-            if !self.shared.multi_active.load(Ordering::Acquire) && !self.shared.recvs.is_open() {
+        let sh = &*self.shared;
+        // The plain receive: default flags, no multi-receive buffer or chain to queue
+        // behind (the gate's one load), a context within bounds and a region of this
+        // domain; anything else (and any error, reported there) goes the general way.
+        if let Some(base) = sh
+            .recvs
+            .plain()
+            .filter(|_| context & !wr_id::CONTEXT == 0 && Arc::ptr_eq(mr.domain(), &sh.domain))
+        {
+            if let Some(qp) = sh.qp() {
                 return qp
-                    .post_recv(context | base | self.peer, &[sge])
-                    .map_err(|e| post_error(e, "receive"));
+                    .post_recv_mr(context | base | self.peer, mr.sys(), offset, len)
+                    .map_err(|e| region_post_error(e, mr, offset, len, "receive"));
             }
         }
         let flags = self.shared.info.rx_attr.op_flags;
@@ -1357,7 +1403,7 @@ impl MsgEndpoint {
             )?);
         }
         let r = m.post_multi(qp, buf, sh.rx_depth());
-        sh.multi_active.store(!m.is_idle(), Ordering::Release);
+        sh.set_multi_active(!m.is_idle());
         r
     }
 

@@ -17,9 +17,12 @@ pub(crate) const SUPPRESSED: u64 = 1 << 63;
 /// its completion goes to the peer's callbacks, never to the application's CQ.
 pub(crate) const PEER: u64 = 1 << 62;
 const KIND_SHIFT: u32 = 56;
+/// The bits of a work request id that are not the context: kind and marks.
+pub(crate) const KIND_BITS: u64 = !CONTEXT;
 const KIND_MASK: u64 = 0x3f;
 
-/// The kinds of operation an error entry can name.
+/// The kinds of operation an error entry can name. Those the CQ translates alone come
+/// first, so that one comparison tells them (`is_plain`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum Kind {
@@ -28,28 +31,31 @@ pub(crate) enum Kind {
     Recv = 3,
     /// Posted by `shutdown` behind everything else; its flush says the queue is empty.
     Marker = 4,
+    /// An RDMA write (`fi_write`, with or without remote CQ data).
+    Write = 5,
+    /// An RDMA read (`fi_read`).
+    Read = 6,
     /// The posted part of an `FI_MULTI_RECV` buffer; the context names its endpoint.
-    MultiRecv = 5,
+    MultiRecv = 7,
     /// A datagram receive: its endpoint reports the length (without a provider GRH slot)
     /// and the source.
-    DgramRecv = 6,
+    DgramRecv = 8,
     /// A datagram receive smaller than the MTU, with a provider overflow element behind it
     /// so that a longer datagram is reported truncated (with `olen`) instead of lost.
-    DgramShort = 7,
+    DgramShort = 9,
     /// An RDM endpoint's bounce buffer on its SRQ; the context is the buffer's index.
-    RdmRecv = 8,
+    RdmRecv = 10,
     /// An RDM endpoint's send from a bounce buffer; the context is the buffer's index.
-    RdmSend = 9,
+    RdmSend = 11,
     /// An RDM endpoint's rendezvous read; the context is the read's index.
-    RdmRead = 10,
-    /// An RDMA write (`fi_write`, with or without remote CQ data).
-    Write = 11,
-    /// An RDMA read (`fi_read`).
-    Read = 12,
+    RdmRead = 12,
     /// A datagram receive the CQ reports itself: the whole MTU after the provider's GRH
     /// slot, no source to find (the endpoint's only UD receives on its CQ, `claim_plain_ud`).
     DgramPlain = 13,
 }
+
+/// The last of the kinds the CQ translates alone.
+const LAST_PLAIN: u64 = Kind::Read as u64;
 
 /// The kind of a send: with remote CQ data (immediate data) or without.
 #[inline(always)]
@@ -110,22 +116,12 @@ pub(crate) fn is_owned(wr_id: u64) -> bool {
         || k == Kind::RdmRead as u64
 }
 
-/// The kinds whose successful completion the CQ translates alone (`to_entry`): neither
-/// an owner's nor a plain datagram receive; undefined kinds, as the general path, too.
-const PLAIN_KINDS: u64 = !((1 << Kind::MultiRecv as u64)
-    | (1 << Kind::DgramRecv as u64)
-    | (1 << Kind::DgramShort as u64)
-    | (1 << Kind::RdmRecv as u64)
-    | (1 << Kind::RdmSend as u64)
-    | (1 << Kind::RdmRead as u64)
-    | (1 << Kind::DgramPlain as u64));
-
-/// Whether a successful completion is reported as the CQ translates it: a plain kind,
-/// not suppressed, not a peer's (one test on the top byte).
+/// Whether a successful completion is reported as the CQ translates it (`to_entry`): a
+/// kind up to `LAST_PLAIN` (or none), not suppressed, not a peer's: one comparison of the
+/// top byte, whose marks make it larger.
 #[inline(always)]
 pub(crate) fn is_plain(wr_id: u64) -> bool {
-    let top = wr_id >> KIND_SHIFT;
-    top <= KIND_MASK && (PLAIN_KINDS >> top) & 1 != 0
+    wr_id >> KIND_SHIFT <= LAST_PLAIN
 }
 
 /// Whether the work request is of `kind`, neither suppressed nor a peer's.

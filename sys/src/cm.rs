@@ -266,6 +266,36 @@ pub struct CmId {
     channel: Mutex<Option<Arc<EventChannel>>>,
 }
 
+/// An rdma_cm identifier whose queue pair exists, with the QP's posting side at hand: a
+/// connected endpoint reaches its QP with no check per post.
+#[derive(Debug)]
+pub struct CmQp {
+    /// A copy of `id`'s handle: lent out by reference only, so it cannot outlive `id`,
+    /// which destroys the QP when it goes (after this field).
+    qp: QpHandle,
+    id: CmId,
+}
+
+impl CmQp {
+    /// `id` with its queue pair; `id` back when it has none yet.
+    pub fn new(id: CmId) -> Result<CmQp, CmId> {
+        match id.qp().map(QpHandle::duplicate) {
+            Some(qp) => Ok(CmQp { qp, id }),
+            None => Err(id),
+        }
+    }
+
+    #[inline(always)]
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    #[inline(always)]
+    pub fn qp(&self) -> &QpHandle {
+        &self.qp
+    }
+}
+
 // SAFETY: rdma_cm calls on one id are serialised by the kernel; the id is destroyed only in Drop.
 unsafe impl Send for CmId {}
 // SAFETY: as above; posting through the QP is thread-safe in rdma-core providers.

@@ -24,6 +24,51 @@ use crate::last_errno;
 mod ud;
 pub use ud::{AddressHandle, UdDest, UdQp, GRH_LEN};
 
+/// The provider's data-path entries, called as verbs.h's inline functions call them:
+/// straight through the context's ops table, which every provider fills (verbs.h calls
+/// these entries without a check), so no test for a missing one.
+mod entry {
+    use super::r;
+
+    /// `ibv_post_send`.
+    ///
+    /// # Safety
+    /// `qp` is a live QP; `wr` a work request chain whose elements the provider may read.
+    #[inline(always)]
+    pub(super) unsafe fn post_send(
+        qp: *mut r::ibv_qp,
+        wr: *mut r::ibv_send_wr,
+        bad: *mut *mut r::ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: the caller's QP; providers always set post_send.
+        unsafe { ((*(*qp).context).ops.post_send.unwrap_unchecked())(qp, wr, bad) }
+    }
+
+    /// `ibv_post_recv`.
+    ///
+    /// # Safety
+    /// As [`post_send`].
+    #[inline(always)]
+    pub(super) unsafe fn post_recv(
+        qp: *mut r::ibv_qp,
+        wr: *mut r::ibv_recv_wr,
+        bad: *mut *mut r::ibv_recv_wr,
+    ) -> i32 {
+        // SAFETY: the caller's QP; providers always set post_recv.
+        unsafe { ((*(*qp).context).ops.post_recv.unwrap_unchecked())(qp, wr, bad) }
+    }
+
+    /// `ibv_poll_cq`.
+    ///
+    /// # Safety
+    /// `cq` is a live CQ and `wc` has room for `n` entries.
+    #[inline(always)]
+    pub(super) unsafe fn poll_cq(cq: *mut r::ibv_cq, n: i32, wc: *mut r::ibv_wc) -> i32 {
+        // SAFETY: the caller's CQ and room; providers always set poll_cq.
+        unsafe { ((*(*cq).context).ops.poll_cq.unwrap_unchecked())(cq, n, wc) }
+    }
+}
+
 /// A hook for messages that cannot be returned (failures inside `Drop`).
 static WARN_HOOK: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 
@@ -492,6 +537,20 @@ impl MemoryRegion {
         })
     }
 
+    /// [`Self::sge`] of a length that fits an element by its type.
+    #[inline]
+    pub fn sge_u32(&self, offset: usize, len: u32) -> Option<Sge> {
+        let end = offset.checked_add(len as usize)?;
+        if end > self.len {
+            return None;
+        }
+        Some(Sge {
+            addr: self.addr + offset as u64,
+            length: len,
+            lkey: self.lkey,
+        })
+    }
+
     /// The element naming `addr..addr+len` (absolute addresses), if inside this region.
     #[inline]
     pub fn sge_at(&self, addr: u64, len: usize) -> Option<Sge> {
@@ -881,7 +940,7 @@ impl Cq {
         let n = max.min(N) as i32;
         // SAFETY: the batch has room for N >= n entries laid out as ibv_wc; the provider
         // writes the first `rc` of them.
-        let rc = unsafe { r::ibv_poll_cq(self.cq.as_ptr(), n, batch.0.as_mut_ptr().cast()) };
+        let rc = unsafe { entry::poll_cq(self.cq.as_ptr(), n, batch.0.as_mut_ptr().cast()) };
         if rc < 0 {
             return Err(libc::EIO);
         }
@@ -1055,6 +1114,12 @@ impl QpHandle {
         }
     }
 
+    /// A second handle on the same QP, for an owner that holds the QP's owner too
+    /// ([`crate::cm::CmQp`]).
+    pub(crate) fn duplicate(&self) -> QpHandle {
+        QpHandle { ..*self }
+    }
+
     pub fn qp_num(&self) -> u32 {
         // SAFETY: valid QP while the owning CmId lives.
         unsafe { (*self.qp.as_ptr()).qp_num }
@@ -1128,16 +1193,45 @@ impl QpHandle {
         imm: Option<u32>,
         to: Option<&UdDest>,
     ) -> Result<(), i32> {
-        let mut wr = SendWr::new(wr_id, sges, n, flags, imm);
-        if let Some(d) = to {
-            wr.set_dest(d);
+        let mut wr = std::mem::MaybeUninit::<r::ibv_send_wr>::uninit();
+        let w = wr.as_mut_ptr();
+        let (opcode, imm) = match imm {
+            Some(v) => (r::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, v.to_be()),
+            None => (r::ibv_wr_opcode::IBV_WR_SEND, 0),
+        };
+        let dest = match to {
+            Some(d) => r::ud_t {
+                ah: d.ah.as_ptr(),
+                remote_qpn: d.qpn,
+                remote_qkey: d.qkey,
+            },
+            None => r::ud_t {
+                ah: ptr::null_mut(),
+                remote_qpn: 0,
+                remote_qkey: 0,
+            },
+        };
+        // SAFETY: field writes into our own uninitialised request, through raw pointers.
+        // Every field a send reads is written: the header, the immediate data and the UD
+        // destination (the union's first 16 bytes, zero on a connected QP). The rest of
+        // the unions (atomic operands, XRC, memory windows, TSO) belong to other opcodes
+        // and QP types, which providers do not read for a send; Rust never reads them.
+        unsafe {
+            ptr::addr_of_mut!((*w).wr_id).write(wr_id);
+            ptr::addr_of_mut!((*w).next).write(ptr::null_mut());
+            ptr::addr_of_mut!((*w).sg_list).write(sges.cast());
+            ptr::addr_of_mut!((*w).num_sge).write(n as i32);
+            ptr::addr_of_mut!((*w).opcode).write(opcode);
+            ptr::addr_of_mut!((*w).send_flags).write(flags);
+            ptr::addr_of_mut!((*w).imm_data_invalidated_rkey_union.imm_data).write(imm);
+            ptr::addr_of_mut!((*w).wr.ud).write(dest);
         }
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is valid while its owner lives (QpHandle is borrowed from it); the
         // SGEs either name registered memory (device-checked) or, with INLINE, point at a
         // live slice that the provider copies before returning; a UD destination's address
         // handle is borrowed, so alive for the call.
-        rc_result(unsafe { r::ibv_post_send(self.qp.as_ptr(), &mut wr.0, &mut bad) })
+        rc_result(unsafe { entry::post_send(self.qp.as_ptr(), w, &mut bad) })
     }
 
     /// Posts one send of `len` bytes at `offset` in `mr`: inline when it fits, so the
@@ -1159,6 +1253,27 @@ impl QpHandle {
             self.post_send_raw(wr_id, &mut sge, n, flags | send_flags::INLINE, imm)
         } else {
             self.post_send_raw(wr_id, &mut sge, n, flags & !send_flags::INLINE, imm)
+        }
+    }
+
+    /// [`Self::post_send_mr`] of a length that fits an element by its type, without
+    /// immediate data: one bounds check fewer.
+    #[inline(always)]
+    pub fn post_send_mr_u32(
+        &self,
+        wr_id: u64,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: u32,
+        flags: u32,
+    ) -> Result<(), i32> {
+        let mut sge = mr.sge_u32(offset, len).ok_or(libc::EINVAL)?;
+        let n = usize::from(len != 0);
+        if len <= self.max_inline {
+            // The CPU reads the bytes during the call: valid memory by MemoryRegion's invariant.
+            self.post_send_raw(wr_id, &mut sge, n, flags | send_flags::INLINE, None)
+        } else {
+            self.post_send_raw(wr_id, &mut sge, n, flags & !send_flags::INLINE, None)
         }
     }
 
@@ -1348,6 +1463,24 @@ impl QpHandle {
         })
     }
 
+    /// Posts one receive into `len` bytes at `offset` in `mr` (`EINVAL` past its end).
+    /// One element: the provider checks it against the queue's `max_recv_sge` itself.
+    #[inline(always)]
+    pub fn post_recv_mr(
+        &self,
+        wr_id: u64,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), i32> {
+        let sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
+        let mut wr = recv_wr(wr_id, std::slice::from_ref(&sge));
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid QP (see post_send_raw); the element names registered memory, which
+        // the device checks.
+        rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
+    }
+
     /// Posts one receive into the memory named by `sges` (checked by the device).
     #[inline(always)]
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<(), i32> {
@@ -1357,7 +1490,7 @@ impl QpHandle {
         let mut wr = recv_wr(wr_id, sges);
         let mut bad = ptr::null_mut();
         // SAFETY: valid QP (see post_send_raw); SGEs are device-checked registered memory.
-        rc_result(unsafe { r::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
+        rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
     }
 }
 
@@ -1572,21 +1705,31 @@ impl QpHandle {
 }
 
 /// A receive work request over `sges`, which must outlive its posting.
+#[inline(always)]
 fn recv_wr(wr_id: u64, sges: &[Sge]) -> r::ibv_recv_wr {
-    let mut wr = r::ibv_recv_wr::zeroed();
-    wr.wr_id = wr_id;
-    wr.sg_list = sges.as_ptr() as *mut r::ibv_sge;
-    wr.num_sge = sges.len() as i32;
-    wr
+    r::ibv_recv_wr {
+        wr_id,
+        next: ptr::null_mut(),
+        sg_list: sges.as_ptr() as *mut r::ibv_sge,
+        num_sge: sges.len() as i32,
+    }
 }
 
 /// A verbs post's return code as a result (providers return errno, some negated).
+#[inline(always)]
 fn rc_result(rc: i32) -> Result<(), i32> {
     if rc != 0 {
-        Err(rc.abs())
+        Err(rc_errno(rc))
     } else {
         Ok(())
     }
+}
+
+/// A failed call's errno, positive: out of line, so a post's success costs one test.
+#[cold]
+#[inline(never)]
+fn rc_errno(rc: i32) -> i32 {
+    rc.abs()
 }
 
 /// The index of the first work request of a chain that a failed post did not take.
