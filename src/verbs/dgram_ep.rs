@@ -47,11 +47,10 @@ struct Control {
 /// A datagram endpoint (`fi_endpoint` with `FI_EP_DGRAM`).
 #[derive(Debug)]
 pub struct DgramEndpoint {
-    /// Dropped first: the QP goes before the CQs it uses.
-    qp: OnceLock<UdQp>,
+    /// What `enable` fixes, reached with one check on the data path. Dropped first: the QP
+    /// goes before the CQs and regions it uses.
+    ready: OnceLock<Ready>,
     caps: OnceLock<QpCaps>,
-    /// The address vector sends resolve through, fixed at enable.
-    av: OnceLock<Arc<AddressVector>>,
     /// Where the GRH of every receive goes when the application has no prefix room.
     grh: OnceLock<MemoryRegion>,
     /// One MTU that absorbs the rest of a datagram longer than its receive (never read).
@@ -62,9 +61,6 @@ pub struct DgramEndpoint {
     ctl: Mutex<Control>,
     /// `FI_MSG_PREFIX`: buffers start with `GRH_LEN` bytes of room for the provider.
     prefix: bool,
-    /// `fi_send` posts straight: its default flags hold nothing but `FI_COMPLETION` and
-    /// there is no prefix to skip (both fixed at open).
-    send_plain: bool,
     max_msg_size: usize,
     /// `FI_SOURCE` / `FI_SOURCE_ERR` in the endpoint's caps.
     source: bool,
@@ -78,8 +74,6 @@ pub struct DgramEndpoint {
     /// Plain receives (`Kind::DgramPlain`) count in `plain_posted` instead, against what
     /// the CQ reported of them.
     outstanding: AtomicU32,
-    /// The receive CQ reports this endpoint's plain receives (it granted `claim_plain_ud`).
-    plain_rx: OnceLock<PlainRx>,
     plain_posted: AtomicU64,
     /// The `plain_posted` of the last dry episode counted (`queue_was_dry`).
     dry_mark: AtomicU64,
@@ -90,6 +84,17 @@ pub struct DgramEndpoint {
     me: Weak<DgramEndpoint>,
     info: Info,
     domain: Arc<Domain>,
+}
+
+/// What `enable` fixes.
+#[derive(Debug)]
+struct Ready {
+    /// First: dropped before the CQ `plain` holds.
+    qp: UdQp,
+    /// The address vector sends resolve through.
+    av: Arc<AddressVector>,
+    /// The receive CQ reports this endpoint's plain receives (it granted `claim_plain_ud`).
+    plain: Option<PlainRx>,
 }
 
 /// What a plain receive needs, resolved at enable: the CQ that reports it and the
@@ -106,12 +111,12 @@ struct PlainRx {
 impl Drop for DgramEndpoint {
     fn drop(&mut self) {
         let c = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let (Some(cq), Some(qp)) = (&c.cqs.rx_cq, self.qp.get()) {
+        if let (Some(cq), Some(r)) = (&c.cqs.rx_cq, self.ready.get()) {
             if *self.owner_registered.get_mut() {
-                cq.unregister_owner(qp.qp_num());
+                cq.unregister_owner(r.qp.qp_num());
             }
         }
-        if let Some(p) = self.plain_rx.get() {
+        if let Some(p) = self.plain_rx() {
             p.cq.release_plain_ud();
         }
     }
@@ -161,22 +166,18 @@ impl DgramEndpoint {
             track_grh: source || info.caps.contains(Flags::MULTICAST),
             track: Mutex::default(),
             outstanding: AtomicU32::new(0),
-            plain_rx: OnceLock::new(),
             plain_posted: AtomicU64::new(0),
             dry_mark: AtomicU64::new(0),
             owner_registered: AtomicBool::new(false),
             dry: AtomicU64::new(0),
-            qp: OnceLock::new(),
+            ready: OnceLock::new(),
             caps: OnceLock::new(),
-            av: OnceLock::new(),
             grh: OnceLock::new(),
             sink: OnceLock::new(),
             signalling: Signalling::default(),
             sends: SendBatch::default(),
             ctl: Mutex::default(),
             prefix: info.mode.contains(Mode::MSG_PREFIX),
-            send_plain: (info.tx_attr.op_flags - Flags::COMPLETION).is_empty()
-                && !info.mode.contains(Mode::MSG_PREFIX),
             max_msg_size,
             info: info.clone(),
             domain: domain.clone(),
@@ -354,9 +355,9 @@ impl DgramEndpoint {
         };
         crate::fi_debug!("ep", "UD QP {} created: {:?}", qp.qp_num(), got);
         c.cqs.count_on(qp.qp_num());
-        let _ = self.av.set(av);
         // Plain receives are the CQ's to report (one such endpoint per CQ): until another
         // kind is posted, the CQ reads them with no owner to find and no lock to order it.
+        let mut plain = None;
         if !self.prefix && !self.track_grh && rx.claim_plain_ud() {
             let grh = self.grh.get().and_then(|m| m.sys().sge(0, GRH_LEN));
             match grh {
@@ -368,7 +369,7 @@ impl DgramEndpoint {
                     } else {
                         0
                     };
-                    let _ = self.plain_rx.set(PlainRx {
+                    plain = Some(PlainRx {
                         cq: rx.clone(),
                         grh,
                         recv_base,
@@ -377,20 +378,35 @@ impl DgramEndpoint {
                 None => rx.release_plain_ud(),
             }
         }
-        let _ = self.qp.set(qp);
+        let _ = self.ready.set(Ready { qp, av, plain });
         self.signalling.set_tx_depth(got.max_send_wr);
+        self.signalling.fix_default(self.info.tx_attr.op_flags);
+        // `fi_send` posts straight when its default flags hold nothing but `FI_COMPLETION`
+        // and there is no prefix to skip.
+        if (self.info.tx_attr.op_flags - Flags::COMPLETION).is_empty() && !self.prefix {
+            self.sends.open_plain(wr_id::encode(0, Kind::Send, false));
+        }
         let _ = self.caps.set(got);
         Ok(())
     }
 
+    /// The plain receives' state, when the CQ reports them.
+    #[inline(always)]
+    fn plain_rx(&self) -> Option<&PlainRx> {
+        self.ready.get().and_then(|r| r.plain.as_ref())
+    }
+
     #[inline]
     fn qp(&self) -> Result<&QpHandle> {
-        self.qp.get().map(UdQp::handle).ok_or_else(not_enabled)
+        self.ready
+            .get()
+            .map(|r| r.qp.handle())
+            .ok_or_else(not_enabled)
     }
 
     /// The endpoint's name, what a peer inserts into its address vector (`fi_getname`).
     pub fn getname(&self) -> Result<UdName> {
-        let qp = self.qp.get().ok_or_else(|| {
+        let qp = self.ready.get().map(|r| &r.qp).ok_or_else(|| {
             Error::new(
                 errno::EADDRNOTAVAIL,
                 "a datagram endpoint has its name once enabled",
@@ -452,12 +468,48 @@ impl DgramEndpoint {
         dest: u64,
         context: u64,
     ) -> Result<()> {
-        let flags = self.info.tx_attr.op_flags;
         // Nothing to apply but FI_COMPLETION, no prefix to skip, no chain to join: straight.
-        if self.send_plain && !self.sends.is_open() {
-            return self.send_one(mr, offset, len, dest, context, None, flags);
+        if let Some(base) = self.sends.plain() {
+            return self.send_plain(mr, offset, len, dest, context, base);
         }
-        self.sendmsg(mr, offset, len, dest, context, 0, flags)
+        self.sendmsg(
+            mr,
+            offset,
+            len,
+            dest,
+            context,
+            0,
+            self.info.tx_attr.op_flags,
+        )
+    }
+
+    /// `fi_send` with nothing to apply: the id's kind bits `base` from the send gate, the
+    /// signalling fixed at enable.
+    #[inline(always)]
+    fn send_plain(
+        &self,
+        mr: &MemoryRegion,
+        off: usize,
+        len: usize,
+        dest: u64,
+        context: u64,
+        base: u64,
+    ) -> Result<()> {
+        wr_id::check(context)?;
+        self.check_size(len)?;
+        check_domain(mr, &self.domain)?;
+        let r = self.ready.get().ok_or_else(not_enabled)?;
+        let (id, vflags) = self.signalling.send_default(context | base);
+        // `len` is within the datagram size, so within a u32.
+        let posted = r.av.with_peer(
+            dest,
+            #[inline(always)]
+            |to| {
+                r.qp.handle()
+                    .post_ud_mr_u32(id, mr.sys(), off, len as u32, vflags, to)
+            },
+        )?;
+        posted.map_err(|e| region_post_error(e, mr, off, len, "send"))
     }
 
     /// One range posted at once (no `FI_MORE` chain): the whole of a plain send.
@@ -651,7 +703,7 @@ impl DgramEndpoint {
     /// Runs `post` with the destination of `dest`.
     #[inline(always)]
     fn to_peer<R>(&self, dest: u64, post: impl FnOnce(&UdDest) -> R) -> Result<R> {
-        let av = self.av.get().ok_or_else(not_enabled)?;
+        let av = &self.ready.get().ok_or_else(not_enabled)?.av;
         av.with_peer(dest, post)
     }
 
@@ -662,13 +714,16 @@ impl DgramEndpoint {
         // A plain receive (room for any datagram, on an endpoint whose CQ reports them: no
         // prefix, no GRH kept for FI_SOURCE, default flags): the provider's GRH slot and the
         // range, straight.
-        if let Some(plain) = self.plain_rx.get().filter(|p| p.recv_base != 0) {
-            if len >= self.max_msg_size {
-                wr_id::check(context)?;
-                let qp = self.qp()?;
-                let sges = [plain.grh, region_sge(mr, &self.domain, offset, len)?];
-                qp.post_recv(context | plain.recv_base, &sges)
-                    .map_err(|e| post_error(e, "receive"))?;
+        let ready = self.ready.get();
+        if let Some((r, plain)) = ready.and_then(|r| Some((r, r.plain.as_ref()?))) {
+            if plain.recv_base != 0
+                && len >= self.max_msg_size
+                && context & !wr_id::CONTEXT == 0
+                && Arc::ptr_eq(mr.domain(), &self.domain)
+            {
+                r.qp.handle()
+                    .post_recv_behind(context | plain.recv_base, plain.grh, mr.sys(), offset, len)
+                    .map_err(|e| region_post_error(e, mr, offset, len, "receive"))?;
                 let before = self.plain_posted.fetch_add(1, Ordering::Relaxed);
                 if before != 0
                     && before == plain.cq.plain_ud_done()
@@ -844,7 +899,7 @@ impl DgramEndpoint {
     /// Plain receives posted and not yet reported by the CQ.
     #[inline]
     fn plain_outstanding(&self) -> u64 {
-        match self.plain_rx.get() {
+        match self.plain_rx() {
             Some(p) => self
                 .plain_posted
                 .load(Ordering::Relaxed)
@@ -856,7 +911,7 @@ impl DgramEndpoint {
     /// How many times the receive queue ran dry (datagrams arriving then were dropped).
     pub fn rx_dry_events(&self) -> u64 {
         // Plain receives are seen dry here or at the next post, whichever comes first.
-        if let Some(p) = self.plain_rx.get() {
+        if let Some(p) = self.plain_rx() {
             let posted = self.plain_posted.load(Ordering::Relaxed);
             if posted != 0
                 && posted == p.cq.plain_ud_done()
@@ -979,7 +1034,7 @@ impl RecvOwner for DgramEndpoint {
                 qpn: wc.src_qp(),
                 qkey: DGRAM_QKEY,
             };
-            match self.av.get().and_then(|av| av.find(&name)) {
+            match self.ready.get().and_then(|r| r.av.find(&name)) {
                 Some(a) => from = a,
                 None if self.source_err => {
                     return Some(Owned::Errors(vec![CqErrEntry {
@@ -1039,8 +1094,8 @@ impl CmJoin for McShared {
     /// attached when the join receives.
     fn joined(&self, g: &McastGroup) -> Result<()> {
         let ep = &self.ep;
-        let qp = ep.qp.get().ok_or_else(not_enabled)?;
-        let av = ep.av.get().ok_or_else(not_enabled)?;
+        let r = ep.ready.get().ok_or_else(not_enabled)?;
+        let (qp, av) = (&r.qp, &r.av);
         let ah = AddressHandle::for_group(ep.domain.pd(), g).map_err(os_err("ibv_create_ah"))?;
         if self.recv {
             qp.attach_mcast(g).map_err(os_err("ibv_attach_mcast"))?;
@@ -1068,13 +1123,13 @@ impl Drop for McShared {
         self.eq.unregister(self.id.ident());
         if let Some((g, addr)) = self.joined.get() {
             if self.recv {
-                if let Some(qp) = self.ep.qp.get() {
+                if let Some(qp) = self.ep.ready.get().map(|r| &r.qp) {
                     if let Err(e) = qp.detach_mcast(g) {
                         crate::fi_debug!("ep", "ibv_detach_mcast: errno {e}");
                     }
                 }
             }
-            if let Some(av) = self.ep.av.get() {
+            if let Some(av) = self.ep.ready.get().map(|r| &r.av) {
                 let _ = av.remove(*addr);
             }
         }

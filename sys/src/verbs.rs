@@ -537,6 +537,22 @@ impl MemoryRegion {
         })
     }
 
+    /// The element of a receive into `offset..offset+len` of this region, if it lies
+    /// inside it: a range longer than an element can say gets the most one says (no
+    /// message is longer: max_msg_size fits a u32).
+    #[inline]
+    pub fn recv_sge(&self, offset: usize, len: usize) -> Option<Sge> {
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        Some(Sge {
+            addr: self.addr + offset as u64,
+            length: len.min(u32::MAX as usize) as u32,
+            lkey: self.lkey,
+        })
+    }
+
     /// [`Self::sge`] of a length that fits an element by its type.
     #[inline]
     pub fn sge_u32(&self, offset: usize, len: u32) -> Option<Sge> {
@@ -1268,12 +1284,12 @@ impl QpHandle {
         flags: u32,
     ) -> Result<(), i32> {
         let mut sge = mr.sge_u32(offset, len).ok_or(libc::EINVAL)?;
-        let n = usize::from(len != 0);
+        // One element even for an empty message: it goes inline, where none is read.
         if len <= self.max_inline {
             // The CPU reads the bytes during the call: valid memory by MemoryRegion's invariant.
-            self.post_send_raw(wr_id, &mut sge, n, flags | send_flags::INLINE, None)
+            self.post_send_raw(wr_id, &mut sge, 1, flags | send_flags::INLINE, None)
         } else {
-            self.post_send_raw(wr_id, &mut sge, n, flags & !send_flags::INLINE, None)
+            self.post_send_raw(wr_id, &mut sge, 1, flags & !send_flags::INLINE, None)
         }
     }
 
@@ -1463,8 +1479,9 @@ impl QpHandle {
         })
     }
 
-    /// Posts one receive into `len` bytes at `offset` in `mr` (`EINVAL` past its end).
-    /// One element: the provider checks it against the queue's `max_recv_sge` itself.
+    /// Posts one receive into `len` bytes at `offset` in `mr` (`EINVAL` past its end; see
+    /// [`MemoryRegion::recv_sge`]). One element: the provider checks it against the
+    /// queue's `max_recv_sge` itself.
     #[inline(always)]
     pub fn post_recv_mr(
         &self,
@@ -1473,11 +1490,31 @@ impl QpHandle {
         offset: usize,
         len: usize,
     ) -> Result<(), i32> {
-        let sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
+        let sge = mr.recv_sge(offset, len).ok_or(libc::EINVAL)?;
         let mut wr = recv_wr(wr_id, std::slice::from_ref(&sge));
         let mut bad = ptr::null_mut();
         // SAFETY: valid QP (see post_send_raw); the element names registered memory, which
         // the device checks.
+        rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
+    }
+
+    /// Posts one receive into `first` (an element already checked, such as a provider
+    /// slot) followed by `len` bytes at `offset` in `mr` (`EINVAL` past its end; see
+    /// [`MemoryRegion::recv_sge`]).
+    #[inline(always)]
+    pub fn post_recv_behind(
+        &self,
+        wr_id: u64,
+        first: Sge,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), i32> {
+        let sges = [first, mr.recv_sge(offset, len).ok_or(libc::EINVAL)?];
+        let mut wr = recv_wr(wr_id, &sges);
+        let mut bad = ptr::null_mut();
+        // SAFETY: valid QP (see post_send_raw); the elements name registered memory, which
+        // the device checks (as it checks their number against the queue's).
         rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
     }
 

@@ -240,6 +240,24 @@ impl QpHandle {
         self.post_send_to(wr_id, &mut sge, usize::from(len != 0), flags, imm, Some(to))
     }
 
+    /// [`Self::post_ud_mr`] of a length that fits an element by its type, without
+    /// immediate data: one element even when empty (it goes inline, where none is read).
+    #[inline(always)]
+    pub fn post_ud_mr_u32(
+        &self,
+        wr_id: u64,
+        mr: &super::MemoryRegion,
+        offset: usize,
+        len: u32,
+        flags: u32,
+        to: &UdDest,
+    ) -> Result<(), i32> {
+        let mut sge = mr.sge_u32(offset, len).ok_or(libc::EINVAL)?;
+        // Inline is sound here: the element names memory of a live MemoryRegion.
+        let flags = self.inline_if_fits(flags, len as usize);
+        self.post_send_to(wr_id, &mut sge, 1, flags, None, Some(to))
+    }
+
     /// Sends a datagram gathered from ranges of registered regions (inline when it fits).
     pub fn post_ud_iov(
         &self,
