@@ -92,14 +92,12 @@ impl<T> AvTable<T> {
         self.decode(addr).map(|(slot, _)| slot)
     }
 
-    /// The slot and generation `addr` names.
+    /// The slot and generation `addr` names. One decoding for both types: a TABLE slot
+    /// is never reused, so its entry keeps generation 0, and a TABLE address past 2^32
+    /// carries a generation no entry has.
     #[inline(always)]
     fn decode(&self, addr: u64) -> Option<(usize, u32)> {
-        if self.map {
-            Some(((addr & 0xffff_ffff) as usize, (addr >> 32) as u32))
-        } else {
-            Some((usize::try_from(addr).ok()?, 0))
-        }
+        Some(((addr & 0xffff_ffff) as usize, (addr >> 32) as u32))
     }
 
     /// The transport data of `addr`, or `None` for an address not (or no longer) in the table.
@@ -115,7 +113,7 @@ impl<T> AvTable<T> {
         self.slots
             .get(slot)?
             .as_ref()
-            .filter(|e| !self.map || e.generation == generation)
+            .filter(|e| e.generation == generation)
     }
 
     /// The name inserted for `addr` (`fi_av_lookup`).

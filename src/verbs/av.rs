@@ -261,6 +261,22 @@ impl AddressVector {
         }
     }
 
+    /// Runs `post` on the peer at `addr` (a datagram endpoint's), or fails with
+    /// `-FI_EINVAL` for an unknown address: [`Self::with_peer`] for an operation that
+    /// answers a result itself.
+    #[inline(always)]
+    pub(crate) fn post_to_peer(
+        &self,
+        addr: u64,
+        post: impl FnOnce(&UdDest) -> Result<()>,
+    ) -> Result<()> {
+        let t = self.read();
+        match t.get(addr) {
+            Some(Dest::Ud(p)) => post(p),
+            _ => Err(not_ud(addr, t.get(addr).is_some())),
+        }
+    }
+
     #[inline(always)]
     fn read(&self) -> ReadGuard<'_, AvTable<Dest>> {
         self.table.read()
@@ -268,6 +284,20 @@ impl AddressVector {
 
     fn write(&self) -> WriteGuard<'_, AvTable<Dest>> {
         self.table.write()
+    }
+}
+
+/// The error for a datagram send to `addr`: an RDM peer's address (`rdm`) or none.
+#[cold]
+#[inline(never)]
+fn not_ud(addr: u64, rdm: bool) -> Error {
+    if rdm {
+        Error::new(
+            errno::EINVAL,
+            format!("fi_addr {addr:#x} names an RDM endpoint, not a datagram one"),
+        )
+    } else {
+        unknown(addr)
     }
 }
 

@@ -93,19 +93,15 @@ struct Ready {
     qp: UdQp,
     /// The address vector sends resolve through.
     av: Arc<AddressVector>,
-    /// The receive CQ reports this endpoint's plain receives (it granted `claim_plain_ud`).
-    plain: Option<PlainRx>,
-}
-
-/// What a plain receive needs, resolved at enable: the CQ that reports it and the
-/// provider's GRH slot every such receive overwrites.
-#[derive(Debug)]
-struct PlainRx {
-    cq: Arc<CompletionQueue>,
-    grh: Sge,
-    /// The work request id bits of a receive posted with the default flags (`fi_recv`),
-    /// or 0 when those flags send it the general way.
+    /// The receive CQ.
+    rx_cq: Arc<CompletionQueue>,
+    /// It reports this endpoint's plain receives (it granted `claim_plain_ud`).
+    plain: bool,
+    /// The work request id bits of a plain receive posted with the default flags
+    /// (`fi_recv`), or 0 where those go the general way (no plain receives, other flags).
     recv_base: u64,
+    /// The provider's GRH slot every plain receive overwrites.
+    grh: Sge,
 }
 
 impl Drop for DgramEndpoint {
@@ -116,8 +112,8 @@ impl Drop for DgramEndpoint {
                 cq.unregister_owner(r.qp.qp_num());
             }
         }
-        if let Some(p) = self.plain_rx() {
-            p.cq.release_plain_ud();
+        if let Some(cq) = self.plain_rx() {
+            cq.release_plain_ud();
         }
     }
 }
@@ -357,28 +353,28 @@ impl DgramEndpoint {
         c.cqs.count_on(qp.qp_num());
         // Plain receives are the CQ's to report (one such endpoint per CQ): until another
         // kind is posted, the CQ reads them with no owner to find and no lock to order it.
-        let mut plain = None;
+        let (mut plain, mut recv_base, mut grh) = (false, 0, Sge::default());
         if !self.prefix && !self.track_grh && rx.claim_plain_ud() {
-            let grh = self.grh.get().and_then(|m| m.sys().sge(0, GRH_LEN));
-            match grh {
-                Some(grh) => {
+            match self.grh.get().and_then(|m| m.sys().sge(0, GRH_LEN)) {
+                Some(g) => {
                     let flags = self.info.rx_attr.op_flags;
-                    let recv_base = if (flags - Flags::COMPLETION).is_empty() {
+                    if (flags - Flags::COMPLETION).is_empty() {
                         let suppressed = self.signalling.recv_suppressed(flags);
-                        wr_id::encode(0, Kind::DgramPlain, suppressed)
-                    } else {
-                        0
-                    };
-                    plain = Some(PlainRx {
-                        cq: rx.clone(),
-                        grh,
-                        recv_base,
-                    });
+                        recv_base = wr_id::encode(0, Kind::DgramPlain, suppressed);
+                    }
+                    (plain, grh) = (true, g);
                 }
                 None => rx.release_plain_ud(),
             }
         }
-        let _ = self.ready.set(Ready { qp, av, plain });
+        let _ = self.ready.set(Ready {
+            qp,
+            av,
+            rx_cq: rx,
+            plain,
+            recv_base,
+            grh,
+        });
         self.signalling.set_tx_depth(got.max_send_wr);
         self.signalling.fix_default(self.info.tx_attr.op_flags);
         // `fi_send` posts straight when its default flags hold nothing but `FI_COMPLETION`
@@ -390,10 +386,10 @@ impl DgramEndpoint {
         Ok(())
     }
 
-    /// The plain receives' state, when the CQ reports them.
+    /// The CQ that reports this endpoint's plain receives, when it does.
     #[inline(always)]
-    fn plain_rx(&self) -> Option<&PlainRx> {
-        self.ready.get().and_then(|r| r.plain.as_ref())
+    fn plain_rx(&self) -> Option<&Arc<CompletionQueue>> {
+        self.ready.get().filter(|r| r.plain).map(|r| &r.rx_cq)
     }
 
     #[inline]
@@ -499,17 +495,21 @@ impl DgramEndpoint {
         self.check_size(len)?;
         check_domain(mr, &self.domain)?;
         let r = self.ready.get().ok_or_else(not_enabled)?;
-        let (id, vflags) = self.signalling.send_default(context | base);
         // `len` is within the datagram size, so within a u32.
-        let posted = r.av.with_peer(
+        let sge = mr
+            .sys()
+            .region_sge(off, len as u32)
+            .ok_or_else(|| mr.range_error(off, len))?;
+        let (id, vflags) = self.signalling.send_default(context | base);
+        r.av.post_to_peer(
             dest,
             #[inline(always)]
             |to| {
                 r.qp.handle()
-                    .post_ud_mr_u32(id, mr.sys(), off, len as u32, vflags, to)
+                    .post_ud_sge(id, sge, vflags, to)
+                    .map_err(|e| post_error(e, "send"))
             },
-        )?;
-        posted.map_err(|e| region_post_error(e, mr, off, len, "send"))
+        )
     }
 
     /// One range posted at once (no `FI_MORE` chain): the whole of a plain send.
@@ -714,25 +714,28 @@ impl DgramEndpoint {
         // A plain receive (room for any datagram, on an endpoint whose CQ reports them: no
         // prefix, no GRH kept for FI_SOURCE, default flags): the provider's GRH slot and the
         // range, straight.
-        let ready = self.ready.get();
-        if let Some((r, plain)) = ready.and_then(|r| Some((r, r.plain.as_ref()?))) {
-            if plain.recv_base != 0
+        if let Some(r) = self.ready.get().filter(|r| {
+            r.recv_base != 0
                 && len >= self.max_msg_size
                 && context & !wr_id::CONTEXT == 0
                 && Arc::ptr_eq(mr.domain(), &self.domain)
-            {
-                r.qp.handle()
-                    .post_recv_behind(context | plain.recv_base, plain.grh, mr.sys(), offset, len)
-                    .map_err(|e| region_post_error(e, mr, offset, len, "receive"))?;
-                let before = self.plain_posted.fetch_add(1, Ordering::Relaxed);
-                if before != 0
-                    && before == plain.cq.plain_ud_done()
-                    && self.outstanding.load(Ordering::Relaxed) == 0
-                {
-                    self.queue_was_dry(Some(before));
-                }
-                return Ok(());
+        }) {
+            // The element covers a whole datagram (the rest of a longer range is never
+            // written), checked against the whole range.
+            let sge = mr
+                .sys()
+                .sge_within(offset, len, self.max_msg_size as u32)
+                .ok_or_else(|| mr.range_error(offset, len))?;
+            r.qp.handle()
+                .post_recv_pair(context | r.recv_base, r.grh, sge)
+                .map_err(|e| post_error(e, "receive"))?;
+            // All posted ones reported: the queue was empty (the first post finds 0 and 0,
+            // which `queue_was_dry` knows for no episode).
+            let before = self.plain_posted.fetch_add(1, Ordering::Relaxed);
+            if before == r.rx_cq.plain_ud_done() && self.outstanding.load(Ordering::Relaxed) == 0 {
+                self.queue_was_dry(Some(before));
             }
+            return Ok(());
         }
         self.recvmsg(mr, offset, len, context, self.info.rx_attr.op_flags)
     }
@@ -903,7 +906,7 @@ impl DgramEndpoint {
             Some(p) => self
                 .plain_posted
                 .load(Ordering::Relaxed)
-                .saturating_sub(p.cq.plain_ud_done()),
+                .saturating_sub(p.plain_ud_done()),
             None => 0,
         }
     }
@@ -914,7 +917,7 @@ impl DgramEndpoint {
         if let Some(p) = self.plain_rx() {
             let posted = self.plain_posted.load(Ordering::Relaxed);
             if posted != 0
-                && posted == p.cq.plain_ud_done()
+                && posted == p.plain_ud_done()
                 && self.outstanding.load(Ordering::Relaxed) == 0
             {
                 self.queue_was_dry(Some(posted));

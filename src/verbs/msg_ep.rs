@@ -901,9 +901,13 @@ impl MsgEndpoint {
             if let Some(qp) = sh.qp() {
                 let (id, vflags) = sh.signalling.send_default(context | base | self.peer);
                 // `len` is within max_msg_size, so within a u32.
+                let sge = mr
+                    .sys()
+                    .region_sge(offset, len as u32)
+                    .ok_or_else(|| mr.range_error(offset, len))?;
                 return qp
-                    .post_send_mr_u32(id, mr.sys(), offset, len as u32, vflags)
-                    .map_err(|e| region_post_error(e, mr, offset, len, "send"));
+                    .post_send_sge(id, sge, vflags)
+                    .map_err(|e| post_error(e, "send"));
             }
         }
         self.post_send(mr, offset, len, context, None, sh.info.tx_attr.op_flags)
@@ -1331,9 +1335,13 @@ impl MsgEndpoint {
             .filter(|_| context & !wr_id::CONTEXT == 0 && Arc::ptr_eq(mr.domain(), &sh.domain))
         {
             if let Some(qp) = sh.qp() {
+                let sge = mr
+                    .sys()
+                    .recv_sge(offset, len)
+                    .ok_or_else(|| mr.range_error(offset, len))?;
                 return qp
-                    .post_recv_mr(context | base | self.peer, mr.sys(), offset, len)
-                    .map_err(|e| region_post_error(e, mr, offset, len, "receive"));
+                    .post_recv_one(context | base | self.peer, sge)
+                    .map_err(|e| post_error(e, "receive"));
             }
         }
         let flags = self.shared.info.rx_attr.op_flags;

@@ -202,19 +202,23 @@ fn readable(s: u32) -> bool {
 }
 
 impl<T: ?Sized> RwLock<T> {
-    /// Takes the lock to read, sleeping while a writer holds it or waits for it.
+    /// Takes the lock to read, sleeping while a writer holds it or waits for it. A reader
+    /// counts itself in first (one add, no retry) and leaves again if it finds a writer.
     #[inline(always)]
     pub fn read(&self) -> ReadGuard<'_, T> {
-        let s = self.state.load(Ordering::Relaxed);
-        if !readable(s)
-            || self
-                .state
-                .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-        {
-            self.read_contended();
+        if !readable(self.state.fetch_add(1, Ordering::Acquire)) {
+            self.read_backed_off();
         }
         ReadGuard { lock: self }
+    }
+
+    /// A reader that counted itself in beside a writer: out again (waking a writer that
+    /// waits for the readers to leave), then in the careful way.
+    #[cold]
+    #[inline(never)]
+    fn read_backed_off(&self) {
+        self.read_unlock();
+        self.read_contended();
     }
 
     /// Takes the lock to read if no writer holds it or waits for it.

@@ -345,6 +345,27 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// An element naming a range of a live [`MemoryRegion`], borrowed from it: memory the
+/// CPU may read during a post (an inline send), as a borrowed slice would be.
+#[derive(Clone, Copy, Debug)]
+pub struct RegionSge<'a> {
+    sge: Sge,
+    _region: std::marker::PhantomData<&'a MemoryRegion>,
+}
+
+impl RegionSge<'_> {
+    /// Bytes it names.
+    #[inline(always)]
+    pub fn len(&self) -> u32 {
+        self.sge.length
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.sge.length == 0
+    }
+}
+
 const PAGE: usize = 4096;
 
 /// A registered memory region.
@@ -550,6 +571,30 @@ impl MemoryRegion {
             addr: self.addr + offset as u64,
             length: len.min(u32::MAX as usize) as u32,
             lkey: self.lkey,
+        })
+    }
+
+    /// The element naming the first `most` bytes of `offset..offset+len` of this region,
+    /// if the whole range lies inside it (a receive that takes at most `most`).
+    #[inline]
+    pub fn sge_within(&self, offset: usize, len: usize, most: u32) -> Option<Sge> {
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        Some(Sge {
+            addr: self.addr + offset as u64,
+            length: len.min(most as usize) as u32,
+            lkey: self.lkey,
+        })
+    }
+
+    /// [`Self::sge_u32`], borrowed from the region ([`RegionSge`]).
+    #[inline(always)]
+    pub fn region_sge(&self, offset: usize, len: u32) -> Option<RegionSge<'_>> {
+        Some(RegionSge {
+            sge: self.sge_u32(offset, len)?,
+            _region: std::marker::PhantomData,
         })
     }
 
@@ -1272,19 +1317,13 @@ impl QpHandle {
         }
     }
 
-    /// [`Self::post_send_mr`] of a length that fits an element by its type, without
-    /// immediate data: one bounds check fewer.
+    /// Posts one send of one element of a live region, inline when it fits, without
+    /// immediate data: one element even for an empty message (it goes inline, where none
+    /// is read).
     #[inline(always)]
-    pub fn post_send_mr_u32(
-        &self,
-        wr_id: u64,
-        mr: &MemoryRegion,
-        offset: usize,
-        len: u32,
-        flags: u32,
-    ) -> Result<(), i32> {
-        let mut sge = mr.sge_u32(offset, len).ok_or(libc::EINVAL)?;
-        // One element even for an empty message: it goes inline, where none is read.
+    pub fn post_send_sge(&self, wr_id: u64, sge: RegionSge<'_>, flags: u32) -> Result<(), i32> {
+        let len = sge.len();
+        let mut sge = sge.sge;
         if len <= self.max_inline {
             // The CPU reads the bytes during the call: valid memory by MemoryRegion's invariant.
             self.post_send_raw(wr_id, &mut sge, 1, flags | send_flags::INLINE, None)
@@ -1479,18 +1518,10 @@ impl QpHandle {
         })
     }
 
-    /// Posts one receive into `len` bytes at `offset` in `mr` (`EINVAL` past its end; see
-    /// [`MemoryRegion::recv_sge`]). One element: the provider checks it against the
-    /// queue's `max_recv_sge` itself.
+    /// Posts one receive into one element naming registered memory (the device checks
+    /// it; the provider checks the count against the queue's `max_recv_sge` itself).
     #[inline(always)]
-    pub fn post_recv_mr(
-        &self,
-        wr_id: u64,
-        mr: &MemoryRegion,
-        offset: usize,
-        len: usize,
-    ) -> Result<(), i32> {
-        let sge = mr.recv_sge(offset, len).ok_or(libc::EINVAL)?;
+    pub fn post_recv_one(&self, wr_id: u64, sge: Sge) -> Result<(), i32> {
         let mut wr = recv_wr(wr_id, std::slice::from_ref(&sge));
         let mut bad = ptr::null_mut();
         // SAFETY: valid QP (see post_send_raw); the element names registered memory, which
@@ -1498,19 +1529,11 @@ impl QpHandle {
         rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
     }
 
-    /// Posts one receive into `first` (an element already checked, such as a provider
-    /// slot) followed by `len` bytes at `offset` in `mr` (`EINVAL` past its end; see
-    /// [`MemoryRegion::recv_sge`]).
+    /// Posts one receive into two elements (a provider slot and a range, say), both
+    /// naming registered memory.
     #[inline(always)]
-    pub fn post_recv_behind(
-        &self,
-        wr_id: u64,
-        first: Sge,
-        mr: &MemoryRegion,
-        offset: usize,
-        len: usize,
-    ) -> Result<(), i32> {
-        let sges = [first, mr.recv_sge(offset, len).ok_or(libc::EINVAL)?];
+    pub fn post_recv_pair(&self, wr_id: u64, first: Sge, second: Sge) -> Result<(), i32> {
+        let sges = [first, second];
         let mut wr = recv_wr(wr_id, &sges);
         let mut bad = ptr::null_mut();
         // SAFETY: valid QP (see post_send_raw); the elements name registered memory, which

@@ -240,21 +240,19 @@ impl QpHandle {
         self.post_send_to(wr_id, &mut sge, usize::from(len != 0), flags, imm, Some(to))
     }
 
-    /// [`Self::post_ud_mr`] of a length that fits an element by its type, without
+    /// Sends a datagram of one element of a live region, inline when it fits, without
     /// immediate data: one element even when empty (it goes inline, where none is read).
     #[inline(always)]
-    pub fn post_ud_mr_u32(
+    pub fn post_ud_sge(
         &self,
         wr_id: u64,
-        mr: &super::MemoryRegion,
-        offset: usize,
-        len: u32,
+        sge: super::RegionSge<'_>,
         flags: u32,
         to: &UdDest,
     ) -> Result<(), i32> {
-        let mut sge = mr.sge_u32(offset, len).ok_or(libc::EINVAL)?;
-        // Inline is sound here: the element names memory of a live MemoryRegion.
-        let flags = self.inline_if_fits(flags, len as usize);
+        // Inline is sound: the element names memory of a region the caller borrows.
+        let flags = self.inline_if_fits(flags, sge.len() as usize);
+        let mut sge = sge.sge;
         self.post_send_to(wr_id, &mut sge, 1, flags, None, Some(to))
     }
 
