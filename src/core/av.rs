@@ -202,6 +202,21 @@ mod tests {
     }
 
     #[test]
+    fn table_addresses_with_high_bits_name_nothing() {
+        let mut t = AvTable::new(AvType::Table, 4).unwrap();
+        let a = t.insert(b"peer", 7);
+        for bad in [a | 1 << 32, a | 1 << 63, u64::MAX, a + 1] {
+            assert!(t.get(bad).is_none(), "{bad:#x}");
+            assert_eq!(
+                t.remove(bad).unwrap_err().errno(),
+                errno::EINVAL,
+                "{bad:#x}"
+            );
+        }
+        assert_eq!(t.get(a), Some(&7), "the real address still answers");
+    }
+
+    #[test]
     fn map_reuses_slots_but_refuses_stale_addresses() {
         let mut t = AvTable::new(AvType::Map, 4).unwrap();
         let a = t.insert(b"peer-a", 'a');

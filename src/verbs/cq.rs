@@ -2057,6 +2057,7 @@ mod tests {
             Kind::Send,
             Kind::SendData,
             Kind::Recv,
+            Kind::Marker,
             Kind::Write,
             Kind::Read,
         ] {

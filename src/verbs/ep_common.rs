@@ -753,6 +753,66 @@ pub(crate) fn post_error(e: i32, what: &str) -> Error {
 mod tests {
     use super::*;
 
+    /// Signals sends `n` times through `send`, returning which were signalled and which
+    /// of those carried the suppression mark.
+    fn run(n: usize, mut send: impl FnMut(u64) -> (u64, u32)) -> Vec<(bool, bool)> {
+        (0..n as u64)
+            .map(|i| {
+                let (id, f) = send(i);
+                (f & send_flags::SIGNALED != 0, wr_id::is_suppressed(id))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn default_sends_signal_one_in_half_the_queue_under_selective_completion() {
+        let s = Signalling::default();
+        s.set_tx_mode(tx_mode::SELECTIVE, true);
+        s.set_tx_depth(8);
+        s.fix_default(Flags::empty());
+        let got = run(12, |i| s.send_default(i));
+        // Runs of 3 unsignalled, then one signalled whose completion nobody asked for.
+        let want: Vec<_> = (0..12).map(|i| (i % 4 == 3, i % 4 == 3)).collect();
+        assert_eq!(got, want);
+        // The flags-driven path counts its own run the same way.
+        assert_eq!(run(12, |i| s.send(i, Flags::empty())), want);
+    }
+
+    #[test]
+    fn default_sends_follow_completion_flags_counters_and_plain_binding() {
+        // No selective completion: every send signalled and reported.
+        let s = Signalling::default();
+        s.set_tx_depth(8);
+        s.fix_default(Flags::empty());
+        assert!(run(6, |i| s.send_default(i))
+            .iter()
+            .all(|&x| x == (true, false)));
+        // Selective, but FI_COMPLETION by default: the same.
+        let s = Signalling::default();
+        s.set_tx_mode(tx_mode::SELECTIVE, true);
+        s.set_tx_depth(8);
+        s.fix_default(Flags::COMPLETION);
+        assert!(run(6, |i| s.send_default(i))
+            .iter()
+            .all(|&x| x == (true, false)));
+        // Selective with a counter counting sends: each signalled, none reported.
+        let s = Signalling::default();
+        s.set_tx_mode(tx_mode::SELECTIVE | tx_mode::COUNTED, true);
+        s.set_tx_depth(8);
+        s.fix_default(Flags::empty());
+        assert!(run(6, |i| s.send_default(i))
+            .iter()
+            .all(|&x| x == (true, true)));
+        // A queue of one: each send signalled.
+        let s = Signalling::default();
+        s.set_tx_mode(tx_mode::SELECTIVE, true);
+        s.set_tx_depth(1);
+        s.fix_default(Flags::empty());
+        assert!(run(4, |i| s.send_default(i))
+            .iter()
+            .all(|&x| x == (true, true)));
+    }
+
     #[test]
     fn a_full_queue_is_eagain_with_static_text() {
         for (e, what) in [(libc::ENOMEM, "send"), (libc::EAGAIN, "receive")] {
