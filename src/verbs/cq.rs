@@ -748,8 +748,13 @@ impl CompletionQueue {
     pub fn read<E: FormatEntry>(&self, out: &mut [E]) -> Result<usize> {
         // One load and compare: the format is the CQ's, and nothing but the device is
         // there to read (no peers, counters, racing owners or staged entries).
-        if self.gate.load(Ordering::Acquire) == gate_for(E::FORMAT) && !out.is_empty() {
+        let g = self.gate.load(Ordering::Acquire);
+        if g == gate_for(E::FORMAT) && !out.is_empty() {
             return self.read_plain(out);
+        }
+        // Peers to drive and otherwise the plain path (an RDM endpoint's CQ).
+        if g == gate_for(E::FORMAT) | u32::from(feature::PEERS) && !out.is_empty() {
+            return self.read_driving(out);
         }
         self.read_other(out)
     }
