@@ -491,10 +491,7 @@ impl DgramEndpoint {
         context: u64,
         base: u64,
     ) -> Result<()> {
-        wr_id::check(context)?;
-        self.check_size(len)?;
-        check_domain(mr, &self.domain)?;
-        let r = self.ready.get().ok_or_else(not_enabled)?;
+        let r = self.check_one(mr, len, context)?;
         // `len` is within the datagram size, so within a u32.
         let sge = mr
             .sys()
@@ -525,10 +522,7 @@ impl DgramEndpoint {
         imm: Option<u32>,
         flags: Flags,
     ) -> Result<()> {
-        wr_id::check(context)?;
-        self.check_size(len)?;
-        check_domain(mr, &self.domain)?;
-        let qp = self.qp()?;
+        let qp = self.check_one(mr, len, context)?.qp.handle();
         let (id, vflags) = self.send_slot(context, imm, flags);
         self.to_peer(
             dest,
@@ -536,6 +530,15 @@ impl DgramEndpoint {
             |to| qp.post_ud_mr(id, mr.sys(), off, len, vflags, imm, to),
         )?
         .map_err(|e| region_post_error(e, mr, off, len, "send"))
+    }
+
+    /// The checks of a send of `len` bytes of `mr` with `context`, and the enabled state.
+    #[inline(always)]
+    fn check_one(&self, mr: &MemoryRegion, len: usize, context: u64) -> Result<&Ready> {
+        wr_id::check(context)?;
+        self.check_size(len)?;
+        check_domain(mr, &self.domain)?;
+        self.ready.get().ok_or_else(not_enabled)
     }
 
     /// `EMSGSIZE` past the datagram size.

@@ -397,7 +397,8 @@ impl<W: ChainLink> Batch<W> {
     #[inline(always)]
     pub(crate) fn plain(&self) -> Option<u64> {
         let g = self.gate.load(Ordering::Acquire);
-        if g & gate::ANY == 0 {
+        // The reasons are in the low byte: one test of it.
+        if g as u8 & gate::ANY as u8 == 0 {
             Some(g)
         } else {
             None

@@ -1260,23 +1260,11 @@ impl QpHandle {
             Some(v) => (r::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, v.to_be()),
             None => (r::ibv_wr_opcode::IBV_WR_SEND, 0),
         };
-        let dest = match to {
-            Some(d) => r::ud_t {
-                ah: d.ah.as_ptr(),
-                remote_qpn: d.qpn,
-                remote_qkey: d.qkey,
-            },
-            None => r::ud_t {
-                ah: ptr::null_mut(),
-                remote_qpn: 0,
-                remote_qkey: 0,
-            },
-        };
         // SAFETY: field writes into our own uninitialised request, through raw pointers.
-        // Every field a send reads is written: the header, the immediate data and the UD
-        // destination (the union's first 16 bytes, zero on a connected QP). The rest of
-        // the unions (atomic operands, XRC, memory windows, TSO) belong to other opcodes
-        // and QP types, which providers do not read for a send; Rust never reads them.
+        // Every field a send reads is written: the header, the immediate data and, on a
+        // UD QP, the destination. The unions' other members (RDMA and atomic operands,
+        // XRC, memory windows, TSO) belong to other opcodes and QP types, which providers
+        // do not read for a send (rxe, mlx5: by opcode and QP type); Rust never reads them.
         unsafe {
             ptr::addr_of_mut!((*w).wr_id).write(wr_id);
             ptr::addr_of_mut!((*w).next).write(ptr::null_mut());
@@ -1285,14 +1273,21 @@ impl QpHandle {
             ptr::addr_of_mut!((*w).opcode).write(opcode);
             ptr::addr_of_mut!((*w).send_flags).write(flags);
             ptr::addr_of_mut!((*w).imm_data_invalidated_rkey_union.imm_data).write(imm);
-            ptr::addr_of_mut!((*w).wr.ud).write(dest);
+            if let Some(d) = to {
+                ptr::addr_of_mut!((*w).wr.ud).write(r::ud_t {
+                    ah: d.ah.as_ptr(),
+                    remote_qpn: d.qpn,
+                    remote_qkey: d.qkey,
+                });
+            }
         }
-        let mut bad = ptr::null_mut();
+        // Written by the provider on failure only, and never read here.
+        let mut bad = std::mem::MaybeUninit::uninit();
         // SAFETY: the QP is valid while its owner lives (QpHandle is borrowed from it); the
         // SGEs either name registered memory (device-checked) or, with INLINE, point at a
         // live slice that the provider copies before returning; a UD destination's address
         // handle is borrowed, so alive for the call.
-        rc_result(unsafe { entry::post_send(self.qp.as_ptr(), w, &mut bad) })
+        rc_result(unsafe { entry::post_send(self.qp.as_ptr(), w, bad.as_mut_ptr()) })
     }
 
     /// Posts one send of `len` bytes at `offset` in `mr`: inline when it fits, so the
@@ -1523,10 +1518,11 @@ impl QpHandle {
     #[inline(always)]
     pub fn post_recv_one(&self, wr_id: u64, sge: Sge) -> Result<(), i32> {
         let mut wr = recv_wr(wr_id, std::slice::from_ref(&sge));
-        let mut bad = ptr::null_mut();
+        // Written by the provider on failure only, and never read here.
+        let mut bad = std::mem::MaybeUninit::uninit();
         // SAFETY: valid QP (see post_send_raw); the element names registered memory, which
         // the device checks.
-        rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
+        rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, bad.as_mut_ptr()) })
     }
 
     /// Posts one receive into two elements (a provider slot and a range, say), both
@@ -1535,10 +1531,11 @@ impl QpHandle {
     pub fn post_recv_pair(&self, wr_id: u64, first: Sge, second: Sge) -> Result<(), i32> {
         let sges = [first, second];
         let mut wr = recv_wr(wr_id, &sges);
-        let mut bad = ptr::null_mut();
+        // Written by the provider on failure only, and never read here.
+        let mut bad = std::mem::MaybeUninit::uninit();
         // SAFETY: valid QP (see post_send_raw); the elements name registered memory, which
         // the device checks (as it checks their number against the queue's).
-        rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) })
+        rc_result(unsafe { entry::post_recv(self.qp.as_ptr(), &mut wr, bad.as_mut_ptr()) })
     }
 
     /// Posts one receive into the memory named by `sges` (checked by the device).
