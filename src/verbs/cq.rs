@@ -493,11 +493,6 @@ fn poll_error(e: i32) -> Error {
     os_err("ibv_poll_cq")(e)
 }
 
-/// Marks a branch cold (what `std::hint::cold_path` does from Rust 1.95, past our MSRV).
-#[cold]
-#[inline(always)]
-fn after_plain() {}
-
 /// The answer of a read that found nothing.
 #[cold]
 #[inline(never)]
@@ -757,10 +752,8 @@ impl CompletionQueue {
         if g == gate_for(E::FORMAT) && !out.is_empty() {
             return self.read_plain(out);
         }
-        // Peers to drive and otherwise the plain path (an RDM endpoint's CQ): tested after
-        // the plain gate (the cold hint keeps the compiler from testing it first).
+        // Peers to drive and otherwise the plain path (an RDM endpoint's CQ).
         if g == gate_for(E::FORMAT) | u32::from(feature::PEERS) && !out.is_empty() {
-            after_plain();
             return self.read_driving(out);
         }
         self.read_other(out)
