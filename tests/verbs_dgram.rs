@@ -744,3 +744,39 @@ fn counters_count_datagrams_sent_and_received_without_cq_entries() {
             .is_err_and(|e| e.is_again()));
     }
 }
+
+/// A connected QP's sends on a UD queue pair (no destination, or an RDMA write) are
+/// `EINVAL` and reach no provider, which would follow an address handle that is not there:
+/// three refused, none completed.
+#[test]
+fn a_datagram_queue_pair_refuses_sends_without_a_destination() {
+    use rfabric_sys::verbs::{send_flags, Context, Cq, ProtectionDomain, QpCaps, UdQp, WcBatch};
+    if device_info().is_none() {
+        return;
+    }
+    let ctx = Context::devices().unwrap()[0];
+    let pd = ProtectionDomain::new(ctx).unwrap();
+    let cq = Cq::new(ctx, 16, 0, None).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let (qp, _) = UdQp::new(&pd, &cq, &cq, caps, 1, 0x1111_1111).unwrap();
+    let h = qp.handle();
+    let refused = [
+        h.post_send_inline(1, b"no destination", send_flags::SIGNALED, None),
+        h.post_send_inline(2, b"", send_flags::SIGNALED, Some(7)),
+        h.post_write_inline(3, b"rdma", 0x1000, 1, send_flags::SIGNALED, None),
+    ];
+    assert_eq!(refused, [Err(libc::EINVAL); 3]);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut batch = WcBatch::<4>::new();
+    assert_eq!(
+        cq.poll_batch(&mut batch, 4).unwrap().len(),
+        0,
+        "a refused send completed"
+    );
+}

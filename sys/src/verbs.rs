@@ -1157,6 +1157,8 @@ pub struct QpHandle {
     max_inline: u32,
     max_send_sge: u32,
     max_recv_sge: u32,
+    /// A UD QP: every send names its destination, which providers read unchecked.
+    ud: bool,
 }
 
 // SAFETY: posting is thread-safe in rdma-core providers; the handle is only used while
@@ -1167,12 +1169,25 @@ unsafe impl Sync for QpHandle {}
 
 impl QpHandle {
     pub(crate) fn new(qp: NonNull<r::ibv_qp>, caps: &QpCaps) -> Self {
+        // SAFETY: a QP just created by its owner, valid.
+        let qp_type = unsafe { (*qp.as_ptr()).qp_type };
         QpHandle {
             qp,
             max_inline: caps.max_inline_data,
             max_send_sge: caps.max_send_sge,
             max_recv_sge: caps.max_recv_sge,
+            ud: qp_type == r::ibv_qp_type::IBV_QPT_UD,
         }
+    }
+
+    /// `EINVAL` for a send without a destination on a UD QP (a connected QP's call on a
+    /// datagram one), whose provider would follow the missing address handle.
+    #[inline(always)]
+    fn check_connected(&self, to: Option<&UdDest>) -> Result<(), i32> {
+        if to.is_none() && self.ud {
+            return Err(no_destination());
+        }
+        Ok(())
     }
 
     /// A second handle on the same QP, for an owner that holds the QP's owner too
@@ -1254,6 +1269,7 @@ impl QpHandle {
         imm: Option<u32>,
         to: Option<&UdDest>,
     ) -> Result<(), i32> {
+        self.check_connected(to)?;
         let mut wr = std::mem::MaybeUninit::<r::ibv_send_wr>::uninit();
         let w = wr.as_mut_ptr();
         let (opcode, imm) = match imm {
@@ -1490,6 +1506,8 @@ impl QpHandle {
         remote_addr: u64,
         rkey: u32,
     ) -> Result<(), i32> {
+        // RDMA needs a connected QP (a UD provider reads the operands as a destination).
+        self.check_connected(None)?;
         let (opcode, imm) = match op {
             Rdma::Write(None) => (r::ibv_wr_opcode::IBV_WR_RDMA_WRITE, None),
             Rdma::Write(imm) => (r::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
@@ -1707,6 +1725,7 @@ impl QpHandle {
         imm: Option<u32>,
         to: Option<&UdDest>,
     ) -> Result<(), i32> {
+        self.check_connected(to)?;
         let sge = mr.sge(offset, len).ok_or(libc::EINVAL)?;
         let flags = if len <= self.max_inline as usize {
             flags | send_flags::INLINE
@@ -1780,6 +1799,13 @@ fn rc_result(rc: i32) -> Result<(), i32> {
     } else {
         Ok(())
     }
+}
+
+/// A UD QP's send without its destination: out of line, as every error.
+#[cold]
+#[inline(never)]
+fn no_destination() -> i32 {
+    libc::EINVAL
 }
 
 /// A failed call's errno, positive: out of line, so a post's success costs one test.
