@@ -1475,20 +1475,61 @@ fn quiet_sends_go_unsignaled_and_their_buffers_come_back_even_when_the_peer_leav
         "the last injects went unsignalled"
     );
     drop(v.remove(1));
+    buffers_back(&v[0], "after the peer left");
+}
+
+/// Drives node `n` until all its send buffers are back (within 10 s), its CQ reporting
+/// nothing meanwhile.
+fn buffers_back(n: &Node, after: &str) {
+    let (_, all) = n.ep.send_buffers();
     let t = Instant::now();
-    while v[0].ep.send_buffers().0 < all {
+    while n.ep.send_buffers().0 < all {
         assert!(
             t.elapsed() < Duration::from_secs(10),
-            "send buffers {:?} after the peer left",
-            v[0].ep.send_buffers()
+            "send buffers {:?} {after}",
+            n.ep.send_buffers()
         );
-        v[0].ep.progress();
+        n.ep.progress();
         let mut e = [TaggedEntry::default(); 1];
-        match v[0].cq.read(&mut e) {
+        match n.cq.read(&mut e) {
             Err(err) if err.is_again() => {}
-            other => panic!("the peer's leaving reported {other:?}"),
+            other => panic!("a completion {after}: {other:?}"),
         }
     }
+}
+
+#[test]
+fn thirty_one_quiet_sends_in_a_row_go_unsignalled_and_the_thirty_second_frees_them() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    let (_, all) = v[0].ep.send_buffers();
+    assert!(
+        all >= 128,
+        "{all} send buffers: a quarter must allow a run of 32"
+    );
+    // A first message makes the connection; its completion leaves no send outstanding.
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, 0).unwrap();
+    v[0].ep.tsend(b"first", 1, 1, 7).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 0);
+    assert_eq!(next_ok(&v, 0).0.op_context, 7);
+    assert_eq!(v[0].ep.send_buffers().0, all);
+    let delivered = |k: u64| {
+        v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, k).unwrap();
+        v[0].ep.tinject(&pattern(64, k as u8), 1, 1).unwrap();
+        assert_eq!(next_ok(&v, 1).0.op_context, k);
+        assert!(read(&v[1], 0, 64) == pattern(64, k as u8), "message {k}");
+    };
+    for k in 1..=31 {
+        delivered(k);
+    }
+    // All 31 arrived and none made a device completion: their buffers are still out.
+    quiet(&v, 0);
+    assert_eq!(v[0].ep.send_buffers().0, all - 31);
+    // The 32nd goes signalled: its completion (no entry: an inject) frees all 32.
+    delivered(32);
+    buffers_back(&v[0], "after the 32nd inject");
+    quiet(&v, 0);
+    quiet(&v, 1);
 }
 
 /// Waits for the sender's completions, so that its messages wait at the receiver.

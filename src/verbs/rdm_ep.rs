@@ -550,7 +550,7 @@ struct TxMeta {
 
 /// Quiet sends (no completion wanted) left unsignalled per connection, at most: the next is
 /// signalled, and its completion frees them all (RC completes a queue's sends in order).
-const UNSIGNALED_MAX: usize = 16;
+const UNSIGNALED_MAX: usize = 32;
 
 /// Segments of one segmented message, at most.
 const MAX_SEGS: usize = 64;
