@@ -1532,6 +1532,34 @@ fn thirty_one_quiet_sends_in_a_row_go_unsignalled_and_the_thirty_second_frees_th
     quiet(&v, 1);
 }
 
+#[test]
+fn a_stream_stays_unsignalled_while_the_completion_closing_its_last_run_is_unread() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    let (_, all) = v[0].ep.send_buffers();
+    assert!(all >= 128, "{all} send buffers: 96 must fit");
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, 0).unwrap();
+    v[0].ep.tsend(b"first", 1, 1, 7).unwrap();
+    assert_eq!(next_ok(&v, 1).0.op_context, 0);
+    assert_eq!(next_ok(&v, 0).0.op_context, 7);
+    // 96 injects, all delivered, the sender never reading its CQ: three runs of 31
+    // unsignalled sends, each closed by a signalled one (before, every send after the
+    // first run went signalled until its completion was read).
+    for k in 1..=96u64 {
+        v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, k).unwrap();
+        v[0].ep.tinject(&pattern(64, k as u8), 1, 1).unwrap();
+        assert_eq!(next_ok(&v, 1).0.op_context, k);
+        assert!(read(&v[1], 0, 64) == pattern(64, k as u8), "message {k}");
+    }
+    assert_eq!(v[0].ep.send_buffers().0, all - 96);
+    assert_eq!(v[0].ep.unsignaled_sends(), 93);
+    // The three signalled sends' completions (no entries: injects) free all 96.
+    buffers_back(&v[0], "after 96 injects");
+    assert_eq!(v[0].ep.unsignaled_sends(), 0);
+    quiet(&v, 0);
+    quiet(&v, 1);
+}
+
 /// Waits for the sender's completions, so that its messages wait at the receiver.
 fn sent(v: &[Node], from: usize, n: usize) {
     for _ in 0..n {

@@ -548,9 +548,13 @@ struct TxMeta {
     sets_base: bool,
 }
 
-/// Quiet sends (no completion wanted) left unsignalled per connection, at most: the next is
-/// signalled, and its completion frees them all (RC completes a queue's sends in order).
+/// Quiet sends (no completion wanted) left unsignalled in a row per connection, at most: the
+/// next is signalled, and its completion frees them all (RC completes a queue's sends in order).
 const UNSIGNALED_MAX: usize = 32;
+
+/// Unsignalled sends a connection holds, at most: several runs, so that a stream does not go
+/// signalled while the completion closing its previous run is still unread.
+const UNSIGNALED_HELD: usize = 128;
 
 /// Segments of one segmented message, at most.
 const MAX_SEGS: usize = 64;
@@ -905,9 +909,13 @@ struct Conn {
     down: bool,
     /// Sends posted so far (the next one's `TxMeta::seq`).
     seq: u64,
-    /// Quiet sends posted unsignalled, oldest first, with their `seq`: a later completion on
-    /// this connection (the next signalled send's, or a flushed one's) frees them.
-    unsignaled: FixedRing<(u64, u32), UNSIGNALED_MAX>,
+    /// Send buffers of quiet sends posted unsignalled, oldest first (their `TxMeta::seq` in
+    /// order): a later completion on this connection (a signalled send's, or a flushed one's)
+    /// frees them.
+    unsignaled: FixedRing<u32, UNSIGNALED_HELD>,
+    /// How many of the last of those came after the connection's last signalled send: no
+    /// completion is due to free them yet.
+    run: u32,
     /// What this side's headers last said, which lets later messages go without one.
     tx_base: HeaderBase,
 }
@@ -917,17 +925,25 @@ impl Conn {
     /// endpoint's own bound (`unsignaled_room`).
     #[inline(always)]
     fn unsignaled_ok(&self, quiet: bool, room: bool) -> bool {
-        quiet && room && self.unsignaled.len() + 1 < UNSIGNALED_MAX
+        quiet
+            && room
+            && (self.run as usize) + 1 < UNSIGNALED_MAX
+            && self.unsignaled.len() < UNSIGNALED_HELD
     }
 
     /// Send buffer `slot`, just posted (`unsignaled` as `unsignaled_ok` said): its place in
-    /// the queue, and whether it joined the unsignalled sends.
+    /// the queue, and the change in the endpoint's count of unsignalled sends no completion
+    /// is due to free (`Inner::unsignaled`): one more, or the run this signalled send closes.
     #[inline(always)]
-    fn posted(&mut self, slot: u32, unsignaled: bool) -> (u64, bool) {
+    fn posted(&mut self, slot: u32, unsignaled: bool) -> (u64, i32) {
         self.in_flight += 1;
         let seq = self.seq;
         self.seq += 1;
-        (seq, unsignaled && self.unsignaled.push_back((seq, slot)))
+        if unsignaled && self.unsignaled.push_back(slot) {
+            self.run += 1;
+            return (seq, 1);
+        }
+        (seq, -(std::mem::take(&mut self.run) as i32))
     }
 }
 
@@ -935,6 +951,12 @@ impl Conn {
 #[inline(always)]
 fn unsignaled_room(g: &Inner) -> bool {
     (g.unsignaled as usize) < g.tx.len() / 4
+}
+
+/// `Inner::unsignaled` after `Conn::posted` said `d`.
+#[inline(always)]
+fn count_unsignaled(g: &mut Inner, d: i32) {
+    g.unsignaled = g.unsignaled.wrapping_add_signed(d);
 }
 
 #[derive(Debug)]
@@ -988,8 +1010,9 @@ struct Inner {
     /// `addr_gen`.
     addr_peer: Vec<u32>,
     addr_gen: u64,
-    /// Send buffers held by unsignalled sends, all connections: kept below a quarter of
-    /// them, so that connections that go quiet cannot hold the buffers others need.
+    /// Send buffers held by unsignalled sends after their connection's last signalled one
+    /// (`Conn::run`), all connections: kept below a quarter of them, so that connections that
+    /// go quiet cannot hold the buffers others need.
     unsignaled: u32,
     /// Matched receives the local path is filling, by engine slot.
     local_rx: Vec<local::LocalRx>,
@@ -1646,6 +1669,21 @@ impl RdmEndpoint {
         self.sh.on.get().map_or((0, 0), |e| {
             let g = e.inner.lock();
             (g.tx_free.len(), g.tx.len())
+        })
+    }
+
+    /// Sends posted unsignalled whose buffers no completion has freed yet, all connections
+    /// (tests and diagnostics).
+    pub fn unsignaled_sends(&self) -> usize {
+        self.sh.on.get().map_or(0, |e| {
+            let g = e.inner.lock();
+            g.conns
+                .iter()
+                .filter_map(|c| match c {
+                    Some(ConnSlot::Open(conn)) => Some(conn.unsignaled.len()),
+                    _ => None,
+                })
+                .sum()
         })
     }
 
@@ -2594,6 +2632,7 @@ fn install(en: &Enabled, g: &mut Inner, c: u32, peer: u32, ep: MsgEndpoint) {
         down: false,
         seq: 0,
         unsignaled: FixedRing::default(),
+        run: 0,
         tx_base: HeaderBase::default(),
     }));
     crate::fi_debug!(
@@ -2663,8 +2702,8 @@ fn eager_now(
     if let Err(e) = posted {
         return Some(Err(e));
     }
-    let (seq, held) = conn.posted(slot, unsignaled);
-    g.unsignaled += u32::from(held);
+    let (seq, d) = conn.posted(slot, unsignaled);
+    count_unsignaled(g, d);
     g.tx_free.pop();
     g.tx[slot as usize] = TxMeta {
         conn: c,
@@ -2711,8 +2750,8 @@ fn post_on_inline(en: &Enabled, g: &mut Inner, c: u32, slot: u32, imm: Option<u3
                 .map_err(|e| Error::os(e, "ibv_post_send"))?;
         }
     }
-    let (seq, held) = conn.posted(slot, unsignaled);
-    g.unsignaled += u32::from(held);
+    let (seq, d) = conn.posted(slot, unsignaled);
+    count_unsignaled(g, d);
     let t = &mut g.tx[slot as usize];
     t.conn = c;
     t.seq = seq;
@@ -2764,18 +2803,24 @@ fn retire_unsignaled(g: &mut Inner, c: u32, seq: u64) {
     let Inner {
         conns,
         tx_free,
+        tx,
         unsignaled,
         ..
     } = g;
     let Some(Some(ConnSlot::Open(conn))) = conns.get_mut(c as usize) else {
         return;
     };
-    while let Some((s, slot)) = conn.unsignaled.front() {
+    while let Some(slot) = conn.unsignaled.front() {
+        let s = tx[slot as usize].seq;
         if s > seq {
             break;
         }
+        // One of the last `run` (a flushed send's error completion came first): no longer due.
+        if conn.unsignaled.len() <= conn.run as usize {
+            conn.run -= 1;
+            *unsignaled -= 1;
+        }
         conn.unsignaled.pop_front();
-        *unsignaled -= 1;
         if s < seq {
             tx_free.push(slot);
             conn.in_flight -= 1;
