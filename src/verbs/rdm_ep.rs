@@ -909,10 +909,11 @@ struct Conn {
     down: bool,
     /// Sends posted so far (the next one's `TxMeta::seq`).
     seq: u64,
-    /// Send buffers of quiet sends posted unsignalled, oldest first (their `TxMeta::seq` in
-    /// order): a later completion on this connection (a signalled send's, or a flushed one's)
+    /// Quiet sends posted unsignalled, oldest first: the low 32 bits of their `seq` (fewer
+    /// than 2^31 are ever in flight, so they order by wrapping difference) and their send
+    /// buffer. A later completion on this connection (a signalled send's, or a flushed one's)
     /// frees them.
-    unsignaled: FixedRing<u32, UNSIGNALED_HELD>,
+    unsignaled: FixedRing<(u32, u32), UNSIGNALED_HELD>,
     /// How many of the last of those came after the connection's last signalled send: no
     /// completion is due to free them yet.
     run: u32,
@@ -939,7 +940,7 @@ impl Conn {
         self.in_flight += 1;
         let seq = self.seq;
         self.seq += 1;
-        if unsignaled && self.unsignaled.push_back(slot) {
+        if unsignaled && self.unsignaled.push_back((seq as u32, slot)) {
             self.run += 1;
             return (seq, 1);
         }
@@ -2803,28 +2804,31 @@ fn retire_unsignaled(g: &mut Inner, c: u32, seq: u64) {
     let Inner {
         conns,
         tx_free,
-        tx,
         unsignaled,
         ..
     } = g;
     let Some(Some(ConnSlot::Open(conn))) = conns.get_mut(c as usize) else {
         return;
     };
-    while let Some(slot) = conn.unsignaled.front() {
-        let s = tx[slot as usize].seq;
-        if s > seq {
+    let (held, seq) = (conn.unsignaled.len(), seq as u32);
+    while let Some((s, slot)) = conn.unsignaled.front() {
+        let after = s.wrapping_sub(seq) as i32;
+        if after > 0 {
             break;
         }
-        // One of the last `run` (a flushed send's error completion came first): no longer due.
-        if conn.unsignaled.len() <= conn.run as usize {
-            conn.run -= 1;
-            *unsignaled -= 1;
-        }
         conn.unsignaled.pop_front();
-        if s < seq {
+        if after < 0 {
             tx_free.push(slot);
             conn.in_flight -= 1;
         }
+    }
+    // Those of the last `run` that left (a flushed send's error completion came first) are
+    // no longer waiting for a signalled send.
+    let gone = (held - conn.unsignaled.len()) as u32;
+    let covered = held as u32 - conn.run;
+    if gone > covered {
+        conn.run -= gone - covered;
+        *unsignaled -= gone - covered;
     }
 }
 
