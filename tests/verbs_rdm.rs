@@ -1498,35 +1498,44 @@ fn buffers_back(n: &Node, after: &str) {
     }
 }
 
-#[test]
-fn thirty_one_quiet_sends_in_a_row_go_unsignalled_and_the_thirty_second_frees_them() {
-    let Some(info) = rdm_info() else { return };
-    let v = nodes(&info, 2, false);
+/// Two nodes whose connection a first message made, its completion read: node 0 has all
+/// its send buffers (returned, at least 128) and nothing outstanding.
+fn connected_pair(info: &Info) -> (Vec<Node>, usize) {
+    let v = nodes(info, 2, false);
     let (_, all) = v[0].ep.send_buffers();
     assert!(
         all >= 128,
         "{all} send buffers: a quarter must allow a run of 32"
     );
-    // A first message makes the connection; its completion leaves no send outstanding.
     v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, 0).unwrap();
     v[0].ep.tsend(b"first", 1, 1, 7).unwrap();
     assert_eq!(next_ok(&v, 1).0.op_context, 0);
     assert_eq!(next_ok(&v, 0).0.op_context, 7);
     assert_eq!(v[0].ep.send_buffers().0, all);
-    let delivered = |k: u64| {
-        v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, k).unwrap();
-        v[0].ep.tinject(&pattern(64, k as u8), 1, 1).unwrap();
-        assert_eq!(next_ok(&v, 1).0.op_context, k);
-        assert!(read(&v[1], 0, 64) == pattern(64, k as u8), "message {k}");
-    };
+    (v, all)
+}
+
+/// Node 0 injects 64 bytes (pattern `k`) to node 1, which receives them, bytes checked;
+/// node 0's CQ is not read.
+fn inject_delivered(v: &[Node], k: u64) {
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, k).unwrap();
+    v[0].ep.tinject(&pattern(64, k as u8), 1, 1).unwrap();
+    assert_eq!(next_ok(v, 1).0.op_context, k);
+    assert!(read(&v[1], 0, 64) == pattern(64, k as u8), "message {k}");
+}
+
+#[test]
+fn thirty_one_quiet_sends_in_a_row_go_unsignalled_and_the_thirty_second_frees_them() {
+    let Some(info) = rdm_info() else { return };
+    let (v, all) = connected_pair(&info);
     for k in 1..=31 {
-        delivered(k);
+        inject_delivered(&v, k);
     }
     // All 31 arrived and none made a device completion: their buffers are still out.
     quiet(&v, 0);
     assert_eq!(v[0].ep.send_buffers().0, all - 31);
     // The 32nd goes signalled: its completion (no entry: an inject) frees all 32.
-    delivered(32);
+    inject_delivered(&v, 32);
     buffers_back(&v[0], "after the 32nd inject");
     quiet(&v, 0);
     quiet(&v, 1);
@@ -1535,21 +1544,12 @@ fn thirty_one_quiet_sends_in_a_row_go_unsignalled_and_the_thirty_second_frees_th
 #[test]
 fn a_stream_stays_unsignalled_while_the_completion_closing_its_last_run_is_unread() {
     let Some(info) = rdm_info() else { return };
-    let v = nodes(&info, 2, false);
-    let (_, all) = v[0].ep.send_buffers();
-    assert!(all >= 128, "{all} send buffers: 96 must fit");
-    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, 0).unwrap();
-    v[0].ep.tsend(b"first", 1, 1, 7).unwrap();
-    assert_eq!(next_ok(&v, 1).0.op_context, 0);
-    assert_eq!(next_ok(&v, 0).0.op_context, 7);
+    let (mut v, all) = connected_pair(&info);
     // 96 injects, all delivered, the sender never reading its CQ: three runs of 31
     // unsignalled sends, each closed by a signalled one (before, every send after the
     // first run went signalled until its completion was read).
-    for k in 1..=96u64 {
-        v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 1, 0, k).unwrap();
-        v[0].ep.tinject(&pattern(64, k as u8), 1, 1).unwrap();
-        assert_eq!(next_ok(&v, 1).0.op_context, k);
-        assert!(read(&v[1], 0, 64) == pattern(64, k as u8), "message {k}");
+    for k in 1..=96 {
+        inject_delivered(&v, k);
     }
     assert_eq!(v[0].ep.send_buffers().0, all - 96);
     assert_eq!(v[0].ep.unsignaled_sends(), 93);
@@ -1558,6 +1558,16 @@ fn a_stream_stays_unsignalled_while_the_completion_closing_its_last_run_is_unrea
     assert_eq!(v[0].ep.unsignaled_sends(), 0);
     quiet(&v, 0);
     quiet(&v, 1);
+    // Four more open a run no completion closes; the receiver leaves, and the flushed
+    // signalled send behind them frees them.
+    for k in 97..=100 {
+        inject_delivered(&v, k);
+    }
+    assert_eq!(v[0].ep.unsignaled_sends(), 4);
+    assert_eq!(v[0].ep.send_buffers().0, all - 4);
+    drop(v.remove(1));
+    buffers_back(&v[0], "after the peer left with a run open");
+    assert_eq!(v[0].ep.unsignaled_sends(), 0);
 }
 
 /// Waits for the sender's completions, so that its messages wait at the receiver.
