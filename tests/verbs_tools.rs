@@ -22,6 +22,17 @@ fn run_pair_env(
     server_ip: &str,
     envs: &[(&str, &str)],
 ) -> String {
+    run_pair_outputs(tool, port, args, server_ip, envs).0
+}
+
+/// [`run_pair_env`], returning the client's stdout and stderr and the server's stderr.
+fn run_pair_outputs(
+    tool: &str,
+    port: u16,
+    args: &[&str],
+    server_ip: &str,
+    envs: &[(&str, &str)],
+) -> (String, String, String) {
     let port_s = port.to_string();
     // A server of a one-sided test hears nothing from its client while a size runs (8 MiB
     // reads take seconds under TCG): a generous limit, reached only on failure.
@@ -52,7 +63,8 @@ fn run_pair_env(
         serr.contains("waiting for a client"),
         "the server says it is waiting: {serr}"
     );
-    String::from_utf8(client.stdout).unwrap()
+    let cerr = String::from_utf8_lossy(&client.stderr).to_string();
+    (String::from_utf8(client.stdout).unwrap(), cerr, serr)
 }
 
 fn json_rows(out: &str) -> Vec<String> {
@@ -87,6 +99,41 @@ fn send_lat_runs_between_two_processes_and_reports_every_size() {
     assert!(
         table.lines().any(|l| l.trim_start().starts_with("8 ")),
         "{table}"
+    );
+}
+
+/// `RFAB_PHASES` splits each side's round trip into the send call, the read that finds the
+/// peer's message, the empty reads and the receive post (stderr); without it, nothing.
+#[test]
+fn send_lat_phases_split_each_sides_round_trip() {
+    let Some(ip) = addr() else { return };
+    let tool = env!("CARGO_BIN_EXE_rfab_send_lat");
+    let args = ["-e", "rdm", "--tagged", "-s", "64", "-n", "200", "--json"];
+    let shm_off = ("FI_RVERBS_RDM_SHM", "0");
+    let (out, cerr, serr) =
+        run_pair_outputs(tool, 18608, &args, &ip, &[shm_off, ("RFAB_PHASES", "1")]);
+    assert_eq!(json_rows(&out).len(), 1, "{out}");
+    for (side, err) in [("client", &cerr), ("server", &serr)] {
+        let line = err
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "phases ({side}, 64 B, per round trip): send call "
+                ))
+            })
+            .unwrap_or_else(|| panic!("no {side} phases line: {err}"));
+        // The size and five figures; the send call and the finding read took some time.
+        let nums: Vec<f64> = line
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert_eq!(nums.len(), 6, "{line}");
+        assert!(nums[1] > 0.0 && nums[2] > 0.0, "{line}");
+    }
+    let (_, cerr, serr) = run_pair_outputs(tool, 18609, &args, &ip, &[shm_off]);
+    assert!(
+        !cerr.contains("phases") && !serr.contains("phases"),
+        "{cerr} {serr}"
     );
 }
 

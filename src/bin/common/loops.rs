@@ -73,20 +73,79 @@ fn settle_pause(d: Duration) {
     std::thread::sleep(d);
 }
 
+/// `RFAB_PHASES`: where a ping-pong's time goes on each side, printed to stderr after each
+/// size: the send call (the doorbell's system call runs the device's work in rxe), the read
+/// that finds the peer's message, the empty reads before it, and posting the receive. Each
+/// phase is timed with the TSC, so the round trips it measures are a little slower.
+#[derive(Default)]
+struct Phases {
+    on: bool,
+    send: u64,
+    hit: u64,
+    empty: u64,
+    empties: u64,
+    recv: u64,
+}
+
+impl Phases {
+    fn from_env() -> Self {
+        Phases {
+            on: std::env::var_os("RFAB_PHASES").is_some(),
+            ..Self::default()
+        }
+    }
+
+    /// Runs `f`, adding its cycles to the phase `at` picks when timing is on.
+    #[inline(always)]
+    fn time<T>(&mut self, at: fn(&mut Self) -> &mut u64, f: impl FnOnce() -> T) -> T {
+        if !self.on {
+            return f();
+        }
+        let t0 = cycles();
+        let r = f();
+        *at(self) += cycles().wrapping_sub(t0);
+        r
+    }
+
+    fn report(&self, c: &Conn, size: usize, rounds: usize) {
+        if !self.on {
+            return;
+        }
+        let ns = |v: u64, n: u64| v as f64 * 1e3 / cycles_per_us() / n.max(1) as f64;
+        let n = rounds as u64;
+        eprintln!(
+            "phases ({}, {size} B, per round trip): send call {:.0} ns, the read that finds \
+             the message {:.0} ns, {:.1} empty reads of {:.0} ns, receive post {:.0} ns",
+            if c.is_server { "server" } else { "client" },
+            ns(self.send, n),
+            ns(self.hit, n),
+            self.empties as f64 / n.max(1) as f64,
+            ns(self.empty, self.empties),
+            ns(self.recv, n),
+        );
+    }
+}
+
 /// Counts completions until `recvs` receives were seen; sends are reaped on the way.
 /// Returns how many send completions were reaped.
-fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String> {
+fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline, ph: &mut Phases) -> Result<usize, String> {
     let mut out = c.entries.borrow_mut();
     let (mut got, mut sends) = (0, 0);
     if let Some(d) = settle() {
         settle_pause(d);
     }
     while got < recvs {
+        let t0 = if ph.on { cycles() } else { 0 };
         let n = poll(c, &mut out[..], deadline, || {
             "the peer stopped answering".into()
         })?;
+        if ph.on {
+            let (dt, hit) = (cycles().wrapping_sub(t0), out[..n].iter().any(is_recv));
+            *(if hit { &mut ph.hit } else { &mut ph.empty }) += dt;
+            ph.empties += u64::from(!hit);
+        }
         for e in &out[..n] {
-            if e.flags & Flags::RECV.bits() != 0 {
+            if is_recv(e) {
                 got += 1;
             } else {
                 sends += 1;
@@ -94,6 +153,10 @@ fn reap(c: &Conn, recvs: usize, deadline: &mut Deadline) -> Result<usize, String
         }
     }
     Ok(sends)
+}
+
+fn is_recv(e: &CqMsgEntry) -> bool {
+    e.flags & Flags::RECV.bits() != 0
 }
 
 /// One read of the CQ into `out`: how many completions came (0 when none), an error
@@ -197,6 +260,7 @@ pub(crate) fn run_lat(
     let deadline = &mut Deadline::after(timeout);
     let e = |e: Error| e.to_string();
     let mut unreaped = 0usize;
+    let ph = &mut Phases::from_env();
     for i in 0..warmup + iters {
         let t0 = cycles();
         // One send completion in CQ_MOD (and the last), as perftest's latency tests ask.
@@ -208,22 +272,24 @@ pub(crate) fn run_lat(
                 c.ep.send(&c.tx, 0, size, 2)
             }
         };
+        let recv = || c.ep.recv(&c.rx, 0, c.rx.len(), 1);
         if c.is_server {
-            unreaped -= reap(c, 1, deadline)?.min(unreaped);
-            c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
-            send().map_err(e)?;
+            unreaped -= reap(c, 1, deadline, ph)?.min(unreaped);
+            ph.time(|p| &mut p.recv, recv).map_err(e)?;
+            ph.time(|p| &mut p.send, send).map_err(e)?;
             unreaped += usize::from(signal);
         } else {
-            send().map_err(e)?;
+            ph.time(|p| &mut p.send, send).map_err(e)?;
             unreaped += usize::from(signal);
-            unreaped -= reap(c, 1, deadline)?.min(unreaped);
-            c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
+            unreaped -= reap(c, 1, deadline, ph)?.min(unreaped);
+            ph.time(|p| &mut p.recv, recv).map_err(e)?;
         }
         if i >= warmup && !c.is_server {
             samples.cycles.push(cycles().wrapping_sub(t0));
         }
     }
     reap_sends(c, unreaped, deadline)?;
+    ph.report(c, size, warmup + iters);
     Ok(samples)
 }
 
@@ -327,7 +393,7 @@ pub(crate) fn run_bw(
     }
     // The server's answer closes the size: it has counted every message.
     if answered == 0 {
-        reap(c, 1, deadline)?;
+        reap(c, 1, deadline, &mut Phases::default())?;
     }
     c.ep.recv(&c.rx, 0, c.rx.len(), 1).map_err(e)?;
     Ok((secs, peak))
