@@ -102,6 +102,11 @@ impl Domain {
             .map_err(|e| Error::os(e, "ibv_reg_mr of an application buffer"))
     }
 
+    /// Memory registrations made in this domain so far (tests: what a path registers).
+    pub fn registrations(&self) -> u64 {
+        self.pd().registrations()
+    }
+
     /// What the registration cache has done (`None` while it is off or unused).
     pub fn mr_cache_stats(&self) -> Option<crate::core::mr_cache::CacheStats> {
         self.mr_cache.get()?.as_ref().map(|c| c.stats())

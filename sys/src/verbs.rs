@@ -298,6 +298,9 @@ impl Context {
 #[derive(Debug)]
 pub struct ProtectionDomain {
     pd: NonNull<r::ibv_pd>,
+    /// Memory registrations made in it: tests count a domain's own, which other tests
+    /// running at the same time do not move.
+    registrations: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: PD verbs are thread-safe; the PD is freed only in Drop.
@@ -310,12 +313,24 @@ impl ProtectionDomain {
         // SAFETY: valid context.
         let pd = unsafe { r::ibv_alloc_pd(ctx.as_ptr()) };
         NonNull::new(pd)
-            .map(|pd| Arc::new(ProtectionDomain { pd }))
+            .map(|pd| {
+                Arc::new(ProtectionDomain {
+                    pd,
+                    registrations: 0.into(),
+                })
+            })
             .ok_or_else(last_errno)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut r::ibv_pd {
         self.pd.as_ptr()
+    }
+
+    /// Memory registrations (`ibv_reg_mr`) made in this PD so far: what tests count to
+    /// show a path registers nothing.
+    pub fn registrations(&self) -> u64 {
+        self.registrations
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -390,14 +405,6 @@ pub struct MemoryRegion {
 unsafe impl Send for MemoryRegion {}
 // SAFETY: as above; byte access goes through raw copies (see read_at/write_at).
 unsafe impl Sync for MemoryRegion {}
-
-static REGISTRATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Memory registrations (`ibv_reg_mr`) this process has made: what tests count to show a
-/// path registers nothing.
-pub fn registrations() -> u64 {
-    REGISTRATIONS.load(std::sync::atomic::Ordering::Relaxed)
-}
 
 impl MemoryRegion {
     /// Allocates `len` zeroed, page-aligned bytes and registers them.
@@ -485,7 +492,8 @@ impl MemoryRegion {
         access: u32,
     ) -> Result<Self, i32> {
         let mr = NonNull::new(mr).ok_or_else(last_errno)?;
-        REGISTRATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        pd.registrations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: a successful registration returns a valid ibv_mr.
         let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
         Ok(MemoryRegion {
