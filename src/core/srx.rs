@@ -415,6 +415,36 @@ impl<B: Clone> RxEngine<B> {
         Ok(Arrival::Matched(child))
     }
 
+    /// [`Self::arrive`] when the first receive posted for `kind` takes the message (the
+    /// common case: one look, no scan); `None`, with nothing changed, otherwise, and for a
+    /// multi-receive buffer (the caller then arrives the general way).
+    #[inline]
+    pub fn arrive_at_head(
+        &mut self,
+        kind: Kind,
+        addr: u64,
+        tag: u64,
+        size: usize,
+        owner: u64,
+    ) -> Option<u32> {
+        let l = list_of(POSTED, kind);
+        let id = self.lists[l].head;
+        if id == NIL {
+            return None;
+        }
+        let s = &self.slots[id as usize];
+        let filter = Filter {
+            addr: s.addr,
+            tag: s.tag,
+            ignore: s.ignore,
+        };
+        if s.flags.contains(Flags::MULTI_RECV) || !filter.accepts(kind, addr, tag) {
+            return None;
+        }
+        self.claim_posted(l, id, addr, tag, size, owner);
+        Some(id)
+    }
+
     /// [`Self::arrive`] for a message whose bytes come later, in pieces: the first posted
     /// receive that accepts it claims it, unless that is a multi-receive buffer (whose
     /// slices must complete in the order they are cut, the one that releases it last).
@@ -808,6 +838,52 @@ mod tests {
             e.arrive(Kind::Msg, 5, 0, 1000, 1),
             Ok(Arrival::Matched(_))
         ));
+    }
+
+    #[test]
+    fn arrive_at_head_claims_only_the_first_posted_receive_and_never_a_multi_receive_buffer() {
+        let mut e = RxEngine::new(8);
+        // Nothing posted: nothing claimed, nothing allocated.
+        assert_eq!(e.arrive_at_head(Kind::Tag, 5, 9, 64, 1), None);
+        assert_eq!(e.in_use(), 0);
+        // The first receive does not take it: nothing changes, and `arrive` finds the second.
+        e.post_one(recv(Kind::Tag, tagged(8, 0), 64, 1)).unwrap();
+        e.post_one(recv(Kind::Tag, tagged(9, 0), 64, 2)).unwrap();
+        assert_eq!(e.arrive_at_head(Kind::Tag, 5, 9, 64, 7), None);
+        assert_eq!((e.in_use(), e.posted(Kind::Tag)), (2, 2));
+        let Ok(Arrival::Matched(m)) = e.arrive(Kind::Tag, 5, 9, 64, 7) else {
+            panic!()
+        };
+        assert_eq!(e.entry(m).context, 2);
+        // The first takes it: claimed with the arrival's particulars, off the posted list.
+        let c = e.arrive_at_head(Kind::Tag, 5, 8, 48, 3).unwrap();
+        let x = e.entry(c);
+        assert_eq!(
+            (x.context, x.state, x.size, x.addr, x.tag, x.owner),
+            (1, State::Claimed, 48, 5, 8, 3)
+        );
+        assert_eq!(e.posted(Kind::Tag), 0);
+        // A directed receive for another source, or an untagged arrival against tagged
+        // receives, is not taken.
+        e.post_one(recv(
+            Kind::Tag,
+            Filter {
+                addr: 6,
+                ..tagged(9, 0)
+            },
+            64,
+            4,
+        ))
+        .unwrap();
+        assert_eq!(e.arrive_at_head(Kind::Tag, 5, 9, 64, 1), None);
+        assert_eq!(e.arrive_at_head(Kind::Msg, 6, 9, 64, 1), None);
+        // A multi-receive buffer first in line is left whole for `arrive` to slice.
+        let mut mr = any(5);
+        mr.flags = Flags::MULTI_RECV;
+        e.post(mr, no_start).unwrap();
+        let before = e.in_use();
+        assert_eq!(e.arrive_at_head(Kind::Msg, 5, 0, 100, 1), None);
+        assert_eq!((e.in_use(), e.posted(Kind::Msg)), (before, 1));
     }
 
     #[test]
