@@ -96,6 +96,17 @@ pub struct Entry<B> {
 }
 
 impl<B> Entry<B> {
+    /// A posted receive's filter takes an arrival of `kind` from `addr` with `tag`.
+    #[inline(always)]
+    fn accepts(&self, kind: Kind, addr: u64, tag: u64) -> bool {
+        Filter {
+            addr: self.addr,
+            tag: self.tag,
+            ignore: self.ignore,
+        }
+        .accepts(kind, addr, tag)
+    }
+
     fn vacant() -> Self {
         Entry {
             kind: Kind::Msg,
@@ -433,12 +444,7 @@ impl<B: Clone> RxEngine<B> {
             return None;
         }
         let s = &self.slots[id as usize];
-        let filter = Filter {
-            addr: s.addr,
-            tag: s.tag,
-            ignore: s.ignore,
-        };
-        if s.flags.contains(Flags::MULTI_RECV) || !filter.accepts(kind, addr, tag) {
+        if s.flags.contains(Flags::MULTI_RECV) || !s.accepts(kind, addr, tag) {
             return None;
         }
         self.claim_posted(l, id, addr, tag, size, owner);
@@ -470,14 +476,7 @@ impl<B: Clone> RxEngine<B> {
     /// with `tag`, in posting order.
     #[inline(always)]
     fn first_accepting(&self, l: usize, kind: Kind, addr: u64, tag: u64) -> Option<u32> {
-        self.find(l, |s| {
-            Filter {
-                addr: s.addr,
-                tag: s.tag,
-                ignore: s.ignore,
-            }
-            .accepts(kind, addr, tag)
-        })
+        self.find(l, |s| s.accepts(kind, addr, tag))
     }
 
     /// Posted entry `id` of list `l` claimed by an arrival.

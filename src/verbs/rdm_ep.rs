@@ -1835,32 +1835,15 @@ impl RdmEndpoint {
         let SendPath::Post(c) = g.peers[peer as usize].link.send_path() else {
             return None;
         };
-        let kind = if op.tagged() {
-            Flags::TAGGED
-        } else {
-            Flags::MSG
-        };
-        let user = TxMeta {
-            context,
-            flags: kind
-                | Flags::SEND
-                | if data.is_some() {
-                    Flags::REMOTE_CQ_DATA
-                } else {
-                    Flags::empty()
-                },
+        let user = send_meta(
+            op,
             tag,
-            data: data.unwrap_or(0),
-            quiet: en.tx_selective,
-            conn: NONE,
-            rndv: NONE,
-            wire: 0,
-            part: false,
-            seq: 0,
-            peer: false,
-            rma: false,
-            sets_base: false,
-        };
+            data,
+            context,
+            Flags::empty(),
+            en.tx_selective,
+            false,
+        );
         eager_now(en, &mut g, c, src, len, op, user, data)
     }
 
@@ -1922,33 +1905,15 @@ impl RdmEndpoint {
                 ),
             ));
         }
-        let kind = if op.tagged() {
-            Flags::TAGGED
-        } else {
-            Flags::MSG
-        };
-        let user = TxMeta {
-            context,
-            flags: kind
-                | Flags::SEND
-                | (flags & Flags::INJECT)
-                | if data.is_some() {
-                    Flags::REMOTE_CQ_DATA
-                } else {
-                    Flags::empty()
-                },
+        let user = send_meta(
+            op,
             tag,
-            data: data.unwrap_or(0),
+            data,
+            context,
+            flags & Flags::INJECT,
             quiet,
-            conn: NONE,
-            rndv: NONE,
-            wire: 0,
-            part: false,
-            seq: 0,
-            peer: self.peer,
-            rma: false,
-            sets_base: false,
-        };
+            self.peer,
+        );
         // Up to the segmented size, in several bounce buffers; larger, announced and read by
         // the receiver once matched.
         let segs = if len > eager && len <= seg_max(en, &src, eager) {
@@ -2731,6 +2696,45 @@ fn seg_max(en: &Enabled, src: &Src<'_>, eager: usize) -> usize {
             en.seg_max.min(4 * eager)
         }
         _ => en.seg_max,
+    }
+}
+
+/// A send's `TxMeta` before it is posted: its completion's flags (`inject`: the caller's
+/// `FI_INJECT`), and whether it reports nothing (`quiet`) or is a peer's transfer.
+#[inline(always)]
+fn send_meta(
+    op: Op,
+    tag: u64,
+    data: Option<u64>,
+    context: u64,
+    inject: Flags,
+    quiet: bool,
+    peer: bool,
+) -> TxMeta {
+    let kind = if op.tagged() {
+        Flags::TAGGED
+    } else {
+        Flags::MSG
+    };
+    let cq_data = if data.is_some() {
+        Flags::REMOTE_CQ_DATA
+    } else {
+        Flags::empty()
+    };
+    TxMeta {
+        context,
+        flags: kind | Flags::SEND | inject | cq_data,
+        tag,
+        data: data.unwrap_or(0),
+        quiet,
+        conn: NONE,
+        rndv: NONE,
+        wire: 0,
+        part: false,
+        seq: 0,
+        peer,
+        rma: false,
+        sets_base: false,
     }
 }
 
