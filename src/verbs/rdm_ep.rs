@@ -3141,6 +3141,30 @@ struct Claimed {
     n: usize,
 }
 
+/// The room a receive's buffer has from `offset`, and where that starts.
+#[inline(always)]
+fn room(buf: &Option<RecvBuf>, offset: usize) -> (usize, u64) {
+    match buf {
+        Some(b) => (b.len().saturating_sub(offset), b.addr() + offset as u64),
+        None => (0, 0),
+    }
+}
+
+/// Copies `n` bytes at `body` of the bounce buffers into `b` from `offset`.
+#[inline(always)]
+fn from_bounce(
+    en: &Enabled,
+    b: &RecvBuf,
+    offset: usize,
+    n: usize,
+    body: usize,
+) -> std::result::Result<(), i32> {
+    let pool = en.rx_pool.sys();
+    b.fill(offset, n, |to, from, k| {
+        copy(Place::Region(pool, body + from), to, k)
+    })
+}
+
 /// What `deliver` needs of claimed entry `ent`, read in place (its buffer stays in it: no
 /// reference count moves).
 #[inline(always)]
@@ -3155,10 +3179,7 @@ fn claimed(en: &Enabled, ent: &RxEntry<RecvBuf>) -> Claimed {
         offset: ent.offset,
         owner: ent.owner,
     };
-    let (cap, buf) = match &ent.buf {
-        Some(b) => (b.len().saturating_sub(e.offset), b.addr() + e.offset as u64),
-        None => (0, 0),
-    };
+    let (cap, buf) = room(&ent.buf, e.offset);
     let kind = if e.kind.tagged() {
         Flags::TAGGED
     } else {
@@ -3190,13 +3211,7 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> 
     let (slot, n) = (c.slot, c.n);
     let copied = match &ent.buf {
         Some(b) if n > 0 => match spilled(en, slot) {
-            None => {
-                let body = slot as usize * en.slot + m.body();
-                let pool = en.rx_pool.sys();
-                b.fill(c.e.offset, n, |to, from, k| {
-                    copy(Place::Region(pool, body + from), to, k)
-                })
-            }
+            None => from_bounce(en, b, c.e.offset, n, slot as usize * en.slot + m.body()),
             Some(i) => {
                 let kept = &spill[i][..n.min(spill[i].len())];
                 b.fill(c.e.offset, kept.len(), |to, from, k| {
@@ -4555,22 +4570,10 @@ fn arrive_now(
         .engine
         .arrive_at_head(kind, addr, h.tag, got, u64::from(id))?;
     let ent = g.engine.entry(e);
-    let (cap, buf) = match &ent.buf {
-        Some(b) => (
-            b.len().saturating_sub(ent.offset),
-            b.addr() + ent.offset as u64,
-        ),
-        None => (0, 0),
-    };
+    let (cap, buf) = room(&ent.buf, ent.offset);
     let n = got.min(cap);
     let copied = match &ent.buf {
-        Some(b) if n > 0 => {
-            let pool = en.rx_pool.sys();
-            let body = id as usize * en.slot;
-            b.fill(ent.offset, n, |to, from, k| {
-                copy(Place::Region(pool, body + from), to, k)
-            })
-        }
+        Some(b) if n > 0 => from_bounce(en, b, ent.offset, n, id as usize * en.slot),
         _ => Ok(()),
     };
     let flags = if kind.tagged() {
