@@ -576,7 +576,7 @@ impl<B: Clone> RxEngine<B> {
     /// Posts a receive that takes one message (not `FI_MULTI_RECV`, which [`Self::post`]
     /// takes): it claims the first unexpected message it accepts, in arrival order, or
     /// waits for one.
-    #[inline]
+    #[inline(always)]
     pub fn post_one(&mut self, r: Recv<B>) -> Result<Posted> {
         if r.flags.contains(Flags::MULTI_RECV) {
             return Err(Error::new(
