@@ -340,6 +340,12 @@ impl<B: Clone> RxEngine<B> {
             s.prev = tail;
             s.next = NIL;
         }
+        self.link_tail(l, tail, id);
+    }
+
+    /// Makes `id`, whose links already say `prev: tail, next: NIL`, list `l`'s tail.
+    #[inline(always)]
+    fn link_tail(&mut self, l: usize, tail: u32, id: u32) {
         if tail == NIL {
             self.lists[l].head = id;
         } else {
@@ -558,7 +564,7 @@ impl<B: Clone> RxEngine<B> {
         let ul = list_of(UNEXPECTED, r.kind);
         let (from, kind) = (r.from, r.kind);
         // A multi-receive buffer has its own entry while it gives out slices.
-        let id = self.alloc_posted(r)?;
+        let id = self.alloc_posted(r, NIL)?;
         while let Some(m) = self.find(ul, |s| from.accepts(kind, s.addr, s.tag)) {
             self.unlink(ul, m);
             let size = self.slots[m as usize].size;
@@ -596,15 +602,17 @@ impl<B: Clone> RxEngine<B> {
             s.flags = r.flags;
             return Ok(Posted::Claimed(m));
         }
-        let kind = r.kind;
-        let id = self.alloc_posted(r)?;
-        self.push_back(list_of(POSTED, kind), id);
+        // The entry is written whole, its links included, then made the list's tail.
+        let l = list_of(POSTED, r.kind);
+        let tail = self.lists[l].tail;
+        let id = self.alloc_posted(r, tail)?;
+        self.link_tail(l, tail, id);
         Ok(Posted::Waiting(id))
     }
 
-    /// A new entry holding receive `r`, not yet on a list.
+    /// A new entry holding receive `r`, linked after `prev` but not yet on a list.
     #[inline(always)]
-    fn alloc_posted(&mut self, r: Recv<B>) -> Result<u32> {
+    fn alloc_posted(&mut self, r: Recv<B>, prev: u32) -> Result<u32> {
         let id = self.take_free()?;
         // Written whole, once (not reset to vacant first).
         self.slots[id as usize] = Entry {
@@ -620,7 +628,7 @@ impl<B: Clone> RxEngine<B> {
             offset: 0,
             owner: 0,
             used: 0,
-            prev: NIL,
+            prev,
             next: NIL,
         };
         Ok(id)
