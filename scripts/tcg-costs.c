@@ -5,8 +5,9 @@
 // touching more pages (code or data) after a system call costs more, as it would if the
 // emulated TLB were flushed on kernel entry. Last, it estimates the size of the vCPU's
 // soft TLB, which QEMU resizes at each flush from how full it was (64 to 2^22 entries,
-// direct-mapped, with 8 victim entries): 16 pages a stride apart share one slot once the
-// stride reaches the TLB's size, and then every load misses.
+// direct-mapped, with 8 victim entries): 16 pages a stride apart take 16 slots while 16
+// strides fit the TLB (loads hit), 8 slots plus the victim entries at 8 strides (victim
+// hits, ~20 ns), and miss from 4 strides on.
 //
 //   gcc -O2 -mavx2 -static -o ci/out/tcg-costs scripts/tcg-costs.c
 //   ci/vm-run -- ci/out/tcg-costs
@@ -111,8 +112,8 @@ int main(void) {
     perror("mmap");
     return 1;
   }
-  printf("soft TLB on CPU %d, ns per load of 16 pages a stride apart (misses from the stride\n"
-         "the TLB's entry count divides; victim hits, ~20 ns, from half of it):\n",
+  printf("soft TLB on CPU %d, ns per load of 16 pages a stride apart (entries = 8 x the stride\n"
+         "of the victim hits, ~20 ns, and 4 x the first stride that misses):\n",
          sched_getcpu());
   for (size_t s = 1; s <= max_stride; s *= 2) {
     for (int k = 0; k < 16; k++) x += m[k * s * 4096];
