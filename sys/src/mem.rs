@@ -104,58 +104,44 @@ pub(crate) unsafe fn copy_bytes(from: *const u8, to: *mut u8, len: usize) {
 /// moves, `scripts/tcg-costs.c`); small messages are most of a latency test's copies.
 const SMALL_COPY: usize = 64;
 
-/// [`copy_bytes`] of at most [`SMALL_COPY`] bytes: every byte is loaded before any is
-/// stored, so overlapping ranges copy as `ptr::copy` does.
+/// [`copy_bytes`] of at most [`SMALL_COPY`] bytes, in the two overlapping moves of the
+/// widest kind that fits (`ends`).
 ///
 /// # Safety
-/// As [`copy_bytes`], with `len <= SMALL_COPY`.
+/// As [`copy_bytes`].
 #[inline(always)]
 unsafe fn copy_small(from: *const u8, to: *mut u8, len: usize) {
-    // Every access below lies in `from..from+len` or `to..to+len`.
-    if len > 32 {
-        // SAFETY: in range (len > 32), readable and writable by the caller's contract.
-        unsafe {
-            let a = ptr::read_unaligned(from as *const u128);
-            let b = ptr::read_unaligned(from.add(16) as *const u128);
-            let c = ptr::read_unaligned(from.add(len - 32) as *const u128);
-            let d = ptr::read_unaligned(from.add(len - 16) as *const u128);
-            ptr::write_unaligned(to as *mut u128, a);
-            ptr::write_unaligned(to.add(16) as *mut u128, b);
-            ptr::write_unaligned(to.add(len - 32) as *mut u128, c);
-            ptr::write_unaligned(to.add(len - 16) as *mut u128, d);
+    // SAFETY: in every arm the range of `len` gives `size_of::<T>() <= len <= 2 *
+    // size_of::<T>()`, what `ends::<T>` needs; the memory is the caller's.
+    unsafe {
+        match len {
+            0 => {}
+            1 => ends::<u8>(from, to, len),
+            2..=3 => ends::<u16>(from, to, len),
+            4..=7 => ends::<u32>(from, to, len),
+            8..=16 => ends::<u64>(from, to, len),
+            17..=32 => ends::<u128>(from, to, len),
+            33..=SMALL_COPY => ends::<[u128; 2]>(from, to, len),
+            _ => ptr::copy(from, to, len),
         }
-    } else if len > 16 {
-        // SAFETY: in range (len > 16), as above.
-        unsafe {
-            let a = ptr::read_unaligned(from as *const u128);
-            let b = ptr::read_unaligned(from.add(len - 16) as *const u128);
-            ptr::write_unaligned(to as *mut u128, a);
-            ptr::write_unaligned(to.add(len - 16) as *mut u128, b);
-        }
-    } else if len >= 8 {
-        // SAFETY: in range (len >= 8), as above.
-        unsafe {
-            let a = ptr::read_unaligned(from as *const u64);
-            let b = ptr::read_unaligned(from.add(len - 8) as *const u64);
-            ptr::write_unaligned(to as *mut u64, a);
-            ptr::write_unaligned(to.add(len - 8) as *mut u64, b);
-        }
-    } else if len >= 4 {
-        // SAFETY: in range (len >= 4), as above.
-        unsafe {
-            let a = ptr::read_unaligned(from as *const u32);
-            let b = ptr::read_unaligned(from.add(len - 4) as *const u32);
-            ptr::write_unaligned(to as *mut u32, a);
-            ptr::write_unaligned(to.add(len - 4) as *mut u32, b);
-        }
-    } else if len > 0 {
-        // SAFETY: in range (0 < len < 4), as above.
-        unsafe {
-            let (a, b, c) = (*from, *from.add(len / 2), *from.add(len - 1));
-            *to = a;
-            *to.add(len / 2) = b;
-            *to.add(len - 1) = c;
-        }
+    }
+}
+
+/// Copies the first and the last `size_of::<T>()` of `len` bytes, which together cover all
+/// of them: both are loaded before either is stored, so overlapping ranges copy as
+/// `ptr::copy` does.
+///
+/// # Safety
+/// `size_of::<T>() <= len <= 2 * size_of::<T>()`, and the ranges as for [`copy_bytes`].
+#[inline(always)]
+unsafe fn ends<T: Copy>(from: *const u8, to: *mut u8, len: usize) {
+    let k = std::mem::size_of::<T>();
+    // SAFETY: both moves lie in the first and last `k <= len` bytes of each range.
+    unsafe {
+        let head = ptr::read_unaligned(from as *const T);
+        let tail = ptr::read_unaligned(from.add(len - k) as *const T);
+        ptr::write_unaligned(to as *mut T, head);
+        ptr::write_unaligned(to.add(len - k) as *mut T, tail);
     }
 }
 
