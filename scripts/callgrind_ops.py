@@ -1,6 +1,6 @@
 """What kinds of instructions a round trip executes, per object: all of them, those that
 touch memory (an operand in memory, push/pop, call/ret), returns, direct and indirect calls,
-indirect jumps, and atomics (lock-prefixed, xchg). Under QEMU's TCG, where the SoftRoCE VM
+indirect jumps, atomics (lock-prefixed, xchg), spin-wait hints (pause) and time-stamp reads. Under QEMU's TCG, where the SoftRoCE VM
 runs, a memory access costs a software TLB lookup and an indirect branch a translation-block
 lookup, so two paths with equal instruction counts need not take equal time: this tells
 whether they differ in kind as well as in number.
@@ -19,7 +19,7 @@ from collections import defaultdict
 
 from callgrind_split import parse
 
-KINDS = ["all", "mem", "ret", "call", "call*", "jmp*", "atomic", "unmapped"]
+KINDS = ["all", "mem", "ret", "call", "call*", "jmp*", "atomic", "pause", "rdtsc", "unmapped"]
 
 
 def kind(op, arg):
@@ -31,6 +31,12 @@ def kind(op, arg):
         return "jmp*"
     if op.startswith("lock") or op.startswith("xchg"):
         return "atomic"
+    # Under TCG a spin-wait hint costs ~180 ns and a time-stamp read ~26 ns
+    # (results/rdm-gap/tcg-costs-36.txt).
+    if op == "pause":
+        return "pause"
+    if op.startswith("rdtsc"):
+        return "rdtsc"
     return None
 
 

@@ -3996,6 +3996,94 @@ fn calls_without_flags_take_the_completion_flags_of_op_flags_under_selective_com
 }
 
 #[test]
+fn local_sends_taken_in_one_step_complete_and_count_as_the_general_way_does() {
+    // fi_tsend, fi_tinject, fi_tsenddata and fi_sendmsg of a few bytes to a peer on this host
+    // go to shm in one step (`post_now`): Open MPI's setting (selective completion,
+    // FI_COMPLETION in op_flags), with a send counter.
+    let Some(mut info) = rdm_info() else { return };
+    info.tx_attr.op_flags = Flags::COMPLETION;
+    info.rx_attr.op_flags = Flags::COMPLETION;
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let tx = Counter::open(&domain, &CntrAttr::default()).unwrap();
+    let v = nodes_built(&domain, &[&info, &info], true, WaitObj::None, |i, ep| {
+        if i == 0 {
+            ep.bind_cntr(&tx, Flags::SEND).unwrap();
+        }
+    });
+    for x in &v {
+        assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
+    }
+    for k in 0..4u64 {
+        v[1].ep
+            .trecv(recv_buf(&v[1], k as usize, 64), 0, k, 0, 10 + k)
+            .unwrap();
+    }
+    v[1].ep.recv(recv_buf(&v[1], 4, 64), 0, 14).unwrap();
+    let mut posted = 0;
+    retry(&v, || v[0].ep.tsend(b"one", 0, 1, 20));
+    posted += 1;
+    retry(&v, || v[0].ep.tinject(b"two", 1, 1));
+    posted += 1;
+    retry(&v, || v[0].ep.tsenddata(b"three", 0xd0, 2, 1, 21));
+    posted += 1;
+    retry(&v, || {
+        v[0].ep
+            .sendmsg(&[b"four"], 1, Some(3), None, 22, Flags::empty())
+    });
+    posted += 1;
+    retry(&v, || {
+        v[0].ep
+            .sendmsg(&[b"five"], 1, None, None, 23, Flags::COMPLETION)
+    });
+    posted += 1;
+    // Past the inject size an FI_INJECT is refused, and nothing goes.
+    let big = vec![7u8; v[0].ep.inject_size() + 1];
+    let e = v[0]
+        .ep
+        .sendmsg(&[&big], 1, Some(9), None, 0, Flags::INJECT)
+        .unwrap_err();
+    assert_eq!(e.errno(), errno::EINVAL);
+    let want: [(&[u8], u64, Option<u64>); 5] = [
+        (b"one", 0, None),
+        (b"two", 1, None),
+        (b"three", 2, Some(0xd0)),
+        (b"four", 3, None),
+        (b"five", 0, None),
+    ];
+    for (k, (body, tag, data)) in want.iter().enumerate() {
+        let (e, src) = next_ok(&v, 1);
+        assert_eq!((e.op_context, e.len, src), (10 + k as u64, body.len(), 0));
+        assert_eq!(read(&v[1], k, body.len()), *body);
+        if k < 4 {
+            assert_eq!(e.tag, *tag);
+            assert!(e.flags & Flags::TAGGED.bits() != 0);
+        } else {
+            assert!(e.flags & Flags::MSG.bits() != 0);
+        }
+        assert_eq!(e.flags & Flags::REMOTE_CQ_DATA.bits() != 0, data.is_some());
+        if let Some(d) = data {
+            assert_eq!(e.data, *d);
+        }
+    }
+    quiet(&v, 1);
+    // The sender: completions for what asked (fi_tsend and fi_tsenddata by op_flags, the
+    // FI_COMPLETION sendmsg), none for the inject or the sendmsg without the flag.
+    let sends = [
+        (20, Flags::TAGGED | Flags::SEND),
+        (21, Flags::TAGGED | Flags::SEND | Flags::REMOTE_CQ_DATA),
+        (23, Flags::MSG | Flags::SEND),
+    ];
+    for (ctx, flags) in sends {
+        let (e, _) = next_ok(&v, 0);
+        assert_eq!((e.op_context, e.flags), (ctx, flags.bits()));
+    }
+    quiet(&v, 0);
+    // Every send counted, none in error: posted against completed.
+    assert_eq!((tx.read(), tx.readerr()), (posted, 0));
+}
+
+#[test]
 fn a_peek_at_a_local_message_reports_its_length_data_and_source() {
     // MPI_Probe and mpi4py's pickled receives: the length and CQ data (mtl ofi's source
     // rank) of a message shm holds unexpected, which 1.17's get_tag does not carry.

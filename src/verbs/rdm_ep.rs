@@ -1804,6 +1804,11 @@ impl RdmEndpoint {
     /// buffer's worth, to a peer over verbs whose connection is up and explains it without a
     /// header (`eager_now`). `None`, with nothing changed, sends it the general way (which
     /// checks everything again and says what is wrong).
+    ///
+    /// A send to a peer on this host, with `FI_INJECT` and `FI_COMPLETION` at most, goes to
+    /// the local path here in one step (`local::inject_now`) when it is copied during the
+    /// call.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn post_now(
         &self,
@@ -1813,21 +1818,43 @@ impl RdmEndpoint {
         tag: u64,
         data: Option<u64>,
         context: u64,
+        flags: Flags,
     ) -> Option<Result<()>> {
         let en = self.sh.on.get()?;
         let len = src.len();
-        // A peer on this host goes over shm: the general path routes it.
-        let local = |l: &local::LocalLink| l.with_route(en, dest, |_, _| ()).is_some();
-        if len > en.slot - Header::LEN
-            || self
-                .sh
-                .info
-                .tx_attr
-                .op_flags
-                .contains(Flags::DELIVERY_COMPLETE)
+        if self
+            .sh
+            .info
+            .tx_attr
+            .op_flags
+            .contains(Flags::DELIVERY_COMPLETE)
             || wr_id::check(context).is_err()
-            || en.local.get().is_some_and(local)
         {
+            return None;
+        }
+        // A peer on this host goes over shm: at once when it is copied during the call,
+        // else the general way.
+        if let Some(l) = en.local.get() {
+            let sent = l.with_route(en, dest, |to, bell| {
+                local::inject_now(
+                    en,
+                    l,
+                    to,
+                    bell,
+                    src,
+                    len,
+                    op.tagged(),
+                    tag,
+                    data,
+                    context,
+                    flags,
+                )
+            });
+            if let Some(r) = sent {
+                return r;
+            }
+        }
+        if !flags.is_empty() || len > en.slot - Header::LEN {
             return None;
         }
         let mut g = en.inner.lock();
@@ -1858,8 +1885,8 @@ impl RdmEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        if flags.is_empty() && !self.peer {
-            if let Some(r) = self.post_now(&src, dest, op, tag, data, context) {
+        if (flags - (Flags::INJECT | Flags::COMPLETION)).is_empty() && !self.peer {
+            if let Some(r) = self.post_now(&src, dest, op, tag, data, context, flags) {
                 return r;
             }
         }

@@ -737,6 +737,76 @@ pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
     }
 }
 
+/// A send to the local peer `to` in one step (`RdmEndpoint::post_now`): an application's
+/// one range up to the path's inject size, copied during the call, with `FI_INJECT` (no
+/// completion) and `FI_COMPLETION` at most in `flags`. `None` when it is not one: the
+/// general way sends it (and says what is wrong).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn inject_now(
+    en: &Enabled,
+    l: &LocalLink,
+    to: u64,
+    bell: Option<&BellRemote>,
+    src: &Src<'_>,
+    len: usize,
+    tagged: bool,
+    tag: u64,
+    data: Option<u64>,
+    context: u64,
+    flags: Flags,
+) -> Option<Result<()>> {
+    // Past the endpoint's own inject size an `FI_INJECT` is refused the general way.
+    if len > l.inject || len > en.slot - super::Header::LEN {
+        return None;
+    }
+    let addr = match src {
+        Src::Slices([b]) => b.as_ptr() as u64,
+        Src::Foreign(f) => f.addr(),
+        Src::Region(mr, off, n) => mr.sys().sge(*off, *n)?.addr,
+        _ => return None,
+    };
+    let r = l.path.send(
+        to,
+        &LocalSend {
+            tagged,
+            tag,
+            data,
+            iov: &[(addr, len)],
+            context: None,
+            delivery_complete: false,
+        },
+    );
+    ring(bell, &r);
+    if let Err(e) = r {
+        return Some(Err(e));
+    }
+    l.sent.fetch_add(1, Ordering::Relaxed);
+    let inject = flags & Flags::INJECT;
+    // As the general way: quiet when injected, or left out under selective completion.
+    let quiet = !inject.is_empty() || (en.tx_selective && !flags.contains(Flags::COMPLETION));
+    let done = if tagged { Flags::TAGGED } else { Flags::MSG }
+        | Flags::SEND
+        | inject
+        | if data.is_some() {
+            Flags::REMOTE_CQ_DATA
+        } else {
+            Flags::empty()
+        };
+    en.cntrs.done(done, true);
+    if quiet {
+        return Some(Ok(()));
+    }
+    Some(en.tx_cq.write(
+        CqEntry {
+            op_context: context,
+            flags: done.bits(),
+            ..Default::default()
+        },
+        FI_ADDR_NOTAVAIL,
+    ))
+}
+
 /// Sends `src` (`len` bytes) to the local peer `to`. Up to the path's inject size it is
 /// copied during the call (the completion, if wanted, is written here); larger, from a send
 /// buffer (copied) or from the application's memory (a region, held until the path's
