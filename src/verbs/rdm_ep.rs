@@ -2609,16 +2609,24 @@ impl RdmEndpoint {
 /// The peer named `name` (at `addr` in the AV, or `FI_ADDR_NOTAVAIL`), added on first use.
 /// The send path's lookup: by AV index while nothing was removed from the AV (an index
 /// removed and reused names someone else), else by the name the AV holds.
-#[inline]
+#[inline(always)]
 fn peer_of(en: &Enabled, g: &mut Inner, addr: u64) -> Result<u32> {
-    let gen = en.av.removals();
-    if gen == g.addr_gen {
+    if en.av.removals() == g.addr_gen {
         if let Some(&p) = g.addr_peer.get(addr as usize) {
             if p != NONE {
                 return Ok(p);
             }
         }
-    } else {
+    }
+    peer_of_slow(en, g, addr)
+}
+
+/// [`peer_of`] past its cache: the AV changed, or the address is new to it.
+#[cold]
+#[inline(never)]
+fn peer_of_slow(en: &Enabled, g: &mut Inner, addr: u64) -> Result<u32> {
+    let gen = en.av.removals();
+    if gen != g.addr_gen {
         g.addr_peer.clear();
         g.addr_gen = gen;
     }

@@ -183,17 +183,22 @@ impl LocalSrx {
             c.owner_context = id as usize as *mut c_void;
             *pe.matched.get() = e.buf.is_some();
             match e.buf {
-                Some(first) => {
+                Some((addr, len)) => {
                     let iov = &mut *pe.iov.get();
                     // The receive's ranges (a scatter list's non-empty ones), then scratch.
-                    let mut n = 0;
-                    let more = e.more.iter().filter(|r| r.1 > 0);
-                    for (addr, len) in std::iter::once(&first).chain(more) {
-                        iov[n] = libc::iovec {
-                            iov_base: *addr as *mut c_void,
-                            iov_len: *len,
-                        };
-                        n += 1;
+                    iov[0] = libc::iovec {
+                        iov_base: addr as *mut c_void,
+                        iov_len: len,
+                    };
+                    let mut n = 1;
+                    for &(addr, len) in &e.more {
+                        if len > 0 {
+                            iov[n] = libc::iovec {
+                                iov_base: addr as *mut c_void,
+                                iov_len: len,
+                            };
+                            n += 1;
+                        }
                     }
                     let extra = e.scratch.min(self.scratch.len);
                     if extra > 0 {
@@ -203,7 +208,7 @@ impl LocalSrx {
                         };
                         n += 1;
                     }
-                    *pe.desc.get() = [null_mut(); ENTRY_IOV];
+                    // Its descriptors stay NULL from `PeerEntry::new` (shm only reads them).
                     c.iov = iov.as_mut_ptr();
                     c.desc = (*pe.desc.get()).as_mut_ptr();
                     c.count = n;
