@@ -766,22 +766,6 @@ pub(super) fn inject_now(
         Src::Region(mr, off, n) => mr.sys().sge(*off, *n)?.addr,
         _ => return None,
     };
-    let r = l.path.send(
-        to,
-        &LocalSend {
-            tagged,
-            tag,
-            data,
-            iov: &[(addr, len)],
-            context: None,
-            delivery_complete: false,
-        },
-    );
-    ring(bell, &r);
-    if let Err(e) = r {
-        return Some(Err(e));
-    }
-    l.sent.fetch_add(1, Ordering::Relaxed);
     let inject = flags & Flags::INJECT;
     // As the general way: quiet when injected, or left out under selective completion.
     let quiet = !inject.is_empty() || (en.tx_selective && !flags.contains(Flags::COMPLETION));
@@ -793,18 +777,54 @@ pub(super) fn inject_now(
         } else {
             Flags::empty()
         };
+    let iov = [(addr, len)];
+    Some(send_copied(
+        en, l, to, bell, &iov, tag, data, context, done, quiet,
+    ))
+}
+
+/// A send the path copies during the call (`iov`): nothing of it comes back, so its count
+/// and its completion (`done` its flags, none when `quiet`) are written here.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn send_copied(
+    en: &Enabled,
+    l: &LocalLink,
+    to: u64,
+    bell: Option<&BellRemote>,
+    iov: &[(u64, usize)],
+    tag: u64,
+    data: Option<u64>,
+    context: u64,
+    done: Flags,
+    quiet: bool,
+) -> Result<()> {
+    let r = l.path.send(
+        to,
+        &LocalSend {
+            tagged: done.contains(Flags::TAGGED),
+            tag,
+            data,
+            iov,
+            context: None,
+            delivery_complete: false,
+        },
+    );
+    ring(bell, &r);
+    r?;
+    l.sent.fetch_add(1, Ordering::Relaxed);
     en.cntrs.done(done, true);
     if quiet {
-        return Some(Ok(()));
+        return Ok(());
     }
-    Some(en.tx_cq.write(
+    en.tx_cq.write(
         CqEntry {
             op_context: context,
             flags: done.bits(),
             ..Default::default()
         },
         FI_ADDR_NOTAVAIL,
-    ))
+    )
 }
 
 /// Sends `src` (`len` bytes) to the local peer `to`. Up to the path's inject size it is
@@ -859,31 +879,8 @@ pub(super) fn post_local(
         Src::Iov(_) => 0,
     };
     if len <= l.inject && !dc && n > 0 {
-        let r = l.path.send(
-            to,
-            &LocalSend {
-                tagged,
-                tag: user.tag,
-                data,
-                iov: &iov[..n],
-                context: None,
-                delivery_complete: false,
-            },
-        );
-        ring(bell, &r);
-        r?;
-        l.sent.fetch_add(1, Ordering::Relaxed);
-        en.cntrs.done(user.flags, true);
-        if !user.quiet {
-            en.tx_cq.write(
-                CqEntry {
-                    op_context: user.context,
-                    flags: user.flags.bits(),
-                    ..Default::default()
-                },
-                FI_ADDR_NOTAVAIL,
-            )?;
-        }
+        let (ctx, done, quiet) = (user.context, user.flags, user.quiet);
+        send_copied(en, l, to, bell, &iov[..n], user.tag, data, ctx, done, quiet)?;
         return Ok(true);
     }
     let eager = en.slot - super::Header::LEN;
