@@ -1836,19 +1836,7 @@ impl RdmEndpoint {
         // else the general way.
         if let Some(l) = en.local.get() {
             let sent = l.with_route(en, dest, |to, bell| {
-                local::inject_now(
-                    en,
-                    l,
-                    to,
-                    bell,
-                    src,
-                    len,
-                    op.tagged(),
-                    tag,
-                    data,
-                    context,
-                    flags,
-                )
+                local::inject_now(en, l, to, bell, src, len, op, tag, data, context, flags)
             });
             if let Some(r) = sent {
                 return r;

@@ -750,7 +750,7 @@ pub(super) fn inject_now(
     bell: Option<&BellRemote>,
     src: &Src<'_>,
     len: usize,
-    tagged: bool,
+    op: crate::core::rdm::Op,
     tag: u64,
     data: Option<u64>,
     context: u64,
@@ -769,14 +769,8 @@ pub(super) fn inject_now(
     let inject = flags & Flags::INJECT;
     // As the general way: quiet when injected, or left out under selective completion.
     let quiet = !inject.is_empty() || (en.tx_selective && !flags.contains(Flags::COMPLETION));
-    let done = if tagged { Flags::TAGGED } else { Flags::MSG }
-        | Flags::SEND
-        | inject
-        | if data.is_some() {
-            Flags::REMOTE_CQ_DATA
-        } else {
-            Flags::empty()
-        };
+    // Only its flags are used (and computed): the send's own meta is not kept.
+    let done = super::send_meta(op, tag, data, context, inject, quiet, false).flags;
     let iov = [(addr, len)];
     Some(send_copied(
         en, l, to, bell, &iov, tag, data, context, done, quiet,
