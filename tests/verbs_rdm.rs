@@ -4145,3 +4145,105 @@ fn a_peek_at_a_local_message_reports_its_length_data_and_source() {
         "over shm: {sent} sent, {arrived} arrived"
     );
 }
+
+/// Bounce buffers received in two pieces (`FI_RVERBS_RDM_RX_HEAD`: a head in the pool's
+/// compact area, the rest behind it) and in one: every protocol's message, posted and
+/// unexpected, arrives whole, its header, announcement and body read across the cut. A head
+/// of 40 bytes cuts most of them (a 32-byte header, then 8 bytes of body). A head as large as
+/// the buffer is refused at enable, with the reason.
+#[test]
+fn bounce_buffers_in_two_pieces_carry_every_protocol_posted_and_unexpected() {
+    let Some(info) = rdm_info() else { return };
+    for head in ["40", "0"] {
+        // Read at enable only; the other tests' endpoints work with any value.
+        std::env::set_var("FI_RVERBS_RDM_RX_HEAD", head);
+        let v = nodes(&info, 2, false);
+        std::env::remove_var("FI_RVERBS_RDM_RX_HEAD");
+        let eager = v[0].ep.inject_size();
+        let sizes = [0, 7, 8, 9, 300, 4000, eager, eager + 1, 40000, 70000];
+        let mut offs = vec![];
+        let mut at = 0;
+        for &n in &sizes {
+            offs.push(at);
+            at += n;
+        }
+        let src = MemoryRegion::alloc(&v[0].domain, at, Flags::SEND).unwrap();
+        for (k, &n) in sizes.iter().enumerate() {
+            src.write_at(offs[k], &pattern(n, k as u8 + 1)).unwrap();
+        }
+        for unexpected in [true, false] {
+            let dst = MemoryRegion::alloc(&v[1].domain, at, Flags::RECV).unwrap();
+            let send = || {
+                for (k, &n) in sizes.iter().enumerate() {
+                    v[0].ep
+                        .send_region(
+                            &src,
+                            offs[k],
+                            n,
+                            1,
+                            Some(k as u64),
+                            k as u64,
+                            Flags::empty(),
+                        )
+                        .unwrap();
+                }
+            };
+            if unexpected {
+                send();
+                quiet(&v, 1);
+            }
+            for (k, &n) in sizes.iter().enumerate() {
+                let buf = RecvBuf::region(&dst, offs[k], n.max(1)).unwrap();
+                v[1].ep
+                    .trecv(buf, ANY, k as u64, 0, 100 + k as u64)
+                    .unwrap();
+            }
+            if !unexpected {
+                send();
+            }
+            let mut seen = vec![false; sizes.len()];
+            for _ in &sizes {
+                let (e, src_addr) = next_ok(&v, 1);
+                let k = (e.op_context - 100) as usize;
+                assert!(!seen[k], "head {head}: receive {k} completed twice");
+                seen[k] = true;
+                assert_eq!(
+                    (e.len, e.tag, src_addr),
+                    (sizes[k], k as u64, 0),
+                    "head {head}"
+                );
+                let mut got = vec![0u8; sizes[k]];
+                dst.read_at(offs[k], &mut got).unwrap();
+                assert!(
+                    got == pattern(sizes[k], k as u8 + 1),
+                    "head {head}, unexpected {unexpected}: {} bytes arrived changed",
+                    sizes[k]
+                );
+            }
+            // Every send completes once, and nothing more comes on either side.
+            let mut sent = vec![false; sizes.len()];
+            for _ in &sizes {
+                let k = next_ok(&v, 0).0.op_context as usize;
+                assert!(!sent[k], "head {head}: send {k} completed twice");
+                sent[k] = true;
+            }
+            quiet(&v, 0);
+            quiet(&v, 1);
+        }
+    }
+    std::env::set_var("FI_RVERBS_RDM_RX_HEAD", "16384");
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let cq = CompletionQueue::open(&domain, &CqAttr::default()).unwrap();
+    let av = AddressVector::open(&domain, &AvAttr::default()).unwrap();
+    let ep = RdmEndpoint::open(&domain, &info).unwrap();
+    ep.bind_cq(&cq, Flags::TRANSMIT | Flags::RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    let err = ep.enable().unwrap_err();
+    std::env::remove_var("FI_RVERBS_RDM_RX_HEAD");
+    assert_eq!(err.errno(), errno::EINVAL);
+    assert!(
+        err.to_string().contains("FI_RVERBS_RDM_RX_HEAD=16384"),
+        "{err}"
+    );
+}

@@ -58,6 +58,11 @@ pub const KNOBS: &[Knob] = &[
         help: "bytes of each RDM bounce buffer (256-1048576); an eager message is this less its 32-byte header, or the whole buffer when it goes without one; larger ones go in segments, then by rendezvous",
     },
     Knob {
+        name: "FI_RVERBS_RDM_RX_HEAD",
+        default: "256",
+        help: "bytes at the start of each RDM receive bounce buffer kept in a compact area (16 buffers' heads to a 4 KiB page), the rest of the buffer being a second element of its SRQ receive; 0 (or a device with one element per SRQ receive): each buffer in one piece",
+    },
+    Knob {
         name: "FI_RVERBS_RDM_SHM",
         default: "1",
         help: "1: an RDM endpoint reaches peers on its own host through libfabric's shm, imported inside it at fi_enable (every message size); 0: every peer over verbs",

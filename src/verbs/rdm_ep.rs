@@ -57,6 +57,25 @@ const LISTENER: u64 = u64::MAX >> 8;
 /// eager limit too) is one send, not three segments with an ACK each.
 const BUFFER_SIZE_DEFAULT: usize = 16384;
 
+/// Bytes at the start of each bounce buffer kept in the receive pool's head area
+/// (`Enabled::rx_head`; `FI_RVERBS_RDM_RX_HEAD`): a message this size or smaller, header
+/// and all, touches one page that 15 other buffers share.
+const RX_HEAD: usize = 256;
+
+/// `FI_RVERBS_RDM_RX_HEAD`: 0 (one piece per buffer) up to the buffer's size less one.
+fn rx_head(slot: usize) -> Result<usize> {
+    match crate::core::env::get_usize_or("FI_RVERBS_RDM_RX_HEAD", RX_HEAD)? {
+        n if n < slot => Ok(n),
+        n => Err(Error::new(
+            errno::EINVAL,
+            format!(
+                "FI_RVERBS_RDM_RX_HEAD={n}: use 0 to {} bytes (below FI_RVERBS_RDM_BUFFER_SIZE)",
+                slot - 1
+            ),
+        )),
+    }
+}
+
 fn buffer_size() -> Result<usize> {
     match crate::core::env::get_usize_or("FI_RVERBS_RDM_BUFFER_SIZE", BUFFER_SIZE_DEFAULT)? {
         n @ 256..=1048576 => Ok(n),
@@ -1040,6 +1059,11 @@ struct Enabled {
     slot: usize,
     /// Bounce buffers on the SRQ (holders below this are bounce buffers).
     rx_n: usize,
+    /// The first bytes of each bounce buffer (`RX_HEAD`, or 0 when the device takes one
+    /// element per SRQ receive) lie in a compact area at the pool's start, the rest behind
+    /// it (`rx_pieces`): a small message lands in a page that the next 15 share, instead
+    /// of a page of its own 16 KiB from the last one's.
+    rx_head: usize,
     /// Bounce buffers reposted together (`repost`); 1: each at once.
     repost_batch: usize,
     /// Messages up to this size larger than a bounce buffer go in segments (never more
@@ -1389,11 +1413,16 @@ impl RdmEndpoint {
             let (Some(tx_cq), Some(rx_cq)) = (c.cqs.tx_cq.clone(), c.cqs.rx_cq.clone()) else {
                 unreachable!("reserve checked both CQs are bound")
             };
+            let rx_head = if dev.attr.max_srq_sge >= 2 {
+                rx_head(slot)?
+            } else {
+                0
+            };
             let srx = SharedRxContext::open(
                 &self.sh.domain,
                 &RxAttr {
                     size: rx_n,
-                    iov_limit: 1,
+                    iov_limit: if rx_head > 0 { 2 } else { 1 },
                     ..Default::default()
                 },
             )?;
@@ -1471,6 +1500,7 @@ impl RdmEndpoint {
                 tx_pool,
                 slot,
                 rx_n,
+                rx_head,
                 repost_batch: repost_batch(rx_n),
                 seg_max: segmented_max(slot - Header::LEN)?.min((slot - Header::LEN) * tx_n),
                 tx_cq,
@@ -2958,14 +2988,17 @@ fn drain_unsignaled(en: &Enabled, g: &mut Inner, c: u32) {
 
 #[inline]
 fn post_bounce(en: &Enabled, i: u32) -> Result<()> {
-    let sge = en
-        .rx_pool
-        .sys()
-        .sge(i as usize * en.slot, en.slot)
-        .ok_or_else(|| Error::new(errno::EINVAL, "bounce buffer outside its pool"))?;
+    if i as usize >= en.rx_n {
+        return Err(Error::new(errno::EINVAL, "bounce buffer outside its pool"));
+    }
+    let (head, tail) = rx_sges(en, i);
+    let sges = [head, tail.unwrap_or(head)];
     en.srx
         .srq()
-        .post_recv(wr_id::keyed(i, en.key, Kind::RdmRecv), &[sge])
+        .post_recv(
+            wr_id::keyed(i, en.key, Kind::RdmRecv),
+            &sges[..1 + usize::from(tail.is_some())],
+        )
         .map_err(|e| Error::os(e, "ibv_post_srq_recv"))
 }
 
@@ -3173,19 +3206,91 @@ fn room(buf: &Option<RecvBuf>, offset: usize) -> (usize, u64) {
     }
 }
 
-/// Copies `n` bytes at `body` of the bounce buffers into `b` from `offset`.
+/// Copies `n` bytes at `body` of bounce buffer `id` into `b` from `offset`.
 #[inline(always)]
 fn from_bounce(
     en: &Enabled,
     b: &RecvBuf,
     offset: usize,
     n: usize,
+    id: u32,
     body: usize,
 ) -> std::result::Result<(), i32> {
+    b.fill(offset, n, |to, from, k| rx_copy(en, id, body + from, to, k))
+}
+
+/// Where bytes `off..off + n` of bounce buffer `id` lie in the receive pool: at most two
+/// pieces (pool offset, length), in its head and in its tail (`Enabled::rx_head`).
+#[inline(always)]
+fn rx_pieces(en: &Enabled, id: u32, off: usize, n: usize) -> [(usize, usize); 2] {
+    let (h, i) = (en.rx_head, id as usize);
+    let tail = en.rx_n * h + i * (en.slot - h);
+    if off >= h {
+        return [(tail + off - h, n), (tail, 0)];
+    }
+    let k = n.min(h - off);
+    [(i * h + off, k), (tail, n - k)]
+}
+
+/// Reads `dst.len()` bytes at `off` of bounce buffer `id`.
+#[inline(always)]
+fn rx_read(en: &Enabled, id: u32, off: usize, dst: &mut [u8]) -> Result<()> {
+    let [(a, k), (b, _)] = rx_pieces(en, id, off, dst.len());
+    let (head, tail) = dst.split_at_mut(k);
+    en.rx_pool.read_at(a, head)?;
+    if !tail.is_empty() {
+        en.rx_pool.read_at(b, tail)?;
+    }
+    Ok(())
+}
+
+/// Copies `n` bytes at `off` of bounce buffer `id` to `to`.
+#[inline(always)]
+fn rx_copy(
+    en: &Enabled,
+    id: u32,
+    off: usize,
+    to: Place<'_>,
+    n: usize,
+) -> std::result::Result<(), i32> {
     let pool = en.rx_pool.sys();
-    b.fill(offset, n, |to, from, k| {
-        copy(Place::Region(pool, body + from), to, k)
-    })
+    let [(a, k), (b, m)] = rx_pieces(en, id, off, n);
+    copy(Place::Region(pool, a), to, k)?;
+    if m == 0 {
+        return Ok(());
+    }
+    let rest = match to {
+        Place::Region(mr, o) => Place::Region(mr, o + k),
+        Place::Foreign(f, o) => Place::Foreign(f, o + k),
+    };
+    copy(Place::Region(pool, b), rest, m)
+}
+
+/// Appends `n` bytes at `off` of bounce buffer `id` to `dst` (a message set aside).
+fn rx_append(
+    en: &Enabled,
+    id: u32,
+    off: usize,
+    n: usize,
+    dst: &mut Vec<u8>,
+) -> std::result::Result<(), i32> {
+    let pool = en.rx_pool.sys();
+    let [(a, k), (b, m)] = rx_pieces(en, id, off, n);
+    append_from(Place::Region(pool, a), k, dst)?;
+    append_from(Place::Region(pool, b), m, dst)
+}
+
+/// The SRQ elements of bounce buffer `id`: its head and its tail, or the whole buffer.
+#[inline(always)]
+fn rx_sges(en: &Enabled, id: u32) -> (sv::Sge, Option<sv::Sge>) {
+    let (addr, lkey) = (en.rx_pool.sys().addr(), en.rx_pool.sys().lkey());
+    let [(a, k), (b, m)] = rx_pieces(en, id, 0, en.slot);
+    let sge = |at: usize, len: usize| sv::Sge {
+        addr: addr + at as u64,
+        length: len as u32,
+        lkey,
+    };
+    (sge(a, k), (m > 0).then(|| sge(b, m)))
 }
 
 /// What `deliver` needs of claimed entry `ent`, read in place (its buffer stays in it: no
@@ -3234,7 +3339,7 @@ fn deliver_one(en: &Enabled, g: &mut Inner, id: u32, m: RxMeta) -> Option<Done> 
     let (slot, n) = (c.slot, c.n);
     let copied = match &ent.buf {
         Some(b) if n > 0 => match spilled(en, slot) {
-            None => from_bounce(en, b, c.e.offset, n, slot as usize * en.slot + m.body()),
+            None => from_bounce(en, b, c.e.offset, n, slot, m.body()),
             Some(i) => {
                 let kept = &spill[i][..n.min(spill[i].len())];
                 b.fill(c.e.offset, kept.len(), |to, from, k| {
@@ -3391,10 +3496,7 @@ fn body_head(en: &Enabled, id: u32, got: usize) -> ([u8; Rts::LEN], usize) {
     let mut b = [0u8; Rts::LEN];
     let n = got.saturating_sub(Header::LEN).min(b.len());
     // Inside the pool: every bounce buffer holds more than a header and an announcement.
-    match en
-        .rx_pool
-        .read_at(id as usize * en.slot + Header::LEN, &mut b)
-    {
+    match rx_read(en, id, Header::LEN, &mut b) {
         Ok(()) => (b, n),
         Err(_) => (b, 0),
     }
@@ -3419,9 +3521,7 @@ fn remote_of(en: &Enabled, g: &Inner, slot: u32, rts: &Rts, ranges: u8) -> Resul
                 Error::new(errno::EIO, "an announcement set aside without its ranges")
             })?);
         }
-        None => en
-            .rx_pool
-            .read_at(slot as usize * en.slot + Header::LEN + Rts::LEN, tail)?,
+        None => rx_read(en, slot, Header::LEN + Rts::LEN, tail)?,
     }
     rts.decode_ranges(tail).map(Remote::Many)
 }
@@ -3567,17 +3667,10 @@ fn repost(en: &Enabled, g: &mut Inner, slot: u32) {
 fn flush_reposts(en: &Enabled, g: &mut Inner) {
     let n = g.repost.len().min(sv::Srq::POST_EACH_MAX);
     // Indices below `rx_n` only (the pool's), so each element lies inside the pool.
-    let slot = en.slot;
-    let (addr, lkey) = (en.rx_pool.sys().addr(), en.rx_pool.sys().lkey());
     let ids = &g.repost[..n];
     let posted = en.srx.srq().post_recv_each(n, |i| {
-        let b = ids[i] as usize;
-        let sge = sv::Sge {
-            addr: addr + (b * slot) as u64,
-            length: slot as u32,
-            lkey,
-        };
-        (wr_id::keyed(ids[i], en.key, Kind::RdmRecv), sge)
+        let (head, tail) = rx_sges(en, ids[i]);
+        (wr_id::keyed(ids[i], en.key, Kind::RdmRecv), head, tail)
     });
     let done = match posted {
         Ok(()) => n,
@@ -3599,9 +3692,8 @@ fn flush_reposts(en: &Enabled, g: &mut Inner) {
 /// aside; returns its new holder. The buffer is the caller's to post again.
 fn spill(en: &Enabled, g: &mut Inner, slot: u32, len: usize) -> Result<u32> {
     let i = spill_slot(g, len)?;
-    let at = slot as usize * en.slot + g.rx[slot as usize].body();
-    let from = Place::Region(en.rx_pool.sys(), at);
-    if let Err(e) = append_from(from, len, &mut g.spill[i]) {
+    let at = g.rx[slot as usize].body();
+    if let Err(e) = rx_append(en, slot, at, len, &mut g.spill[i]) {
         g.spill_free.push(i as u32);
         return Err(Error::os(e, "setting an unexpected message aside"));
     }
@@ -3693,7 +3785,6 @@ fn segment(
     addr: u64,
     conn: u32,
 ) -> Option<Owned> {
-    let body = id as usize * en.slot + Header::LEN;
     let n = h.len as usize;
     let begun = if h.op == Op::Cont {
         Ok(())
@@ -3708,7 +3799,7 @@ fn segment(
     };
     let copied = begun.and_then(|()| match g.asm.get_mut(&qpn) {
         Some(a) => {
-            put_segment(en, &mut g.spill, &g.engine, a, body, n);
+            put_segment(en, &mut g.spill, &g.engine, a, id, n);
             Ok(())
         }
         None => Err(Error::new(
@@ -3803,13 +3894,13 @@ fn put_segment(
     spill: &mut [Vec<u8>],
     engine: &RxEngine<RecvBuf>,
     a: &mut Asm,
-    body: usize,
+    id: u32,
     n: usize,
 ) {
     let k = n.min(a.total - a.got);
-    let pool = en.rx_pool.sys();
+    let body = Header::LEN;
     let copied = match a.into {
-        AsmInto::Spill(i) => append_from(Place::Region(pool, body), k, &mut spill[i]),
+        AsmInto::Spill(i) => rx_append(en, id, body, k, &mut spill[i]),
         AsmInto::Recv(e) => {
             let ent = engine.entry(e);
             match &ent.buf {
@@ -3818,7 +3909,7 @@ fn put_segment(
                     match k.min(room) {
                         0 => Ok(()),
                         fits => b.fill(ent.offset + a.got, fits, |to, from, m| {
-                            copy(Place::Region(pool, body + from), to, m)
+                            rx_copy(en, id, body + from, to, m)
                         }),
                     }
                 }
@@ -4478,10 +4569,7 @@ fn message(en: &Enabled, id: u32, wc: &WorkCompletion) -> Option<Owned> {
             // copy, no call; what lies past the message is stale and `decode` checks the
             // length received.
             let mut hdr = [0u8; Header::LEN];
-            let parsed = en
-                .rx_pool
-                .read_at(id as usize * en.slot, &mut hdr)
-                .and_then(|_| Header::decode_at(&hdr, got));
+            let parsed = rx_read(en, id, 0, &mut hdr).and_then(|_| Header::decode_at(&hdr, got));
             match parsed {
                 Ok((h, body)) => {
                     if let Some(r) = route.filter(|_| h.sets_base()) {
@@ -4596,7 +4684,7 @@ fn arrive_now(
     let (cap, buf) = room(&ent.buf, ent.offset);
     let n = got.min(cap);
     let copied = match &ent.buf {
-        Some(b) if n > 0 => from_bounce(en, b, ent.offset, n, id as usize * en.slot),
+        Some(b) if n > 0 => from_bounce(en, b, ent.offset, n, id, 0),
         _ => Ok(()),
     };
     let flags = if kind.tagged() {

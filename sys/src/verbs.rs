@@ -1888,15 +1888,15 @@ impl Srq {
         with_sges(iov, self.max_sge, |sges, _| self.post_recv(wr_id, sges))
     }
 
-    /// Posts `n` receives (at most [`Self::POST_EACH_MAX`]) of one element each, the `i`th
-    /// being `item(i)` (its work request id and element), in one call (one chain: the device
-    /// provider takes its queue's lock once). On failure, how many were posted (the first
-    /// ones) and the error.
+    /// Posts `n` receives (at most [`Self::POST_EACH_MAX`]) of one or two elements each, the
+    /// `i`th being `item(i)` (its work request id, element and second element), in one call
+    /// (one chain: the device provider takes its queue's lock once). On failure, how many
+    /// were posted (the first ones) and the error.
     #[inline]
     pub fn post_recv_each(
         &self,
         n: usize,
-        mut item: impl FnMut(usize) -> (u64, Sge),
+        mut item: impl FnMut(usize) -> (u64, Sge, Option<Sge>),
     ) -> Result<(), (usize, i32)> {
         const N: usize = Srq::POST_EACH_MAX;
         if n == 0 {
@@ -1905,25 +1905,29 @@ impl Srq {
         if n > N {
             return Err((0, libc::E2BIG));
         }
-        let mut sges = [const { std::mem::MaybeUninit::<Sge>::uninit() }; N];
+        let mut sges = [const { std::mem::MaybeUninit::<Sge>::uninit() }; 2 * N];
         let mut wrs = [const { std::mem::MaybeUninit::<r::ibv_recv_wr>::uninit() }; N];
         // Every element is written through these, the pointers the chain itself holds.
         let sbase = sges.as_mut_ptr().cast::<Sge>();
         let base = wrs.as_mut_ptr().cast::<r::ibv_recv_wr>();
         for i in 0..n {
-            let (id, sge) = item(i);
+            let (id, sge, second) = item(i);
             let mut wr = r::ibv_recv_wr::zeroed();
             wr.wr_id = id;
-            wr.sg_list = sbase.wrapping_add(i).cast();
-            wr.num_sge = 1;
+            wr.sg_list = sbase.wrapping_add(2 * i).cast();
+            wr.num_sge = 1 + i32::from(second.is_some());
             wr.next = if i + 1 < n {
                 base.wrapping_add(i + 1)
             } else {
                 ptr::null_mut()
             };
-            // SAFETY: `i < n <= N`: inside both arrays, which outlive the post below.
+            // SAFETY: `i < n <= N`: `2 i + 1 < 2 N` and `i < N`, inside both arrays, which
+            // outlive the post below.
             unsafe {
-                sbase.add(i).write(sge);
+                sbase.add(2 * i).write(sge);
+                if let Some(t) = second {
+                    sbase.add(2 * i + 1).write(t);
+                }
                 base.add(i).write(wr);
             }
         }
