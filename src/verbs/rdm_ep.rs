@@ -3253,6 +3253,27 @@ fn rx_copy(
     to: Place<'_>,
     n: usize,
 ) -> std::result::Result<(), i32> {
+    let h = en.rx_head;
+    // The common small message: all of it in the head.
+    if off + n <= h {
+        return copy(
+            Place::Region(en.rx_pool.sys(), id as usize * h + off),
+            to,
+            n,
+        );
+    }
+    rx_copy_cut(en, id, off, to, n)
+}
+
+/// `rx_copy` of bytes that reach past the head: one copy from the tail, or two.
+#[inline(never)]
+fn rx_copy_cut(
+    en: &Enabled,
+    id: u32,
+    off: usize,
+    to: Place<'_>,
+    n: usize,
+) -> std::result::Result<(), i32> {
     let pool = en.rx_pool.sys();
     let [(a, k), (b, m)] = rx_pieces(en, id, off, n);
     copy(Place::Region(pool, a), to, k)?;
@@ -3284,13 +3305,22 @@ fn rx_append(
 #[inline(always)]
 fn rx_sges(en: &Enabled, id: u32) -> (sv::Sge, Option<sv::Sge>) {
     let (addr, lkey) = (en.rx_pool.sys().addr(), en.rx_pool.sys().lkey());
-    let [(a, k), (b, m)] = rx_pieces(en, id, 0, en.slot);
-    let sge = |at: usize, len: usize| sv::Sge {
-        addr: addr + at as u64,
-        length: len as u32,
+    let (h, i) = (en.rx_head as u64, u64::from(id));
+    let rest = (en.slot as u64) - h;
+    let tail = sv::Sge {
+        addr: addr + en.rx_n as u64 * h + i * rest,
+        length: rest as u32,
         lkey,
     };
-    (sge(a, k), (m > 0).then(|| sge(b, m)))
+    if h == 0 {
+        return (tail, None);
+    }
+    let head = sv::Sge {
+        addr: addr + i * h,
+        length: h as u32,
+        lkey,
+    };
+    (head, Some(tail))
 }
 
 /// What `deliver` needs of claimed entry `ent`, read in place (its buffer stays in it: no
