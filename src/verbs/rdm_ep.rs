@@ -1059,8 +1059,8 @@ struct Enabled {
     slot: usize,
     /// Bounce buffers on the SRQ (holders below this are bounce buffers).
     rx_n: usize,
-    /// The first bytes of each bounce buffer (`RX_HEAD`, or 0 when the device takes one
-    /// element per SRQ receive) lie in a compact area at the pool's start, the rest behind
+    /// The first bytes of each bounce buffer (`FI_RVERBS_RDM_RX_HEAD`, or 0 when the device
+    /// takes one element per SRQ receive) lie in a compact area at the pool's start, the rest behind
     /// it (`rx_pieces`): a small message lands in a page that the next 15 share, instead
     /// of a page of its own 16 KiB from the last one's.
     rx_head: usize,
@@ -3305,22 +3305,13 @@ fn rx_append(
 #[inline(always)]
 fn rx_sges(en: &Enabled, id: u32) -> (sv::Sge, Option<sv::Sge>) {
     let (addr, lkey) = (en.rx_pool.sys().addr(), en.rx_pool.sys().lkey());
-    let (h, i) = (en.rx_head as u64, u64::from(id));
-    let rest = (en.slot as u64) - h;
-    let tail = sv::Sge {
-        addr: addr + en.rx_n as u64 * h + i * rest,
-        length: rest as u32,
+    let [(a, k), (b, m)] = rx_pieces(en, id, 0, en.slot);
+    let sge = |at: usize, len: usize| sv::Sge {
+        addr: addr + at as u64,
+        length: len as u32,
         lkey,
     };
-    if h == 0 {
-        return (tail, None);
-    }
-    let head = sv::Sge {
-        addr: addr + i * h,
-        length: h as u32,
-        lkey,
-    };
-    (head, Some(tail))
+    (sge(a, k), (m > 0).then(|| sge(b, m)))
 }
 
 /// What `deliver` needs of claimed entry `ent`, read in place (its buffer stays in it: no
