@@ -614,23 +614,26 @@ impl<B: Clone> RxEngine<B> {
     #[inline(always)]
     fn alloc_posted(&mut self, r: Recv<B>, prev: u32) -> Result<u32> {
         let id = self.take_free()?;
-        // Written whole, once (not reset to vacant first).
-        self.slots[id as usize] = Entry {
-            kind: r.kind,
-            state: State::Posted,
-            addr: r.from.addr,
-            tag: r.from.tag,
-            ignore: r.from.ignore,
-            size: r.size,
-            context: r.context,
-            flags: r.flags,
-            buf: Some(r.buf),
-            offset: 0,
-            owner: 0,
-            used: 0,
-            prev,
-            next: NIL,
-        };
+        // Written once, field by field (not reset to vacant first, nor assigned whole: that
+        // drops the old entry through its drop glue, a call on every post). A free entry
+        // holds no buffer (`release`), so the old one is dropped only if that ever changes.
+        let s = &mut self.slots[id as usize];
+        if let Some(stale) = s.buf.replace(r.buf) {
+            drop(stale);
+        }
+        s.kind = r.kind;
+        s.state = State::Posted;
+        s.addr = r.from.addr;
+        s.tag = r.from.tag;
+        s.ignore = r.from.ignore;
+        s.size = r.size;
+        s.context = r.context;
+        s.flags = r.flags;
+        s.offset = 0;
+        s.owner = 0;
+        s.used = 0;
+        s.prev = prev;
+        s.next = NIL;
         Ok(id)
     }
 

@@ -850,7 +850,7 @@ impl CompletionQueue {
                 self.plain_ud_done.fetch_add(1, Ordering::Relaxed);
                 plain_ud_entry(w)
             } else if OWNED && wr_id::is_owned(id) {
-                match self.owned(w) {
+                match self.owned_inline(w) {
                     Some(Owned::Entry(e, _)) => e,
                     Some(Owned::Errors(v)) => return self.read_plain_errors(v, wcs, i, n),
                     None => {
@@ -1159,6 +1159,13 @@ impl CompletionQueue {
 
     /// The entry for a completion whose endpoint places it (`wr_id::is_owned`).
     fn owned(&self, w: &WorkCompletion) -> Option<Owned> {
+        self.owned_inline(w)
+    }
+
+    /// `owned`, in the plain read's own frame: a call less per owned completion (under TCG
+    /// a call and its return end translated blocks).
+    #[inline(always)]
+    fn owned_inline(&self, w: &WorkCompletion) -> Option<Owned> {
         let owner = match wr_id::owner_key(w.wr_id()) {
             Some(k) => match self.first_keyed.get() {
                 Some((first, o))

@@ -3216,6 +3216,11 @@ fn from_bounce(
     id: u32,
     body: usize,
 ) -> std::result::Result<(), i32> {
+    // One range (the common case) copies without the closure `fill` calls per range: under
+    // TCG a call and its return end translated blocks and cost about six loads.
+    if !matches!(b, RecvBuf::Scatter(_)) {
+        return rx_copy(en, id, body, b.target(offset), n);
+    }
     b.fill(offset, n, |to, from, k| rx_copy(en, id, body + from, to, k))
 }
 
