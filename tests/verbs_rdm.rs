@@ -252,6 +252,153 @@ fn first_send_connects_and_messages_arrive_in_order_with_their_source() {
     assert_eq!(v[1].ep.connections_opened(), 1);
 }
 
+/// A server at a well-known port (`fi_getinfo` with `FI_SOURCE`, a node and a service, as
+/// fabtests' servers are) listens there; a client that names it by node and service gets a
+/// name with that address alone (no host id, no nonce), which its AV takes, and reaches the
+/// server over verbs; the server answers on the same connection, and each side reports the
+/// other's fi_addr as the source.
+#[test]
+fn a_server_at_a_well_known_port_is_reached_by_node_and_service() {
+    let Some(base) = rdm_info() else { return };
+    let ip = base
+        .src_addr
+        .expect("the device's address")
+        .ip()
+        .to_string();
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::MSG | Flags::SOURCE | Flags::DIRECTED_RECV;
+    let service = port.to_string();
+    let server = getinfo(Some(&ip), Some(&service), Flags::SOURCE, Some(&hints))
+        .unwrap()
+        .remove(0);
+    assert_eq!(server.src_addr.map(|a| a.port()), Some(port));
+    assert_eq!(server.dest_name, None);
+    let client = getinfo(Some(&ip), Some(&service), Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    let dest = client
+        .dest_name
+        .clone()
+        .expect("a name for the node and service");
+    let named = rfabric::core::rdm::RdmName::parse(&dest).unwrap();
+    assert_eq!((named.port, named.host, named.nonce), (port, 0, 0));
+
+    let fabric = Fabric::open(&server.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &server).unwrap();
+    let v = nodes_built(
+        &domain,
+        &[&server, &client],
+        false,
+        WaitObj::None,
+        |_, _| {},
+    );
+    assert_eq!(
+        v[0].ep.getname().unwrap().port,
+        port,
+        "the server listens at its service"
+    );
+    assert_ne!(v[1].ep.getname().unwrap().port, port);
+    // The client knows the server by the answer's name only (fi_addr 2 in its AV).
+    let to_server = v[1].av.insert(&dest).unwrap();
+    assert_eq!(to_server, 2);
+    v[1].ep.tsend(&pattern(300, 7), 0x5, to_server, 1).unwrap();
+    v[0].ep
+        .trecv(recv_buf(&v[0], 0, 4096), ANY, 0x5, 0, 2)
+        .unwrap();
+    let (e, src) = next_ok(&v, 0);
+    assert_eq!(
+        (e.op_context, e.len, src),
+        (2, 300, 1),
+        "the client's own fi_addr"
+    );
+    assert_eq!(read(&v[0], 0, 300), pattern(300, 7));
+    assert_eq!(next_ok(&v, 1).0.op_context, 1);
+    v[0].ep.send(&pattern(40, 3), 1, 3).unwrap();
+    v[1].ep
+        .recv(recv_buf(&v[1], 0, 4096), to_server, 4)
+        .unwrap();
+    let (e, src) = next_ok(&v, 1);
+    assert_eq!(
+        (e.op_context, e.len, src),
+        (4, 40, to_server),
+        "a directed receive takes it"
+    );
+    assert_eq!(read(&v[1], 0, 40), pattern(40, 3));
+    assert_eq!(next_ok(&v, 0).0.op_context, 3);
+    assert_eq!(v[0].ep.connections_opened(), 1);
+    assert_eq!(v[1].ep.connections_opened(), 1);
+    // A second endpoint cannot take a port that is in use: said, not silently moved.
+    let again = RdmEndpoint::open(&domain, &server).unwrap();
+    again
+        .bind_cq(&v[0].cq, Flags::TRANSMIT | Flags::RECV)
+        .unwrap();
+    again.bind_av(&v[0].av).unwrap();
+    assert!(again.enable().is_err());
+}
+
+/// A connect refused because nobody listens there yet is tried again
+/// (`FI_RVERBS_RDM_CONNECT_RETRY_MS`, 2 s): a client whose server comes up 300 ms after
+/// its first send reaches it, the send waiting meanwhile; nothing is lost or doubled.
+#[test]
+fn a_send_to_a_server_not_yet_listening_waits_for_it() {
+    let Some(base) = rdm_info() else { return };
+    let ip = base
+        .src_addr
+        .expect("the device's address")
+        .ip()
+        .to_string();
+    let port = 20001 + (std::process::id() % 20000) as u16;
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::MSG;
+    let service = port.to_string();
+    let server = getinfo(Some(&ip), Some(&service), Flags::SOURCE, Some(&hints))
+        .unwrap()
+        .remove(0);
+    let client = getinfo(Some(&ip), Some(&service), Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    let fabric = Fabric::open(&client.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &client).unwrap();
+    let mut v = nodes_built(&domain, &[&client], false, WaitObj::None, |_, _| {});
+    let to_server = v[0]
+        .av
+        .insert(client.dest_name.as_deref().unwrap())
+        .unwrap();
+    for k in 0..3u64 {
+        v[0].ep
+            .tsend(&pattern(64, k as u8), 0x9, to_server, 10 + k)
+            .unwrap();
+    }
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        v[0].ep.progress();
+        let mut e = [TaggedEntry::default(); 1];
+        match v[0].cq.read(&mut e) {
+            Err(err) if err.is_again() => {}
+            other => panic!("the sends completed before the server was up: {other:?}"),
+        }
+    }
+    v.push(nodes_built(&domain, &[&server], false, WaitObj::None, |_, _| {}).remove(0));
+    for k in 0..3usize {
+        v[1].ep
+            .trecv(recv_buf(&v[1], k, 4096), ANY, 0x9, 0, k as u64)
+            .unwrap();
+    }
+    for k in 0..3usize {
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!((e.op_context, e.len), (k as u64, 64), "in order, once each");
+        assert_eq!(read(&v[1], k, 64), pattern(64, k as u8));
+    }
+    let mut sent: Vec<u64> = (0..3).map(|_| next_ok(&v, 0).0.op_context).collect();
+    sent.sort();
+    assert_eq!(sent, [10, 11, 12]);
+    quiet(&v, 1);
+    assert_eq!(v[1].ep.connections_opened(), 1);
+}
+
 #[test]
 fn simultaneous_first_sends_settle_on_one_connection_and_lose_nothing() {
     let Some(info) = rdm_info() else { return };

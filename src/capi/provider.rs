@@ -47,7 +47,7 @@ pub extern "C" fn fi_prov_ini() -> *mut fi::fi_provider {
 }
 
 unsafe extern "C" fn getinfo(
-    _version: u32,
+    version: u32,
     node: *const c_char,
     service: *const c_char,
     flags: u64,
@@ -79,12 +79,19 @@ unsafe extern "C" fn getinfo(
                 },
             )
         };
-        let infos = rverbs_getinfo(
+        let mut infos = rverbs_getinfo(
             node,
             service,
             Flags::from_bits_retain(flags),
             hints.as_ref(),
         )?;
+        crate::core::info::api_mr_rules(version, hints.as_ref(), &mut infos);
+        if infos.is_empty() {
+            return Err(Error::new(
+                errno::ENODATA,
+                "no rverbs interface matches the hints: FI_MR_LOCAL is required by MSG and DGRAM endpoints, and the hints' mr_mode is 0 with no FI_LOCAL_MR mode",
+            ));
+        }
         let list = list_to_c(&infos)?;
         // SAFETY: info is non-NULL and writable, per fi_getinfo(3).
         unsafe { *info = list };

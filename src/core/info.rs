@@ -158,6 +158,9 @@ impl Info {
         if !missing.is_empty() {
             return Some(format!("capabilities {missing:?} not supported"));
         }
+        if let Some(why) = self.ctx_mismatch(h) {
+            return Some(why);
+        }
         let tx_missing = h.tx_attr.caps - self.tx_attr.caps;
         let rx_missing = h.rx_attr.caps - self.rx_attr.caps;
         if !tx_missing.is_empty() || !rx_missing.is_empty() {
@@ -257,6 +260,32 @@ impl Info {
         None
     }
 
+    /// Contexts per endpoint (`fi_endpoint(3)`), checked as libfabric's own providers do
+    /// (`ofi_check_ep_attr`): a shared context (`FI_SHARED_CONTEXT`) only where the domain
+    /// offers one per endpoint (`max_ep_stx_ctx`, `max_ep_srx_ctx`), and no more contexts
+    /// than an endpoint has (no scalable endpoints).
+    fn ctx_mismatch(&self, h: &Info) -> Option<String> {
+        const SHARED: usize = rfabric_sys::fabric::FI_SHARED_CONTEXT;
+        let (tx, rx) = (h.ep_attr.tx_ctx_cnt, h.ep_attr.rx_ctx_cnt);
+        let d = &self.domain_attr;
+        if tx == SHARED && d.max_ep_stx_ctx == 0 {
+            return Some("shared transmit contexts (fi_stx_context) are not supported".into());
+        }
+        if rx == SHARED && d.max_ep_srx_ctx == 0 {
+            return Some(format!(
+                "shared receive contexts (fi_srx_context) are not offered on {:?} endpoints",
+                self.ep_attr.ep_type
+            ));
+        }
+        let over = |asked: usize, most: usize| asked != SHARED && asked > most.max(1);
+        if over(tx, self.ep_attr.tx_ctx_cnt) || over(rx, self.ep_attr.rx_ctx_cnt) {
+            return Some(format!(
+                "{tx} transmit and {rx} receive contexts per endpoint requested: scalable endpoints are not supported"
+            ));
+        }
+        None
+    }
+
     /// This info narrowed to what `hints` asked for (sizes, caps, threading, progress).
     pub fn narrowed(&self, hints: &Info) -> Info {
         let mut i = self.clone();
@@ -280,6 +309,9 @@ impl Info {
         pick(h.tx_attr.iov_limit, &mut i.tx_attr.iov_limit);
         pick(h.rx_attr.iov_limit, &mut i.rx_attr.iov_limit);
         pick(h.tx_attr.inject_size, &mut i.tx_attr.inject_size);
+        // `FI_SHARED_CONTEXT` asked (and offered: `mismatch`) is echoed.
+        pick(h.ep_attr.tx_ctx_cnt, &mut i.ep_attr.tx_ctx_cnt);
+        pick(h.ep_attr.rx_ctx_cnt, &mut i.ep_attr.rx_ctx_cnt);
         i.tx_attr.op_flags = h.tx_attr.op_flags;
         i.rx_attr.op_flags = h.rx_attr.op_flags;
         if h.domain_attr.threading != Threading::Unspec {
@@ -291,7 +323,47 @@ impl Info {
         if h.domain_attr.resource_mgmt != ResourceMgmt::Unspec {
             i.domain_attr.resource_mgmt = h.domain_attr.resource_mgmt;
         }
+        // An application that speaks the old enumerators (`FI_MR_BASIC`, `FI_MR_SCALABLE`)
+        // gets its own back, as libfabric's providers answer (`mismatch` checked that this
+        // info needs no more than it means).
+        let raw = h.domain_attr.mr_mode.bits();
+        if raw == MR_BASIC || raw == MR_SCALABLE {
+            i.domain_attr.mr_mode = h.domain_attr.mr_mode;
+        }
         i
+    }
+}
+
+/// `FI_VERSION(1, 5)`: the first API whose mr_mode is bits rather than an enumerator.
+pub const MR_BITS_API: u32 = (1 << 16) | 5;
+
+/// fi_domain(3)'s mr_mode rules that turn on the caller's API version and on hints that
+/// name no mode (`FI_MR_UNSPEC`), as libfabric's own providers apply them
+/// (`ofi_check_mr_mode`, `fi_alter_domain_attr`): an info that needs `FI_MR_LOCAL` only
+/// for a caller that does local registration (the bit, or the `FI_LOCAL_MR` mode), and a
+/// caller of an API before 1.5 answered with the old enumerators (`FI_MR_BASIC` when any
+/// bit is needed, with `FI_LOCAL_MR` in the mode for `FI_MR_LOCAL`; else `FI_MR_SCALABLE`).
+pub fn api_mr_rules(api: u32, hints: Option<&Info>, infos: &mut Vec<Info>) {
+    let local_mr =
+        |i: &Info| i.mode.contains(Mode::LOCAL_MR) || i.domain_attr.mode.contains(Mode::LOCAL_MR);
+    if let Some(h) = hints.filter(|h| h.domain_attr.mr_mode.is_empty()) {
+        let local_ok = local_mr(h);
+        infos.retain(|i| local_ok || !i.domain_attr.mr_mode.contains(MrMode::LOCAL));
+    }
+    if api >= MR_BITS_API {
+        return;
+    }
+    for i in infos.iter_mut() {
+        let m = i.domain_attr.mr_mode;
+        let raw = m.bits();
+        if raw == MR_BASIC || raw == MR_SCALABLE {
+            continue;
+        }
+        if m.contains(MrMode::LOCAL) {
+            i.mode |= Mode::LOCAL_MR;
+        }
+        let old = if m.is_empty() { MR_SCALABLE } else { MR_BASIC };
+        i.domain_attr.mr_mode = MrMode::from_bits_retain(old);
     }
 }
 
@@ -517,5 +589,70 @@ mod tests {
         );
         h.mode = Mode::LOCAL_MR;
         assert_eq!(offered().mismatch(&h), None);
+    }
+
+    /// fi_endpoint(3)'s contexts, as libfabric's providers check them: a shared transmit
+    /// context never (no `fi_stx_context`), a shared receive context where the domain
+    /// offers one per endpoint (echoed), more than one context per endpoint never.
+    #[test]
+    fn shared_and_scalable_contexts_are_offered_only_where_they_exist() {
+        const SHARED: usize = rfabric_sys::fabric::FI_SHARED_CONTEXT;
+        let mut o = offered();
+        o.ep_attr.tx_ctx_cnt = 1;
+        o.ep_attr.rx_ctx_cnt = 1;
+        let mut h = Info::default();
+        h.ep_attr.tx_ctx_cnt = SHARED;
+        assert!(o.mismatch(&h).unwrap().contains("fi_stx_context"));
+        h.ep_attr.tx_ctx_cnt = 0;
+        h.ep_attr.rx_ctx_cnt = SHARED;
+        assert!(o.mismatch(&h).unwrap().contains("fi_srx_context"));
+        o.domain_attr.max_ep_srx_ctx = 1;
+        assert_eq!(o.mismatch(&h), None);
+        assert_eq!(o.narrowed(&h).ep_attr.rx_ctx_cnt, SHARED);
+        h.ep_attr.rx_ctx_cnt = 2;
+        assert!(o.mismatch(&h).unwrap().contains("scalable"));
+        h.ep_attr.rx_ctx_cnt = 1;
+        h.ep_attr.tx_ctx_cnt = 1;
+        assert_eq!(o.mismatch(&h), None);
+    }
+
+    /// The mr_mode rules that depend on the API version and on `FI_MR_UNSPEC` hints
+    /// (`ofi_check_mr_mode`, `fi_alter_domain_attr`), as fabtests' getinfo test checks them.
+    #[test]
+    fn old_mr_enumerators_and_unspecified_modes_are_answered_as_libfabric_does() {
+        let local = offered();
+        let mut plain = offered();
+        plain.domain_attr.mr_mode = MrMode::empty();
+        let mut keyed = offered();
+        keyed.domain_attr.mr_mode = MrMode::PROV_KEY | MrMode::VIRT_ADDR;
+        let all = || vec![local.clone(), plain.clone(), keyed.clone()];
+        // FI_MR_UNSPEC hints: what needs FI_MR_LOCAL only with the FI_LOCAL_MR mode.
+        let mut h = Info::default();
+        let mut v = all();
+        api_mr_rules(rfabric_sys::fabric::RFABRIC_FI_VERSION, Some(&h), &mut v);
+        assert_eq!(v.len(), 2);
+        assert!(v
+            .iter()
+            .all(|i| !i.domain_attr.mr_mode.contains(MrMode::LOCAL)));
+        h.mode = Mode::LOCAL_MR;
+        let mut v = all();
+        api_mr_rules(rfabric_sys::fabric::RFABRIC_FI_VERSION, Some(&h), &mut v);
+        assert_eq!(v.len(), 3);
+        // An API before 1.5 reads the old enumerators, FI_MR_LOCAL as the FI_LOCAL_MR mode.
+        let mut v = all();
+        api_mr_rules(1 << 16, Some(&h), &mut v);
+        let modes: Vec<u32> = v.iter().map(|i| i.domain_attr.mr_mode.bits()).collect();
+        assert_eq!(modes, [MR_BASIC, MR_SCALABLE, MR_BASIC]);
+        assert!(v[0].mode.contains(Mode::LOCAL_MR));
+        assert!(!v[2].mode.contains(Mode::LOCAL_MR));
+        // FI_MR_BASIC asked: answered as asked, where the info needs no more than it means.
+        h.mode = Mode::empty();
+        h.domain_attr.mr_mode = MrMode::from_bits_retain(MR_BASIC);
+        assert!(local.mismatch(&h).is_some());
+        assert_eq!(keyed.mismatch(&h), None);
+        assert_eq!(keyed.narrowed(&h).domain_attr.mr_mode.bits(), MR_BASIC);
+        h.domain_attr.mr_mode = MrMode::from_bits_retain(MR_SCALABLE);
+        assert!(keyed.mismatch(&h).is_some());
+        assert_eq!(plain.narrowed(&h).domain_attr.mr_mode.bits(), MR_SCALABLE);
     }
 }

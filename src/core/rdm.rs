@@ -45,6 +45,19 @@ impl RdmName {
         }
     }
 
+    /// The name of whichever endpoint listens at `at`, as `fi_getinfo` gives it for a node
+    /// and a service: no host id, so a peer named by it is reached over verbs (never shm).
+    pub fn listener(at: SocketAddr) -> Self {
+        RdmName::new(at, 0, 0)
+    }
+
+    /// The bytes that order two names when both ends connect at once: the listener's port
+    /// and address, which no two live endpoints share and which a name from
+    /// [`Self::listener`] has too, so both sides agree on the winner.
+    pub fn race_key(bytes: &[u8]) -> &[u8] {
+        &bytes[4..24]
+    }
+
     /// Where its listener waits for connections.
     pub fn sockaddr(&self) -> SocketAddr {
         let v6 = Ipv6Addr::from(self.ip);
@@ -834,7 +847,7 @@ impl<C: Copy + PartialEq> PeerLink<C> {
     pub fn request(&self, local: &[u8], remote: &[u8]) -> Request {
         match self.link {
             Link::Idle => Request::Accept,
-            Link::Connecting(_) if remote < local => Request::Accept,
+            Link::Connecting(_) if race_order(remote, local).is_lt() => Request::Accept,
             // Ours wins, or a connection is already up or being accepted: a request now is
             // a duplicate (the peer's stale retry), refused.
             _ => Request::Reject,
@@ -894,6 +907,18 @@ impl<C: Copy + PartialEq> PeerLink<C> {
     }
 }
 
+/// How two names order in a connect race: by listener address (`RdmName::race_key`),
+/// then whole, for names that are not RDM names' bytes (the engine's own tests).
+fn race_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    if a.len() == RdmName::LEN && b.len() == RdmName::LEN {
+        let o = RdmName::race_key(a).cmp(RdmName::race_key(b));
+        if o.is_ne() {
+            return o;
+        }
+    }
+    a.cmp(b)
+}
+
 /// A host id shared by every process of this machine: from the kernel's boot id, else
 /// the host name, hashed (FNV-1a).
 pub fn host_id(boot_id: Option<&str>, hostname: &str) -> u64 {
@@ -901,9 +926,11 @@ pub fn host_id(boot_id: Option<&str>, hostname: &str) -> u64 {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .unwrap_or(hostname);
-    src.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    let h = src.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    });
+    // 0 is a listener name's (`RdmName::listener`): no host has it.
+    h.max(1)
 }
 
 #[cfg(test)]
@@ -1294,6 +1321,42 @@ mod tests {
         assert!(at_low.established(10));
         assert_eq!(at_low.send_path(), SendPath::Post(10));
         assert_eq!(at_high.send_path(), SendPath::Post(21));
+    }
+
+    #[test]
+    fn a_race_against_a_peer_known_by_its_listener_alone_has_one_winner() {
+        // A's peer knows A by node and service (no host id, no nonce); A knows it whole.
+        let a = RdmName {
+            rma_event: true,
+            ..RdmName::new("10.0.0.1:9228".parse().unwrap(), 77, 5)
+        };
+        let b = RdmName::new("10.0.0.2:40000".parse().unwrap(), 88, 6);
+        let a_seen_by_b = RdmName::listener(a.sockaddr());
+        assert_eq!((a_seen_by_b.host, a_seen_by_b.nonce), (0, 0));
+        assert_eq!(
+            RdmName::parse(&a_seen_by_b.to_bytes()).unwrap(),
+            a_seen_by_b
+        );
+        let (ab, bb, ab_b) = (a.to_bytes(), b.to_bytes(), a_seen_by_b.to_bytes());
+        let mut at_a = PeerLink::<u32>::default();
+        at_a.connecting(1);
+        let mut at_b = PeerLink::<u32>::default();
+        at_b.connecting(2);
+        // Whole bytes would order the two differently on each side (the host ids, the
+        // flags); the listeners' addresses do not.
+        let (ra, rb) = (at_a.request(&ab, &bb), at_b.request(&bb, &ab_b));
+        assert_ne!(ra, rb, "exactly one side accepts");
+        assert_eq!(
+            ra,
+            Request::Reject,
+            "A's listener is the lower: A's connect wins"
+        );
+    }
+
+    #[test]
+    fn no_host_has_a_listener_names_host_id() {
+        assert_ne!(host_id(None, ""), 0);
+        assert_ne!(host_id(Some("x"), "y"), 0);
     }
 
     #[test]

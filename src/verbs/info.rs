@@ -10,6 +10,7 @@ use crate::core::env;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::*;
 use crate::core::info::*;
+use crate::core::rdm::RdmName;
 use crate::verbs::{no_device_error, os_err, PROVIDER_NAME, PROVIDER_VERSION};
 
 /// A verbs device as rverbs sees it: its attributes and the port it uses.
@@ -269,7 +270,8 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         max_ep_tx_ctx: 1,
         max_ep_rx_ctx: 1,
         max_ep_stx_ctx: 0,
-        max_ep_srx_ctx: 0,
+        // A MSG endpoint may take a device SRQ (`fi_srx_context`).
+        max_ep_srx_ctx: 1,
         // Counters are software (the CQs count into them): no device limit.
         cntr_cnt: CNTR_CNT,
         mr_iov_limit: 1,
@@ -293,6 +295,7 @@ pub const DGRAM_PREFIX: usize = rfabric_sys::verbs::GRH_LEN;
 /// The DGRAM endpoint info a device offers: UD queue pairs, one MTU per message.
 pub(crate) fn dgram_info(dev: &Device) -> Result<Info> {
     let mut i = msg_info(dev)?;
+    i.domain_attr.max_ep_srx_ctx = 0;
     let mtu = dev.port.active_mtu as usize;
     // FI_SOURCE / FI_SOURCE_ERR cost a GRH slot and a lookup per receive: only on request.
     i.caps = Flags::MSG
@@ -328,6 +331,8 @@ pub const TAG_GENERIC: u64 = 0xaaaa_aaaa_aaaa_aaaa;
 /// application).
 pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     let mut i = msg_info(dev)?;
+    // Its receives go to its own engine: an application's SRX is not bound to it.
+    i.domain_attr.max_ep_srx_ctx = 0;
     let eager = crate::verbs::rdm_ep::eager_size()?;
     let recv = Flags::MSG
         | Flags::TAGGED
@@ -515,10 +520,15 @@ pub fn getinfo(
         };
         allocated_if_accepted(&mut info, hints);
         if rdm {
-            // RDM names come from fi_getname (RdmName), not from IP addresses.
+            // RDM names come from fi_getname (RdmName), not from IP addresses; a node and a
+            // service name a listener (a server started at a well-known port): the answer's
+            // destination is then a name with that address alone, which `fi_av_insert` takes.
             info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
             info.dest_addr = None;
-            info.dest_name = hints.dest_name.clone();
+            info.dest_name = hints.dest_name.clone().or_else(|| {
+                dst.filter(|d| d.port() != 0)
+                    .map(|d| RdmName::listener(d).to_bytes().to_vec())
+            });
         } else if dgram {
             // Datagram names are FI_ADDR_IB_UD (fi_getname, fi_av_insert): an IP address
             // here would be read as one.

@@ -905,6 +905,26 @@ struct Peer {
     link: PeerLink<u32>,
     /// Send buffers waiting for the link.
     waiting: VecDeque<u32>,
+    /// Connects refused since the first (nobody listening at the peer's address yet):
+    /// when that was, when to try again, and how many tries so far.
+    refused: Option<Refused>,
+}
+
+/// A peer whose connect was refused, tried again until [`connect_retry_budget`] has passed
+/// since the first refusal: a server started a moment after its client (fabtests' scripts,
+/// a job launcher) is reached rather than failed.
+#[derive(Clone, Copy, Debug)]
+struct Refused {
+    first: std::time::Instant,
+    next: std::time::Instant,
+    tries: u32,
+}
+
+/// How long refused connects to a peer are tried again (`FI_RVERBS_RDM_CONNECT_RETRY_MS`,
+/// default 2000; 0 fails the waiting sends at the first refusal).
+fn connect_retry_budget() -> std::time::Duration {
+    let ms = crate::core::env::get_usize_or("FI_RVERBS_RDM_CONNECT_RETRY_MS", 2000).unwrap_or(2000);
+    std::time::Duration::from_millis(ms as u64)
 }
 
 // An open connection (the state every message finds) stays inline, with its ring of
@@ -1091,6 +1111,8 @@ struct Enabled {
     /// events; otherwise one in `CM_POLL_EVERY` does, at most once per `CM_POLL_GAP` (a read
     /// is a system call).
     in_setup: AtomicU32,
+    /// Peers whose refused connect waits to be tried again (`retry_refused`).
+    retrying: AtomicU32,
     polls: AtomicU32,
     /// When the next look at connection events may be (`rfabric_sys::clock::cycles`).
     cm_next: AtomicU64,
@@ -1441,7 +1463,10 @@ impl RdmEndpoint {
                     ),
                 )
             })?;
-            linfo.src_addr = Some(std::net::SocketAddr::new(ip, 0));
+            // The listener takes the port the info names (`fi_getinfo` with `FI_SOURCE` and a
+            // service: a server at a well-known port, as fabtests' are), else one of its own.
+            let port = info.src_addr.map_or(0, |a| a.port());
+            linfo.src_addr = Some(std::net::SocketAddr::new(ip, port));
             let pep = PassiveEndpoint::open(self.sh.domain.fabric(), &linfo, LISTENER)?;
             pep.bind_eq(&eq)?;
             // Every peer of a job may connect at once (an all-to-all's first round).
@@ -1515,6 +1540,7 @@ impl RdmEndpoint {
                 fins_waiting: std::sync::atomic::AtomicBool::new(false),
                 parked: AtomicBool::new(false),
                 in_setup: AtomicU32::new(0),
+                retrying: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
                 cm_next: AtomicU64::new(0),
                 cm_wakes: false,
@@ -2139,56 +2165,17 @@ impl RdmEndpoint {
         }
     }
 
-    /// The first send to `peer` (its buffers `slots` staged): queued, and a connection
-    /// started; if that fails at once, the send fails and what else waits completes in error.
+    /// The first send to `peer` (its buffers `slots` staged): [`Shared::connect_first`].
     #[cold]
     #[inline(never)]
     fn connect_first(
         &self,
         en: &Enabled,
-        mut g: LockGuard<'_, Inner>,
+        g: LockGuard<'_, Inner>,
         peer: u32,
         slots: &[u32],
     ) -> Result<()> {
-        g.peers[peer as usize].waiting.extend(slots.iter().copied());
-        let c = new_conn(&mut g, peer);
-        setup_begin(en);
-        g.peers[peer as usize].link.connecting(c);
-        drop(g);
-        let (mut g, started) = self
-            .sh
-            .open_and_start(en, c, peer, None, |ep, name| ep.connect(name));
-        match started {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                crate::fi_warn!(
-                    "rdm",
-                    "connecting to {}: {e}",
-                    g.peers[peer as usize].name.to_str()
-                );
-                let gone = uninstall(&mut g, c);
-                setup_done(en);
-                g.peers[peer as usize].link.failed(c);
-                // The send that started it fails at once; others queued meanwhile
-                // complete in error.
-                let q = std::mem::take(&mut g.peers[peer as usize].waiting);
-                let mut errs = Vec::new();
-                let mut regs = Vec::new();
-                for s in q {
-                    // The parts before a segmented send's last report nothing.
-                    if !slots.contains(&s) && !g.tx[s as usize].part {
-                        errs.push(tx_failed(&g.tx[s as usize], e.errno()));
-                    }
-                    regs.push(release_tx(&mut g, s));
-                }
-                drop(g);
-                drop((gone, regs));
-                for x in errs {
-                    write_tx_err(en, x);
-                }
-                Err(e)
-            }
-        }
+        self.sh.connect_first(en, g, peer, slots)
     }
 
     /// `fi_recv`: a receive from `from` (`FI_ADDR_UNSPEC`: anyone).
@@ -2683,6 +2670,7 @@ fn peer_by_name(g: &mut Inner, name: &RdmName, addr: u64) -> u32 {
         addr,
         link: PeerLink::default(),
         waiting: VecDeque::new(),
+        refused: None,
     });
     g.by_name.insert(bytes, p);
     p
@@ -4076,11 +4064,63 @@ impl Shared {
         i.tx_attr.iov_limit = 1;
         i.rx_attr.size = 1;
         i.rx_attr.iov_limit = 1;
+        // The connections' own ends take any port: only the listener has the info's.
         i.src_addr = self
             .info
             .src_addr
+            .map(|a| std::net::SocketAddr::new(a.ip(), 0))
             .or_else(|| dev.ipv4.map(|ip| std::net::SocketAddr::new(ip.into(), 0)));
         Ok(i)
+    }
+
+    /// The first send to `peer` (its buffers `slots` staged; none when a refused connect
+    /// is tried again): queued, and a connection started; if that fails at once, the send fails and what else waits completes in error.
+    #[cold]
+    #[inline(never)]
+    fn connect_first(
+        &self,
+        en: &Enabled,
+        mut g: LockGuard<'_, Inner>,
+        peer: u32,
+        slots: &[u32],
+    ) -> Result<()> {
+        g.peers[peer as usize].waiting.extend(slots.iter().copied());
+        let c = new_conn(&mut g, peer);
+        setup_begin(en);
+        g.peers[peer as usize].link.connecting(c);
+        drop(g);
+        let (mut g, started) = self.open_and_start(en, c, peer, None, |ep, name| ep.connect(name));
+        match started {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                crate::fi_warn!(
+                    "rdm",
+                    "connecting to {}: {e}",
+                    g.peers[peer as usize].name.to_str()
+                );
+                let gone = uninstall(&mut g, c);
+                setup_done(en);
+                g.peers[peer as usize].link.failed(c);
+                // The send that started it fails at once; others queued meanwhile
+                // complete in error.
+                let q = std::mem::take(&mut g.peers[peer as usize].waiting);
+                let mut errs = Vec::new();
+                let mut regs = Vec::new();
+                for s in q {
+                    // The parts before a segmented send's last report nothing.
+                    if !slots.contains(&s) && !g.tx[s as usize].part {
+                        errs.push(tx_failed(&g.tx[s as usize], e.errno()));
+                    }
+                    regs.push(release_tx(&mut g, s));
+                }
+                drop(g);
+                drop((gone, regs));
+                for x in errs {
+                    write_tx_err(en, x);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Opens, binds and enables a connection's MSG endpoint (outside the lock): to `to`
@@ -4196,7 +4236,8 @@ impl Shared {
         self.progress_cm(en);
     }
 
-    /// Reads every pending connection event.
+    /// Reads every pending connection event, then connects again to refused peers whose
+    /// time has come.
     fn progress_cm(&self, en: &Enabled) {
         loop {
             match en.eq.read() {
@@ -4206,6 +4247,43 @@ impl Shared {
                     Err(_) => break,
                 },
                 Err(_) => break,
+            }
+        }
+        if en.retrying.load(Ordering::Relaxed) > 0 {
+            self.retry_refused(en);
+        }
+    }
+
+    /// Connects again to each refused peer that is due, its sends still waiting; one whose
+    /// link came up meanwhile (the peer connected to us) needs nothing more.
+    #[cold]
+    #[inline(never)]
+    fn retry_refused(&self, en: &Enabled) {
+        let now = std::time::Instant::now();
+        let mut g = en.inner.lock();
+        let due: Vec<u32> = (0..g.peers.len() as u32)
+            .filter(|&p| g.peers[p as usize].refused.is_some_and(|r| r.next <= now))
+            .collect();
+        for p in due {
+            let peer = &mut g.peers[p as usize];
+            let idle = peer.link.send_path() == SendPath::Connect;
+            let waiting = !peer.waiting.is_empty();
+            if idle && waiting {
+                // Still refused: stays marked until the connect succeeds or its budget ends.
+                if let Some(r) = peer.refused.as_mut() {
+                    r.next = now + std::time::Duration::from_secs(3600);
+                }
+            } else {
+                peer.refused = None;
+            }
+            en.retrying.fetch_sub(1, Ordering::Relaxed);
+            setup_done(en);
+            if idle && waiting {
+                crate::fi_info!("rdm", "connecting to {} again", peer.name.to_str());
+                if let Err(e) = self.connect_first(en, g, p, &[]) {
+                    crate::fi_warn!("rdm", "connecting again: {e}");
+                }
+                g = en.inner.lock();
             }
         }
     }
@@ -4224,6 +4302,7 @@ impl Shared {
                 if !g.peers[peer as usize].link.established(c) {
                     return; // the passive side of a loopback, or a superseded connect
                 }
+                g.peers[peer as usize].refused = None;
                 let q = std::mem::take(&mut g.peers[peer as usize].waiting);
                 let mut errs = Vec::new();
                 let mut regs = Vec::new();
@@ -4299,7 +4378,13 @@ impl Shared {
         let fail = g.peers[peer as usize].link.failed(c);
         let mut errs = Vec::new();
         let mut regs = Vec::new();
-        if fail {
+        if fail && err == errno::ECONNREFUSED && refused_again(en, &mut g.peers[peer as usize]) {
+            // Tried again from the reads that follow (`retry_refused`); every read looks
+            // meanwhile, as while a connection is being set up.
+            setup_begin(en);
+            en.retrying.fetch_add(1, Ordering::Relaxed);
+        } else if fail {
+            g.peers[peer as usize].refused = None;
             crate::fi_warn!(
                 "rdm",
                 "connection to {} failed: errno {err}",
@@ -4914,6 +4999,34 @@ fn forget_qp(g: &mut Inner, ep: &MsgEndpoint) {
 /// A connection finished setting up (connected, or failed to).
 /// A connection starts being set up: until it is done, every read of the endpoint's CQ
 /// reads the connection events too.
+/// A connect to `peer` was refused: true (and the next try set) while the retry budget
+/// since its first refusal lasts, with a back-off from 10 ms doubling to 200 ms.
+fn refused_again(en: &Enabled, peer: &mut Peer) -> bool {
+    let _ = en;
+    if peer.waiting.is_empty() {
+        return false;
+    }
+    let now = std::time::Instant::now();
+    let r = peer.refused.get_or_insert(Refused {
+        first: now,
+        next: now,
+        tries: 0,
+    });
+    if now.duration_since(r.first) >= connect_retry_budget() {
+        return false;
+    }
+    let wait = std::time::Duration::from_millis((10u64 << r.tries.min(5)).min(200));
+    r.tries += 1;
+    r.next = now + wait;
+    crate::fi_info!(
+        "rdm",
+        "connection to {} refused (is its endpoint up yet?): trying again in {} ms",
+        peer.name.to_str(),
+        wait.as_millis()
+    );
+    true
+}
+
 fn setup_begin(en: &Enabled) {
     en.in_setup.fetch_add(1, Ordering::Relaxed);
     en.rx_cq.want_progress(true);

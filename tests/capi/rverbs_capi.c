@@ -1437,6 +1437,85 @@ static void transfer_section(void)
 /* fi_getinfo through libfabric answers with what the hints asked, bit by bit: every
  * combination of the eight mr_mode bits (answers hold only bits offered; without
  * FI_MR_LOCAL, -FI_ENODATA), domain capabilities and rx ordering bits. */
+/* What fabtests' getinfo test and servers ask of fi_getinfo, as libfabric's providers
+ * answer: the old mr_mode enumerators echoed (FI_MR_BASIC) and given to callers of API 1.0;
+ * FI_MR_UNSPEC hints (mr_mode 0) get no info that needs FI_MR_LOCAL unless the mode has
+ * FI_LOCAL_MR; shared contexts only where they exist; an RDM server at a node and service
+ * listens there, and a client naming it gets a destination name fi_av_insert takes. */
+static void getinfo_rules_section(void)
+{
+	struct fi_info *h = hints_for(FI_EP_RDM), *info = NULL, *srv = NULL;
+	h->caps = FI_MSG | FI_RMA;
+	h->domain_attr->mr_mode = FI_MR_BASIC;
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	for (struct fi_info *i = info; i; i = i->next)
+		EXPECT(i->domain_attr->mr_mode, FI_MR_BASIC);
+	fi_freeinfo(info);
+	h->domain_attr->mr_mode = FI_MR_UNSPEC;
+	h->ep_attr->type = FI_EP_UNSPEC;
+	OK(fi_getinfo(FI_VERSION(1, 0), NULL, NULL, 0, h, &info));
+	for (struct fi_info *i = info; i; i = i->next) {
+		TRUE(i->domain_attr->mr_mode == FI_MR_BASIC || i->domain_attr->mr_mode == FI_MR_SCALABLE);
+		TRUE(i->ep_attr->type != FI_EP_MSG); /* it needs FI_MR_LOCAL: no FI_LOCAL_MR mode */
+	}
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+
+	h = hints_for(FI_EP_MSG);
+	h->domain_attr->mr_mode = 0;
+	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info), -FI_ENODATA);
+	h->mode = FI_LOCAL_MR;
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	fi_freeinfo(info);
+	h->domain_attr->mr_mode = FI_MR_LOCAL;
+	h->mode = 0;
+	h->ep_attr->tx_ctx_cnt = FI_SHARED_CONTEXT;
+	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info), -FI_ENODATA);
+	h->ep_attr->tx_ctx_cnt = 0;
+	h->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	EXPECT(info->ep_attr->rx_ctx_cnt, FI_SHARED_CONTEXT);
+	fi_freeinfo(info);
+	h->ep_attr->type = FI_EP_RDM;
+	h->domain_attr->mr_mode = 0;
+	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info), -FI_ENODATA);
+	h->ep_attr->rx_ctx_cnt = 2;
+	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info), -FI_ENODATA);
+	h->ep_attr->rx_ctx_cnt = 0;
+
+	/* A server at a node and service, and a client that names it so. */
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	char ip[INET_ADDRSTRLEN];
+	TRUE(info->src_addr && info->src_addrlen == sizeof(struct sockaddr_in));
+	TRUE(inet_ntop(AF_INET, &((struct sockaddr_in *)info->src_addr)->sin_addr, ip, sizeof ip));
+	fi_freeinfo(info);
+	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9311", FI_SOURCE, h, &srv));
+	EXPECT(ntohs(((struct sockaddr_in *)srv->src_addr)->sin_port), 9311);
+	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9311", 0, h, &info));
+	EXPECT(info->dest_addrlen, 40);
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_av *av;
+	struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+	fi_addr_t a = FI_ADDR_NOTAVAIL;
+	OK(fi_fabric(info->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, info, &domain, NULL));
+	OK(fi_av_open(domain, &av_attr, &av, NULL));
+	EXPECT(fi_av_insert(av, info->dest_addr, 1, &a, 0, NULL), 1);
+	EXPECT(a, 0);
+	char str[128];
+	size_t len = sizeof str;
+	fi_av_straddr(av, info->dest_addr, str, &len);
+	TRUE(strstr(str, ":9311/") != NULL);
+	OK(fi_close(&av->fid));
+	OK(fi_close(&domain->fid));
+	OK(fi_close(&fabric->fid));
+	fi_freeinfo(info);
+	fi_freeinfo(srv);
+	fi_freeinfo(h);
+	printf("ok getinfo rules\n");
+}
+
 static void hints_section(void)
 {
 	static const uint64_t bits[] = {FI_MR_LOCAL,	  FI_MR_RAW,	   FI_MR_VIRT_ADDR,
@@ -2608,8 +2687,10 @@ int main(int argc, char **argv)
 		bad_section();
 	if (!only || !strcmp(only, "handles"))
 		handle_section();
-	if (!only || !strcmp(only, "hints"))
+	if (!only || !strcmp(only, "hints")) {
 		hints_section();
+		getinfo_rules_section();
+	}
 	if (!only || !strcmp(only, "rdm"))
 		rdm_section();
 	if (!only || !strcmp(only, "rdm-mr-cache"))
