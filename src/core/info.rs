@@ -349,6 +349,30 @@ pub fn api_mr_rules(api: u32, hints: Option<&Info>, infos: &mut Vec<Info>) {
     if let Some(h) = hints.filter(|h| h.domain_attr.mr_mode.is_empty()) {
         let local_ok = local_mr(h);
         infos.retain(|i| local_ok || !i.domain_attr.mr_mode.contains(MrMode::LOCAL));
+        if api >= MR_BITS_API {
+            // A caller that names no mode bit gets none back (`fi_alter_domain_attr`):
+            // RMA, which needs provider keys, only when its caps ask for it; local
+            // registration as the FI_LOCAL_MR mode bit, which it set.
+            let rma_asked = (h.caps | h.tx_attr.caps | h.rx_attr.caps).intersects(Flags::RMA);
+            for i in infos.iter_mut() {
+                if !rma_asked && !(i.domain_attr.mr_mode - MrMode::LOCAL).is_empty() {
+                    let rma = Flags::RMA
+                        | Flags::READ
+                        | Flags::WRITE
+                        | Flags::REMOTE_READ
+                        | Flags::REMOTE_WRITE
+                        | Flags::RMA_EVENT;
+                    i.caps -= rma;
+                    i.tx_attr.caps -= rma;
+                    i.rx_attr.caps -= rma;
+                    i.domain_attr.mr_mode &= MrMode::LOCAL;
+                }
+                if i.domain_attr.mr_mode.contains(MrMode::LOCAL) {
+                    i.domain_attr.mr_mode -= MrMode::LOCAL;
+                    i.mode |= Mode::LOCAL_MR;
+                }
+            }
+        }
     }
     if api >= MR_BITS_API {
         return;
@@ -638,6 +662,10 @@ mod tests {
         let mut v = all();
         api_mr_rules(rfabric_sys::fabric::RFABRIC_FI_VERSION, Some(&h), &mut v);
         assert_eq!(v.len(), 3);
+        // Answered with no bit the caller did not name: FI_MR_LOCAL as the FI_LOCAL_MR mode,
+        // provider keys (RMA) only for a caller whose caps ask for RMA.
+        assert!(v.iter().all(|i| i.domain_attr.mr_mode.is_empty()));
+        assert!(v[0].mode.contains(Mode::LOCAL_MR));
         // An API before 1.5 reads the old enumerators, FI_MR_LOCAL as the FI_LOCAL_MR mode.
         let mut v = all();
         api_mr_rules(1 << 16, Some(&h), &mut v);

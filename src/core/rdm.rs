@@ -24,6 +24,9 @@ pub struct RdmName {
 }
 
 const NAME_MAGIC: [u8; 2] = *b"rD";
+/// A connection request's flag (byte 3, beside `rma_event`'s bit): see
+/// `RdmName::request_bytes`. `parse` ignores it.
+const BY_LISTENER: u8 = 2;
 /// The wire protocol's version, which a name carries: 2 since eager messages may come
 /// without a header (`HeaderBase`), which an endpoint of version 1 would misread.
 const NAME_VERSION: u8 = 2;
@@ -49,6 +52,28 @@ impl RdmName {
     /// and a service: no host id, so a peer named by it is reached over verbs (never shm).
     pub fn listener(at: SocketAddr) -> Self {
         RdmName::new(at, 0, 0)
+    }
+
+    /// Whether this name came from a node and a service (`Self::listener`), not from the
+    /// endpoint itself.
+    pub fn is_listener(&self) -> bool {
+        self.host == 0
+    }
+
+    /// What a connection request carries: this endpoint's name `own`, marked when it knows
+    /// the peer it connects to by its listener alone (`by_listener`), so the peer answers
+    /// over the same connection even when both are on one host.
+    pub fn request_bytes(own: &[u8; Self::LEN], by_listener: bool) -> [u8; Self::LEN] {
+        let mut b = *own;
+        if by_listener {
+            b[3] |= BY_LISTENER;
+        }
+        b
+    }
+
+    /// The mark of [`Self::request_bytes`] in a request's name.
+    pub fn requested_by_listener(bytes: &[u8]) -> bool {
+        bytes.len() == Self::LEN && bytes[3] & BY_LISTENER != 0
     }
 
     /// The bytes that order two names when both ends connect at once: the listener's port
@@ -1351,6 +1376,19 @@ mod tests {
             Request::Reject,
             "A's listener is the lower: A's connect wins"
         );
+    }
+
+    #[test]
+    fn a_request_says_when_its_sender_knows_the_peer_by_its_listener_alone() {
+        let own = RdmName::new("10.0.0.2:40000".parse().unwrap(), 88, 6);
+        let plain = RdmName::request_bytes(&own.to_bytes(), false);
+        let marked = RdmName::request_bytes(&own.to_bytes(), true);
+        assert!(!RdmName::requested_by_listener(&plain));
+        assert!(RdmName::requested_by_listener(&marked));
+        // The mark leaves the name itself as it was.
+        assert_eq!(RdmName::parse(&marked).unwrap(), own);
+        assert!(RdmName::listener(own.sockaddr()).is_listener());
+        assert!(!own.is_listener());
     }
 
     #[test]

@@ -525,9 +525,17 @@ pub fn getinfo(
             // destination is then a name with that address alone, which `fi_av_insert` takes.
             info.src_addr = src.or_else(|| dev.ipv4.map(|ip| SocketAddr::new(IpAddr::V4(ip), 0)));
             info.dest_addr = None;
+            // Such a name cannot say whether the server counts RMA that targets it
+            // (`FI_RMA_EVENT`): a client that asks for it takes it that its server does.
+            let rma_event = (hints.caps | hints.rx_attr.caps).contains(Flags::RMA_EVENT);
             info.dest_name = hints.dest_name.clone().or_else(|| {
-                dst.filter(|d| d.port() != 0)
-                    .map(|d| RdmName::listener(d).to_bytes().to_vec())
+                dst.filter(|d| d.port() != 0).map(|d| {
+                    let n = RdmName {
+                        rma_event,
+                        ..RdmName::listener(d)
+                    };
+                    n.to_bytes().to_vec()
+                })
             });
         } else if dgram {
             // Datagram names are FI_ADDR_IB_UD (fi_getname, fi_av_insert): an IP address

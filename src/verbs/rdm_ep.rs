@@ -4140,10 +4140,12 @@ impl Shared {
         let mut g = en.inner.lock();
         let started = opened.and_then(|ep| {
             install(en, &mut g, c, peer, ep);
+            // A peer known by its listener alone is told so (it then answers over verbs).
+            let by_listener = accept.is_none() && g.peers[peer as usize].name.is_listener();
             let Some(conn) = open_conn_mut(&mut g, c) else {
                 unreachable!("installed above")
             };
-            start(&conn.ep, &en.bytes)
+            start(&conn.ep, &RdmName::request_bytes(&en.bytes, by_listener))
         });
         (g, started)
     }
@@ -4423,6 +4425,11 @@ impl Shared {
                 return;
             }
         };
+        if RdmName::requested_by_listener(data) && remote.host == en.name.host {
+            if let Some(l) = en.local.get() {
+                l.pin_to_verbs(&remote);
+            }
+        }
         let mut g = en.inner.lock();
         let addr = en.av.find_rdm(&remote).unwrap_or(FI_ADDR_NOTAVAIL);
         let peer = peer_for(&mut g, &remote, addr);

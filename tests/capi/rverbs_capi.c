@@ -1651,6 +1651,107 @@ static void rdm_pair_open(struct fi_info *info, struct rdm_pair *p, int checks)
 		}
 }
 
+/* Reads `cq[want]` until one completion, driving the other endpoint's CQ meanwhile (manual
+ * progress); the source too. Within 10 s. */
+static void pair_readfrom(struct fid_cq *cq[2], int want, struct fi_cq_tagged_entry *e,
+			  fi_addr_t *src)
+{
+	time_t end = time(NULL) + 10;
+	for (;;) {
+		(void)fi_cq_read(cq[1 - want], NULL, 0);
+		ssize_t r = fi_cq_readfrom(cq[want], e, 1, src);
+		if (r == 1)
+			return;
+		if (r != -FI_EAGAIN)
+			FAIL("fi_cq_readfrom = %zd (%s)", r, fi_strerror((int)-r));
+		if (time(NULL) > end)
+			FAIL("no completion within 10 s");
+	}
+}
+
+/* An RDM server at a node and service, and a client on the same host that knows it by them
+ * alone (fabtests' default): the client reaches the server over verbs, and the server,
+ * which knows the client by its whole name (a name of this host, which would go over shm),
+ * answers over that connection too, so the client sees the answer come from the address it
+ * inserted. */
+static void rdm_listener_section(void)
+{
+	struct fi_info *h = fi_allocinfo(), *info = NULL, *srv = NULL, *cli = NULL;
+	struct fi_av_attr aa = {.type = FI_AV_TABLE};
+	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED};
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_cq *cq[2];
+	struct fid_av *av[2];
+	struct fid_ep *ep[2];
+	struct fi_cq_tagged_entry e;
+	uint8_t name[64], buf[2][256], msg[100];
+	fi_addr_t a, src;
+	size_t len = sizeof name;
+	char ip[INET_ADDRSTRLEN];
+
+	TRUE(h);
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_MSG | FI_TAGGED | FI_SOURCE;
+	h->mode = 0;
+	h->domain_attr->mr_mode = 0;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	TRUE(inet_ntop(AF_INET, &((struct sockaddr_in *)info->src_addr)->sin_addr, ip, sizeof ip));
+	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9313", FI_SOURCE, h, &srv));
+	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9313", 0, h, &cli));
+	OK(fi_fabric(srv->fabric_attr, &fabric, NULL));
+	OK(fi_domain(fabric, srv, &domain, NULL));
+	for (int i = 0; i < 2; i++) {
+		OK(fi_cq_open(domain, &ca, &cq[i], NULL));
+		OK(fi_av_open(domain, &aa, &av[i], NULL));
+		OK(fi_endpoint(domain, i ? cli : srv, &ep[i], NULL));
+		OK(fi_ep_bind(ep[i], &av[i]->fid, 0));
+		OK(fi_ep_bind(ep[i], &cq[i]->fid, FI_TRANSMIT | FI_RECV));
+		OK(fi_enable(ep[i]));
+	}
+	/* The client inserts what getinfo gave it; the server, the client's own name. */
+	EXPECT(fi_av_insert(av[1], cli->dest_addr, 1, &a, 0, NULL), 1);
+	EXPECT(a, 0);
+	OK(fi_getname(&ep[1]->fid, name, &len));
+	EXPECT(fi_av_insert(av[0], name, 1, &a, 0, NULL), 1);
+	EXPECT(a, 0);
+	fill(msg, sizeof msg, 3);
+	OK(fi_trecv(ep[0], buf[0], sizeof buf[0], NULL, FI_ADDR_UNSPEC, 7, 0, (void *)1));
+	OK(fi_tsend(ep[1], msg, sizeof msg, NULL, 0, 7, (void *)2));
+	pair_readfrom(cq, 0, &e, &src);
+	EXPECT(e.op_context, 1);
+	EXPECT(src, 0);
+	check(buf[0], sizeof msg, 3);
+	pair_readfrom(cq, 1, &e, &src);
+	EXPECT(e.op_context, 2);
+	/* The answer, from the server to the client's whole (local) name. */
+	OK(fi_trecv(ep[1], buf[1], sizeof buf[1], NULL, FI_ADDR_UNSPEC, 8, 0, (void *)3));
+	ssize_t r;
+	while ((r = fi_tsend(ep[0], msg, 50, NULL, 0, 8, (void *)4)) == -FI_EAGAIN)
+		(void)fi_cq_read(cq[1], NULL, 0);
+	OK(r);
+	pair_readfrom(cq, 1, &e, &src);
+	EXPECT(e.op_context, 3);
+	EXPECT(e.len, 50);
+	EXPECT(src, 0); /* the listener's name: it came over that connection */
+	check(buf[1], 50, 3);
+	pair_readfrom(cq, 0, &e, &src);
+	EXPECT(e.op_context, 4);
+	for (int i = 0; i < 2; i++) {
+		OK(fi_close(&ep[i]->fid));
+		OK(fi_close(&av[i]->fid));
+		OK(fi_close(&cq[i]->fid));
+	}
+	OK(fi_close(&domain->fid));
+	OK(fi_close(&fabric->fid));
+	fi_freeinfo(info);
+	fi_freeinfo(srv);
+	fi_freeinfo(cli);
+	fi_freeinfo(h);
+	printf("ok rdm listener\n");
+}
+
 static struct fid_cntr *remote_rd, *remote_wr;
 
 static void rdm_pair_close(struct rdm_pair *p)
@@ -2691,8 +2792,10 @@ int main(int argc, char **argv)
 		hints_section();
 		getinfo_rules_section();
 	}
-	if (!only || !strcmp(only, "rdm"))
+	if (!only || !strcmp(only, "rdm")) {
 		rdm_section();
+		rdm_listener_section();
+	}
 	if (!only || !strcmp(only, "rdm-mr-cache"))
 		rdm_mr_cache_section();
 	if (!only || !strcmp(only, "rma"))

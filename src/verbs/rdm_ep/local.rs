@@ -293,6 +293,10 @@ pub(super) struct LocalLink {
     pub(super) max: usize,
     /// What it copies during a send (`LocalPath::inject_size`, asked once).
     inject: usize,
+    /// Names of this host that reached this endpoint by its listener's address alone
+    /// (`RdmName::listener`): they send over verbs, so they are answered over verbs too,
+    /// whatever the AV says.
+    verbs_only: Mutex<std::collections::HashSet<[u8; RdmName::LEN]>>,
 }
 
 impl std::fmt::Debug for LocalLink {
@@ -316,6 +320,7 @@ impl LocalLink {
             idle_next: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             arrived: AtomicU64::new(0),
+            verbs_only: Mutex::default(),
         }
     }
 
@@ -335,7 +340,11 @@ impl LocalLink {
         if self.seen.load(Ordering::Acquire) == now {
             return;
         }
-        let local = en.av.rdm_on_host(en.name.host);
+        let mut local = en.av.rdm_on_host(en.name.host);
+        {
+            let pinned = lock(&self.verbs_only);
+            local.retain(|(_, n)| !pinned.contains(&n.to_bytes()));
+        }
         let mut to = RouteTable::default();
         let mut any = false;
         let mut from = LocalFrom::default();
@@ -374,6 +383,19 @@ impl LocalLink {
         en.inner.lock().local_from = from;
         *self.table.write() = to;
         self.seen.store(now, Ordering::Release);
+    }
+
+    /// `name` reached this endpoint by its listener's address alone: answered over verbs
+    /// from now on (the routes are built again at the next send).
+    pub(super) fn pin_to_verbs(&self, name: &RdmName) {
+        if lock(&self.verbs_only).insert(name.to_bytes()) {
+            crate::fi_info!(
+                "rdm",
+                "{} knows this endpoint by its address alone: answered over verbs",
+                name.to_str()
+            );
+            self.seen.store(u64::MAX, Ordering::Release);
+        }
     }
 
     /// `f(handle, bell)` when `dest` is on this host (its bell once known), else `None`.
