@@ -252,6 +252,29 @@ fn first_send_connects_and_messages_arrive_in_order_with_their_source() {
     assert_eq!(v[1].ep.connections_opened(), 1);
 }
 
+/// The infos of a server listening at a port of this process's own (`fi_getinfo` with
+/// `FI_SOURCE`, the device's address and the port) and of a client naming it by the same
+/// node and service, with `caps`; and the port.
+fn listener_infos(offset: u16, caps: Flags) -> Option<(Info, Info, u16)> {
+    let base = rdm_info()?;
+    let ip = base
+        .src_addr
+        .expect("the device's address")
+        .ip()
+        .to_string();
+    let port = 20000 + offset + (std::process::id() % 20000) as u16;
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = caps;
+    let service = port.to_string();
+    let ask = |flags| {
+        getinfo(Some(&ip), Some(&service), flags, Some(&hints))
+            .unwrap()
+            .remove(0)
+    };
+    Some((ask(Flags::SOURCE), ask(Flags::empty()), port))
+}
+
 /// A server at a well-known port (`fi_getinfo` with `FI_SOURCE`, a node and a service, as
 /// fabtests' servers are) listens there; a client that names it by node and service gets a
 /// name with that address alone (no host id, no nonce), which its AV takes, and reaches the
@@ -259,25 +282,12 @@ fn first_send_connects_and_messages_arrive_in_order_with_their_source() {
 /// other's fi_addr as the source.
 #[test]
 fn a_server_at_a_well_known_port_is_reached_by_node_and_service() {
-    let Some(base) = rdm_info() else { return };
-    let ip = base
-        .src_addr
-        .expect("the device's address")
-        .ip()
-        .to_string();
-    let port = 20000 + (std::process::id() % 20000) as u16;
-    let mut hints = Info::default();
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.caps = Flags::TAGGED | Flags::MSG | Flags::SOURCE | Flags::DIRECTED_RECV;
-    let service = port.to_string();
-    let server = getinfo(Some(&ip), Some(&service), Flags::SOURCE, Some(&hints))
-        .unwrap()
-        .remove(0);
+    let caps = Flags::TAGGED | Flags::MSG | Flags::SOURCE | Flags::DIRECTED_RECV;
+    let Some((server, client, port)) = listener_infos(0, caps) else {
+        return;
+    };
     assert_eq!(server.src_addr.map(|a| a.port()), Some(port));
     assert_eq!(server.dest_name, None);
-    let client = getinfo(Some(&ip), Some(&service), Flags::empty(), Some(&hints))
-        .unwrap()
-        .remove(0);
     let dest = client
         .dest_name
         .clone()
@@ -343,23 +353,9 @@ fn a_server_at_a_well_known_port_is_reached_by_node_and_service() {
 /// its first send reaches it, the send waiting meanwhile; nothing is lost or doubled.
 #[test]
 fn a_send_to_a_server_not_yet_listening_waits_for_it() {
-    let Some(base) = rdm_info() else { return };
-    let ip = base
-        .src_addr
-        .expect("the device's address")
-        .ip()
-        .to_string();
-    let port = 20001 + (std::process::id() % 20000) as u16;
-    let mut hints = Info::default();
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.caps = Flags::TAGGED | Flags::MSG;
-    let service = port.to_string();
-    let server = getinfo(Some(&ip), Some(&service), Flags::SOURCE, Some(&hints))
-        .unwrap()
-        .remove(0);
-    let client = getinfo(Some(&ip), Some(&service), Flags::empty(), Some(&hints))
-        .unwrap()
-        .remove(0);
+    let Some((server, client, _)) = listener_infos(1, Flags::TAGGED | Flags::MSG) else {
+        return;
+    };
     let fabric = Fabric::open(&client.fabric_attr).unwrap();
     let domain = Domain::open(&fabric, &client).unwrap();
     let mut v = nodes_built(&domain, &[&client], false, WaitObj::None, |_, _| {});

@@ -63,6 +63,11 @@ pub const KNOBS: &[Knob] = &[
         help: "bytes at the start of each RDM receive bounce buffer kept in a compact area (16 buffers' heads to a 4 KiB page), the rest of the buffer being a second element of its SRQ receive; 0 (or a device with one element per SRQ receive): each buffer in one piece",
     },
     Knob {
+        name: "FI_RVERBS_RDM_CONNECT_RETRY_MS",
+        default: "2000",
+        help: "how long an RDM endpoint tries again a connect that was refused (nobody listening at the peer's address yet), 10 ms apart doubling to 200 ms, before the sends waiting for it fail; 0: at the first refusal",
+    },
+    Knob {
         name: "FI_RVERBS_RDM_SHM",
         default: "1",
         help: "1: an RDM endpoint reaches peers on its own host through libfabric's shm, imported inside it at fi_enable (every message size); 0: every peer over verbs",

@@ -923,7 +923,12 @@ struct Refused {
 /// How long refused connects to a peer are tried again (`FI_RVERBS_RDM_CONNECT_RETRY_MS`,
 /// default 2000; 0 fails the waiting sends at the first refusal).
 fn connect_retry_budget() -> std::time::Duration {
-    let ms = crate::core::env::get_usize_or("FI_RVERBS_RDM_CONNECT_RETRY_MS", 2000).unwrap_or(2000);
+    let ms = crate::core::env::get_usize_or("FI_RVERBS_RDM_CONNECT_RETRY_MS", 2000).unwrap_or_else(
+        |e| {
+            crate::fi_warn!("rdm", "{e}: refused connects are tried again for 2000 ms");
+            2000
+        },
+    );
     std::time::Duration::from_millis(ms as u64)
 }
 
@@ -4074,7 +4079,8 @@ impl Shared {
     }
 
     /// The first send to `peer` (its buffers `slots` staged; none when a refused connect
-    /// is tried again): queued, and a connection started; if that fails at once, the send fails and what else waits completes in error.
+    /// is tried again): queued, and a connection started; if that fails at once, the send
+    /// fails and what else waits completes in error.
     #[cold]
     #[inline(never)]
     fn connect_first(

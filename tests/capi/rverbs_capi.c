@@ -85,6 +85,19 @@ static struct fi_info *hints_for(enum fi_ep_type type)
 	return h;
 }
 
+/* RDM hints with `caps`, asking nothing of the caller (mode 0, mr_mode 0). */
+static struct fi_info *rdm_hints(uint64_t caps)
+{
+	struct fi_info *h = fi_allocinfo();
+	TRUE(h);
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = caps;
+	h->mode = 0;
+	h->domain_attr->mr_mode = 0;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	return h;
+}
+
 /* Reads one completion within 10 s; returns 1, or -FI_EAVAIL when an error is next. */
 static long cq_wait_at(int line, struct fid_cq *cq, struct fi_cq_data_entry *e)
 {
@@ -1676,7 +1689,8 @@ static void pair_readfrom(struct fid_cq *cq[2], int want, struct fi_cq_tagged_en
  * inserted. */
 static void rdm_listener_section(void)
 {
-	struct fi_info *h = fi_allocinfo(), *info = NULL, *srv = NULL, *cli = NULL;
+	struct fi_info *h = rdm_hints(FI_MSG | FI_TAGGED | FI_SOURCE), *info = NULL, *srv = NULL,
+		       *cli = NULL;
 	struct fi_av_attr aa = {.type = FI_AV_TABLE};
 	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED};
 	struct fid_fabric *fabric;
@@ -1690,12 +1704,6 @@ static void rdm_listener_section(void)
 	size_t len = sizeof name;
 	char ip[INET_ADDRSTRLEN];
 
-	TRUE(h);
-	h->ep_attr->type = FI_EP_RDM;
-	h->caps = FI_MSG | FI_TAGGED | FI_SOURCE;
-	h->mode = 0;
-	h->domain_attr->mr_mode = 0;
-	h->fabric_attr->prov_name = strdup("rverbs");
 	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
 	TRUE(inet_ntop(AF_INET, &((struct sockaddr_in *)info->src_addr)->sin_addr, ip, sizeof ip));
 	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9313", FI_SOURCE, h, &srv));
