@@ -4386,7 +4386,7 @@ impl Shared {
         let fail = g.peers[peer as usize].link.failed(c);
         let mut errs = Vec::new();
         let mut regs = Vec::new();
-        if fail && err == errno::ECONNREFUSED && refused_again(en, &mut g.peers[peer as usize]) {
+        if fail && err == errno::ECONNREFUSED && refused_again(&mut g.peers[peer as usize]) {
             // Tried again from the reads that follow (`retry_refused`); every read looks
             // meanwhile, as while a connection is being set up.
             setup_begin(en);
@@ -5014,8 +5014,7 @@ fn forget_qp(g: &mut Inner, ep: &MsgEndpoint) {
 /// reads the connection events too.
 /// A connect to `peer` was refused: true (and the next try set) while the retry budget
 /// since its first refusal lasts, with a back-off from 10 ms doubling to 200 ms.
-fn refused_again(en: &Enabled, peer: &mut Peer) -> bool {
-    let _ = en;
+fn refused_again(peer: &mut Peer) -> bool {
     if peer.waiting.is_empty() {
         return false;
     }
