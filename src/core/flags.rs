@@ -53,6 +53,13 @@ bitflags! {
     }
 }
 
+/// The RMA capabilities (`fi_rma(3)`): an info offers them together or not at all.
+pub const RMA_CAPS: Flags = Flags::RMA
+    .union(Flags::READ)
+    .union(Flags::WRITE)
+    .union(Flags::REMOTE_READ)
+    .union(Flags::REMOTE_WRITE);
+
 bitflags! {
     /// Mode bits (`FI_CONTEXT`, `FI_MSG_PREFIX`, …): what the provider asks of the application.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -155,12 +155,6 @@ const CNTR_CNT: usize = 1 << 16;
 /// `mtl ofi` asks for).
 const COMM_CAPS: Flags = Flags::LOCAL_COMM.union(Flags::REMOTE_COMM);
 
-/// What RMA adds to an MSG endpoint's capabilities.
-const RMA_CAPS: Flags = Flags::RMA
-    .union(Flags::READ)
-    .union(Flags::WRITE)
-    .union(Flags::REMOTE_READ)
-    .union(Flags::REMOTE_WRITE);
 /// The registration modes RMA needs: keys are verbs rkeys (the device picks them) and
 /// remote addresses are virtual addresses.
 const RMA_MR_MODE: MrMode = MrMode::LOCAL

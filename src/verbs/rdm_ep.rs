@@ -916,7 +916,8 @@ struct Peer {
 #[derive(Clone, Copy, Debug)]
 struct Refused {
     first: std::time::Instant,
-    next: std::time::Instant,
+    /// `None` while the connect that tries again is under way.
+    next: Option<std::time::Instant>,
     tries: u32,
 }
 
@@ -4270,7 +4271,11 @@ impl Shared {
         let now = std::time::Instant::now();
         let mut g = en.inner.lock();
         let due: Vec<u32> = (0..g.peers.len() as u32)
-            .filter(|&p| g.peers[p as usize].refused.is_some_and(|r| r.next <= now))
+            .filter(|&p| {
+                g.peers[p as usize]
+                    .refused
+                    .is_some_and(|r| r.next.is_some_and(|t| t <= now))
+            })
             .collect();
         for p in due {
             let peer = &mut g.peers[p as usize];
@@ -4279,7 +4284,7 @@ impl Shared {
             if idle && waiting {
                 // Still refused: stays marked until the connect succeeds or its budget ends.
                 if let Some(r) = peer.refused.as_mut() {
-                    r.next = now + std::time::Duration::from_secs(3600);
+                    r.next = None;
                 }
             } else {
                 peer.refused = None;
@@ -5009,9 +5014,6 @@ fn forget_qp(g: &mut Inner, ep: &MsgEndpoint) {
     }
 }
 
-/// A connection finished setting up (connected, or failed to).
-/// A connection starts being set up: until it is done, every read of the endpoint's CQ
-/// reads the connection events too.
 /// A connect to `peer` was refused: true (and the next try set) while the retry budget
 /// since its first refusal lasts, with a back-off from 10 ms doubling to 200 ms.
 fn refused_again(peer: &mut Peer) -> bool {
@@ -5021,7 +5023,7 @@ fn refused_again(peer: &mut Peer) -> bool {
     let now = std::time::Instant::now();
     let r = peer.refused.get_or_insert(Refused {
         first: now,
-        next: now,
+        next: None,
         tries: 0,
     });
     if now.duration_since(r.first) >= connect_retry_budget() {
@@ -5029,7 +5031,7 @@ fn refused_again(peer: &mut Peer) -> bool {
     }
     let wait = std::time::Duration::from_millis((10u64 << r.tries.min(5)).min(200));
     r.tries += 1;
-    r.next = now + wait;
+    r.next = Some(now + wait);
     crate::fi_info!(
         "rdm",
         "connection to {} refused (is its endpoint up yet?): trying again in {} ms",
@@ -5039,11 +5041,14 @@ fn refused_again(peer: &mut Peer) -> bool {
     true
 }
 
+/// A connection starts being set up (or a refused one waits to be tried again): until it
+/// is done, every read of the endpoint's CQ reads the connection events too.
 fn setup_begin(en: &Enabled) {
     en.in_setup.fetch_add(1, Ordering::Relaxed);
     en.rx_cq.want_progress(true);
 }
 
+/// A connection finished setting up (connected, or failed to).
 fn setup_done(en: &Enabled) {
     if en
         .in_setup
