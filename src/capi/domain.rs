@@ -10,7 +10,7 @@ use crate::capi::fid::{
     enosys, fi_ops_of, fid, from_c_nonnull, guarded, no_control, ops, put, unshared, Class, Obj,
 };
 use crate::capi::nosys::{n3i, n4i, n5i};
-use crate::capi::{av, cq, dgram_ep, mr, msg_ep, rdm_ep, soft_srx, srx};
+use crate::capi::{av, cq, dgram_ep, mr, msg_ep, pep, rdm_ep, soft_srx, srx};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::EpType;
 use crate::verbs::Domain;
@@ -85,7 +85,8 @@ unsafe extern "C" fn domain_bind(_f: *mut fi::fid, _b: *mut fi::fid, _flags: u64
         ))
     })
 }
-/// `fi_endpoint`: a MSG endpoint (active, or accepting the request in `info->handle`) or
+/// `fi_endpoint`: a MSG endpoint (active, from the address of the passive endpoint in
+/// `info->handle` if there is one, or accepting the request there) or
 /// a DGRAM one, each with its own ops tables.
 unsafe extern "C" fn endpoint_open(
     domain: *mut fi::fid_domain,
@@ -108,6 +109,16 @@ unsafe extern "C" fn endpoint_open(
         let p = match i.ep_attr.ep_type {
             EpType::Dgram => dgram_ep::open(&d.inner, &i, context)?,
             EpType::Rdm => rdm_ep::open(&d.inner, &i, context)?,
+            // SAFETY: a non-NULL handle is a fid whose class, then ops, are checked.
+            _ if !handle.is_null() && unsafe { (*handle).fclass } == fi::FI_CLASS_PEP as usize => {
+                // SAFETY: a passive endpoint's fid (its ops are checked).
+                let mut pep = pep::pep_lock(unsafe { pep::CPep::from_c(handle.cast(), "handle") }?);
+                let reserved = Arc::new(pep.grant_address()?);
+                i.handle = Some(reserved.clone());
+                msg_ep::open(&d.inner, &i, std::ptr::null_mut(), context).inspect_err(|_| {
+                    pep.restore_address(&reserved);
+                })?
+            }
             _ => {
                 if !handle.is_null() {
                     // SAFETY: fi_info.handle of an FI_CONNREQ event (its ops are checked).

@@ -64,7 +64,7 @@ pub(crate) fn open(
     })
 }
 
-fn pep_lock(p: &CPep) -> std::sync::MutexGuard<'_, PassiveEndpoint> {
+pub(crate) fn pep_lock(p: &CPep) -> std::sync::MutexGuard<'_, PassiveEndpoint> {
     p.inner.lock().unwrap_or_else(|e| e.into_inner())
 }
 unsafe extern "C" fn pep_close(f: *mut fi::fid) -> i32 {

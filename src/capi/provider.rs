@@ -67,6 +67,7 @@ unsafe extern "C" fn getinfo(
                 "rverbs is not offered to libfabric's utility providers: its own FI_EP_RDM endpoint is RDM over rverbs (ask for provider \"rverbs\")",
             ));
         }
+        let hints_c = hints;
         // SAFETY: libfabric passes NULL or valid strings and hints, per fi_getinfo(3).
         let (node, service, hints) = unsafe {
             (
@@ -93,6 +94,22 @@ unsafe extern "C" fn getinfo(
             ));
         }
         let list = list_to_c(&infos)?;
+        // SAFETY: hints is NULL or the application's fi_info (read above); list is ours.
+        unsafe {
+            // An active endpoint takes its address from the passive endpoint the hints'
+            // handle names (fi_endpoint(3)): libfabric's providers echo it, as does
+            // `ofi_alter_info`, and fabtests' `fi_msg_sockets` asserts it.
+            let handle = if hints_c.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (*hints_c).handle
+            };
+            let mut p = list;
+            while !handle.is_null() && !p.is_null() {
+                (*p).handle = handle;
+                p = (*p).next;
+            }
+        }
         // SAFETY: info is non-NULL and writable, per fi_getinfo(3).
         unsafe { *info = list };
         Ok(())

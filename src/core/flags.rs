@@ -60,6 +60,23 @@ pub const RMA_CAPS: Flags = Flags::RMA
     .union(Flags::REMOTE_READ)
     .union(Flags::REMOTE_WRITE);
 
+/// The primary capabilities (fi_getinfo(3)): an application gets those it asks for, no
+/// more. All others are secondary, reported where offered.
+pub const PRIMARY_CAPS: Flags = Flags::MSG
+    .union(RMA_CAPS)
+    .union(Flags::TAGGED)
+    .union(Flags::ATOMIC)
+    .union(Flags::MULTICAST)
+    .union(Flags::COLLECTIVE)
+    .union(Flags::NAMED_RX_CTX)
+    .union(Flags::DIRECTED_RECV)
+    .union(Flags::VARIABLE_MSG)
+    .union(Flags::HMEM)
+    .union(Flags::SEND)
+    .union(Flags::RECV)
+    .union(Flags::LOCAL_COMM)
+    .union(Flags::REMOTE_COMM);
+
 bitflags! {
     /// Mode bits (`FI_CONTEXT`, `FI_MSG_PREFIX`, …): what the provider asks of the application.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

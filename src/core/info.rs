@@ -144,6 +144,26 @@ fn name_mismatch(hint: &str, ours: &str) -> bool {
     !hint.is_empty() && hint != ours
 }
 
+/// A transmit or receive attribute's caps: those its hints ask for, else its primary caps
+/// the info's caps ask for (with the directions the info's `FI_MSG`/`FI_TAGGED` (`dir`) and
+/// `FI_RMA` imply), plus the secondary ones it offers. As libfabric's `ofi_alter_info`: a receive
+/// side that reported `FI_DIRECTED_RECV` unasked would filter by source an application
+/// that never meant to (fabtests' `fi_av_xfer` reposts from a removed address).
+fn attr_caps(info_caps: Flags, hinted: Flags, offered: Flags, dir: Flags) -> Flags {
+    if !hinted.is_empty() {
+        return hinted;
+    }
+    let mut caps = (info_caps & offered & PRIMARY_CAPS) | (offered - PRIMARY_CAPS);
+    if caps.intersects(Flags::MSG | Flags::TAGGED) {
+        caps |= offered & dir;
+    }
+    let rma_dir = RMA_CAPS - Flags::RMA;
+    if caps.contains(Flags::RMA) && !caps.intersects(rma_dir) {
+        caps |= offered & rma_dir;
+    }
+    caps
+}
+
 impl Info {
     /// Why this provider info cannot satisfy `hints`, or `None` when it can.
     pub fn mismatch(&self, hints: &Info) -> Option<String> {
@@ -293,12 +313,8 @@ impl Info {
         if !h.caps.is_empty() {
             i.caps = h.caps;
         }
-        if !h.tx_attr.caps.is_empty() {
-            i.tx_attr.caps = h.tx_attr.caps;
-        }
-        if !h.rx_attr.caps.is_empty() {
-            i.rx_attr.caps = h.rx_attr.caps;
-        }
+        i.tx_attr.caps = attr_caps(i.caps, h.tx_attr.caps, self.tx_attr.caps, Flags::SEND);
+        i.rx_attr.caps = attr_caps(i.caps, h.rx_attr.caps, self.rx_attr.caps, Flags::RECV);
         let pick = |asked: usize, ours: &mut usize| {
             if asked != 0 {
                 *ours = asked;
@@ -596,6 +612,51 @@ mod tests {
             (Flags::MSG, 64, 1024)
         );
         assert_eq!(n.domain_attr.threading, Threading::Domain);
+    }
+
+    /// fi_getinfo(3): primary capabilities are reported only where asked, in the
+    /// transmit and receive attributes too; secondary ones where offered.
+    #[test]
+    fn attributes_report_the_primary_caps_asked_and_the_secondary_offered() {
+        let mut o = offered();
+        let rx = Flags::MSG | Flags::TAGGED | Flags::RECV | Flags::DIRECTED_RECV;
+        o.caps |= Flags::TAGGED | Flags::DIRECTED_RECV | RMA_CAPS;
+        o.rx_attr.caps = rx | Flags::MULTI_RECV | Flags::SOURCE | Flags::RMA;
+        o.rx_attr.caps |= Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+        o.tx_attr.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | Flags::RMA;
+        o.tx_attr.caps |= Flags::READ | Flags::WRITE;
+        let ask = |caps: Flags, rx_caps: Flags| {
+            let mut h = Info {
+                caps,
+                ..Default::default()
+            };
+            h.rx_attr.caps = rx_caps;
+            o.narrowed(&h)
+        };
+        let n = ask(Flags::TAGGED, Flags::empty());
+        let secondary = Flags::MULTI_RECV | Flags::SOURCE;
+        assert_eq!(n.rx_attr.caps, Flags::TAGGED | Flags::RECV | secondary);
+        assert_eq!(n.tx_attr.caps, Flags::TAGGED | Flags::SEND);
+        let n = ask(Flags::TAGGED | Flags::DIRECTED_RECV, Flags::empty());
+        assert!(n.rx_attr.caps.contains(Flags::DIRECTED_RECV));
+        let n = ask(Flags::RMA, Flags::empty());
+        assert_eq!(
+            n.tx_attr.caps,
+            RMA_CAPS - Flags::REMOTE_READ - Flags::REMOTE_WRITE
+        );
+        assert_eq!(
+            n.rx_attr.caps,
+            Flags::RMA | Flags::REMOTE_READ | Flags::REMOTE_WRITE | secondary
+        );
+        assert_eq!(
+            ask(Flags::TAGGED, Flags::RECV).rx_attr.caps,
+            Flags::RECV,
+            "echoed"
+        );
+        assert_eq!(
+            ask(Flags::empty(), Flags::empty()).rx_attr.caps,
+            o.rx_attr.caps
+        );
     }
 
     #[test]

@@ -403,14 +403,20 @@ fn cm_timeout() -> Result<i32> {
 /// Resolves `dst` (from `src`, if given) with rdma_cm: the device and local address that reach it.
 pub(crate) fn resolve_route(src: Option<&SocketAddr>, dst: &SocketAddr) -> Result<CmId> {
     let id = CmId::new(None).map_err(os_err("rdma_create_id"))?;
+    route_on(&id, src, dst)?;
+    Ok(id)
+}
+
+/// Resolves the route to `dst` on `id`, from `src` or, with none, from the address `id` is
+/// bound to (a passive endpoint's, given to an active one) or any.
+pub(crate) fn route_on(id: &CmId, src: Option<&SocketAddr>, dst: &SocketAddr) -> Result<()> {
     let t = cm_timeout()?;
     id.resolve_addr(src, dst, t).map_err(|e| {
         Error::os(e, "rdma_resolve_addr")
             .with_prov_errno(e)
             .tap_cause(format!("no RDMA route to {dst}"))
     })?;
-    id.resolve_route(t).map_err(os_err("rdma_resolve_route"))?;
-    Ok(id)
+    id.resolve_route(t).map_err(os_err("rdma_resolve_route"))
 }
 
 trait TapCause {

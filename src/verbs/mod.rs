@@ -34,7 +34,7 @@ pub use fabric::Fabric;
 pub use info::{devices, getinfo, Device};
 pub use mr::MemoryRegion;
 pub use msg_ep::{MsgEndpoint, RmaIov};
-pub use pep::PassiveEndpoint;
+pub use pep::{PassiveEndpoint, ReservedAddress};
 pub use rdm_ep::{RdmEndpoint, RecvBuf};
 pub use srx::SharedRxContext;
 

@@ -19,11 +19,12 @@ use crate::verbs::ep_common::{
     wanted_caps, with_slices, CqBinding, Iov, RecvBatch, SendBatch, Signalling,
 };
 use crate::verbs::eq::{encode_cm_data, CmEndpoint, ConnRequest, Owner, CM_DATA_SIZE};
-use crate::verbs::info::resolve_route;
+use crate::verbs::info::{resolve_route, route_on};
 use crate::verbs::multi_recv::{MultiBuf, MultiRecvQueue, DEFAULT_MIN_MULTI_RECV};
 use crate::verbs::wr_id::{self, Kind};
 use crate::verbs::{
-    os_err, CompletionQueue, Counter, Domain, EventQueue, MemoryRegion, SharedRxContext,
+    os_err, CompletionQueue, Counter, Domain, EventQueue, MemoryRegion, ReservedAddress,
+    SharedRxContext,
 };
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 
@@ -288,7 +289,8 @@ fn not_enabled() -> Error {
 
 impl MsgEndpoint {
     /// Opens an endpoint. With `info.handle` from an `FI_CONNREQ` event it is the accepting
-    /// side of that request; otherwise `info.dest_addr` names the peer to connect to.
+    /// side of that request; otherwise `info.dest_addr` names the peer to connect to, from
+    /// the address of the passive endpoint `info.handle` names, if it names one.
     /// `context` is reported as the `fid` of its events.
     pub fn open(domain: &Arc<Domain>, info: &Info, context: u64) -> Result<Self> {
         if info.ep_attr.ep_type != EpType::Msg && info.ep_attr.ep_type != EpType::Unspec {
@@ -297,23 +299,39 @@ impl MsgEndpoint {
                 format!("{:?} info given to a MSG endpoint", info.ep_attr.ep_type),
             ));
         }
+        let dest = || {
+            info.dest_addr.ok_or_else(|| {
+                Error::new(errno::EINVAL, "no destination: give fi_getinfo the server's node and service, or set dest_addr")
+            })
+        };
         let id = match &info.handle {
+            Some(h) if h.is::<ReservedAddress>() => {
+                let reserved = h.downcast_ref::<ReservedAddress>().expect("checked");
+                let id = reserved.take().ok_or_else(|| {
+                    Error::new(
+                        errno::EINVAL,
+                        "the passive endpoint's address was already given to an endpoint",
+                    )
+                })?;
+                match dest().and_then(|dst| route_on(&id, None, &dst)) {
+                    Ok(()) => id,
+                    Err(e) => {
+                        reserved.put_back(id);
+                        return Err(e);
+                    }
+                }
+            }
             Some(h) => h
                 .clone()
                 .downcast::<ConnRequest>()
                 .map_err(|_| {
                     Error::new(
                         errno::EINVAL,
-                        "info.handle is not an rverbs connection request",
+                        "info.handle is neither an rverbs connection request nor passive endpoint",
                     )
                 })?
                 .take()?,
-            None => {
-                let dst = info.dest_addr.ok_or_else(|| {
-                    Error::new(errno::EINVAL, "no destination: give fi_getinfo the server's node and service, or set dest_addr")
-                })?;
-                resolve_route(info.src_addr.as_ref(), &dst)?
-            }
+            None => resolve_route(info.src_addr.as_ref(), &dest()?)?,
         };
         let dev = id.context().map(|c| c.name()).unwrap_or_default();
         if dev != domain.device().name {
@@ -770,10 +788,13 @@ impl MsgEndpoint {
     /// The peer's address (`fi_getpeer`).
     /// The peer an active endpoint connects to (`fi_info.dest_addr`); none when accepting.
     pub fn dest_addr(&self) -> Option<SocketAddr> {
-        self.shared
-            .info
-            .dest_addr
-            .filter(|_| self.shared.info.handle.is_none())
+        self.shared.info.dest_addr.filter(|_| !self.accepting())
+    }
+
+    /// Whether this endpoint answers a connection request (its info's handle is one).
+    fn accepting(&self) -> bool {
+        let h = self.shared.info.handle.as_ref();
+        h.is_some_and(|h| h.is::<ConnRequest>())
     }
 
     pub fn getpeer(&self) -> Option<SocketAddr> {
@@ -815,12 +836,7 @@ impl MsgEndpoint {
                 "fi_setname after fi_enable: set the address before enabling",
             ));
         }
-        let Some(dst) = self
-            .shared
-            .info
-            .dest_addr
-            .filter(|_| self.shared.info.handle.is_none())
-        else {
+        let Some(dst) = self.dest_addr() else {
             return Err(Error::new(
                 errno::EOPBADSTATE,
                 "an accepting endpoint's address is the one its connection request arrived at",

@@ -22,6 +22,8 @@ pub struct PassiveEndpoint {
     /// `FI_BACKLOG`; 0 until set. Applied by `listen`.
     backlog: std::sync::atomic::AtomicI32,
     listening: std::sync::atomic::AtomicBool,
+    /// Its address was given to an active endpoint (`grant_address`).
+    granted: bool,
     _fabric: Arc<Fabric>,
 }
 
@@ -43,6 +45,7 @@ impl PassiveEndpoint {
             eq: Mutex::new(None),
             backlog: 0.into(),
             listening: false.into(),
+            granted: false,
             _fabric: fabric.clone(),
         })
     }
@@ -158,6 +161,7 @@ impl PassiveEndpoint {
         }
         self.id = id;
         self.info.src_addr = Some(*addr);
+        self.granted = false;
         if let Some(eq) = &eq {
             self.register(eq);
         }
@@ -179,6 +183,80 @@ impl PassiveEndpoint {
         let id = request.take()?;
         let enc = encode_cm_data(data, REJECT_PRIVATE_DATA_MAX)?;
         id.reject(&enc).map_err(os_err("rdma_reject"))
+    }
+}
+
+impl PassiveEndpoint {
+    /// Gives this endpoint's address to an active endpoint (fi_endpoint(3): an info whose
+    /// `handle` is a passive endpoint). The identifier bound to it moves, synchronous
+    /// again, into the handle; this endpoint keeps an unbound one, with no address.
+    pub fn grant_address(&mut self) -> Result<ReservedAddress> {
+        if self.listening.load(Ordering::Acquire) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "a listening passive endpoint cannot give its address to an active endpoint",
+            ));
+        }
+        if self.granted {
+            return Err(Error::new(
+                errno::EINVAL,
+                "this passive endpoint's address was given to an active endpoint already",
+            ));
+        }
+        let fresh = CmId::new(None).map_err(os_err("rdma_create_id"))?;
+        let eq = self.eq.get_mut().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(eq) = &eq {
+            fresh
+                .migrate(eq.channel())
+                .map_err(os_err("rdma_migrate_id"))?;
+            self.id.migrate_sync().map_err(os_err("rdma_migrate_id"))?;
+            eq.unregister(self.id.ident());
+        }
+        let id = std::mem::replace(&mut self.id, fresh);
+        self.info.src_addr = None;
+        self.granted = true;
+        if let Some(eq) = &eq {
+            self.register(eq);
+        }
+        Ok(ReservedAddress {
+            id: Mutex::new(Some(id)),
+        })
+    }
+
+    /// Takes back an address an active endpoint could not use.
+    pub fn restore_address(&mut self, reserved: &ReservedAddress) {
+        let Some(id) = reserved.take() else { return };
+        let eq = self.eq.get_mut().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(eq) = &eq {
+            if id.migrate(eq.channel()).is_err() {
+                return;
+            }
+            eq.unregister(self.id.ident());
+        }
+        self.info.src_addr = id.local_addr();
+        self.id = id;
+        self.granted = false;
+        if let Some(eq) = &eq {
+            self.register(eq);
+        }
+    }
+}
+
+/// A passive endpoint's address given to an active endpoint (`fi_info.handle`): the
+/// rdma_cm identifier bound to it, taken once.
+#[derive(Debug)]
+pub struct ReservedAddress {
+    id: Mutex<Option<CmId>>,
+}
+
+impl ReservedAddress {
+    pub(crate) fn take(&self) -> Option<CmId> {
+        self.id.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Gives back an identifier its endpoint could not use.
+    pub(crate) fn put_back(&self, id: CmId) {
+        *self.id.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
     }
 }
 

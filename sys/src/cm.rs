@@ -414,6 +414,19 @@ impl CmId {
         Ok(())
     }
 
+    /// Puts the identifier back in synchronous mode: its calls wait for their own events,
+    /// as an identifier made with no channel does (rdma_migrate_id with a NULL channel).
+    pub fn migrate_sync(&self) -> Result<(), i32> {
+        let mut cur = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.is_none() {
+            return Ok(());
+        }
+        // SAFETY: valid id; a NULL channel asks librdmacm for a private synchronous one.
+        check(unsafe { r::rdma_migrate_id(self.id.as_ptr(), ptr::null_mut()) })?;
+        *cur = None;
+        Ok(())
+    }
+
     /// The device context the identifier is bound to, once bound or resolved.
     pub fn context(&self) -> Option<Context> {
         // SAFETY: valid id; verbs is NULL until bound to a device.

@@ -219,30 +219,13 @@ static void open_cq(struct fid_domain *d, struct fid_cq **cq)
 	OK(fi_cq_open(d, &a, cq, NULL));
 }
 
-/* Connects a client endpoint to the passive endpoint; the server side accepts, taking its
- * receives from `srx` when given. Connection data goes both ways. */
-static void connect_pair(struct msg_env *m, struct side *s, struct side *c, struct fid_ep *srx)
+/* The server half of a connection: reads the request `c` (connecting with "hello") made,
+ * accepts it on a new endpoint taking receives from `srx` when given, and waits until both
+ * sides are connected. */
+static void accept_request(struct msg_env *m, struct side *s, struct side *c, struct fid_ep *srx)
 {
-	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
-	struct fi_info *h = hints_for(FI_EP_MSG), *ci;
 	uint8_t cmbuf[sizeof(struct fi_eq_cm_entry) + 64];
 	struct fi_eq_cm_entry *cm = (void *)cmbuf;
-
-	h->caps = pair_caps;
-	h->addr_format = FI_SOCKADDR_IN;
-	h->dest_addr = malloc(sizeof m->addr);
-	memcpy(h->dest_addr, &m->addr, sizeof m->addr);
-	h->dest_addrlen = sizeof m->addr;
-	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &ci));
-	OK(fi_eq_open(m->fabric, &ea, &c->eq, NULL));
-	open_cq(m->domain, &c->cq);
-	OK(fi_endpoint(m->domain, ci, &c->ep, c));
-	OK(fi_ep_bind(c->ep, &c->eq->fid, 0));
-	OK(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV | pair_cq_flags));
-	if (pair_cntr[0])
-		OK(fi_ep_bind(c->ep, &pair_cntr[0]->fid, pair_cntr_flags[0]));
-	OK(fi_enable(c->ep));
-	OK(fi_connect(c->ep, &m->addr, "hello", 5));
 
 	/* Peeks of the request hand out one info, the one the read then takes (issue 15,
 	 * finding 11: each peek used to allocate an info and a handle nobody freed). */
@@ -283,6 +266,32 @@ static void connect_pair(struct msg_env *m, struct side *s, struct side *c, stru
 	TRUE(memcmp(cm->data, "world", 5) == 0);
 	eq_expect(m->peq, FI_CONNECTED, cm, sizeof cmbuf);
 	TRUE(cm->fid == &s->ep->fid);
+}
+
+/* Connects a client endpoint to the passive endpoint; the server side accepts, taking its
+ * receives from `srx` when given. Connection data goes both ways. */
+static void connect_pair(struct msg_env *m, struct side *s, struct side *c, struct fid_ep *srx)
+{
+	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
+	struct fi_info *h = hints_for(FI_EP_MSG), *ci;
+
+	h->caps = pair_caps;
+	h->addr_format = FI_SOCKADDR_IN;
+	h->dest_addr = malloc(sizeof m->addr);
+	memcpy(h->dest_addr, &m->addr, sizeof m->addr);
+	h->dest_addrlen = sizeof m->addr;
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &ci));
+	OK(fi_eq_open(m->fabric, &ea, &c->eq, NULL));
+	open_cq(m->domain, &c->cq);
+	OK(fi_endpoint(m->domain, ci, &c->ep, c));
+	OK(fi_ep_bind(c->ep, &c->eq->fid, 0));
+	OK(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV | pair_cq_flags));
+	if (pair_cntr[0])
+		OK(fi_ep_bind(c->ep, &pair_cntr[0]->fid, pair_cntr_flags[0]));
+	OK(fi_enable(c->ep));
+	OK(fi_connect(c->ep, &m->addr, "hello", 5));
+
+	accept_request(m, s, c, srx);
 	fi_freeinfo(ci);
 	fi_freeinfo(h);
 }
@@ -535,6 +544,82 @@ static void msg_section(void)
 static void avset_check(struct fid_domain *domain, struct fid_av *av, fi_addr_t *addrs,
 			struct fid_ep *ep);
 static struct fid_peer_av *off_owner_av;
+
+/* An active endpoint takes the address of the passive endpoint its info's handle names
+ * (fi_endpoint(3)), as fabtests' fi_msg_sockets has it: fi_getinfo echoes the handle, the
+ * address is given once, it stays the endpoint's once the passive endpoint is closed, and
+ * the server sees the connection come from it. */
+static void pep_address_section(void)
+{
+	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_UNSPEC};
+	struct msg_env m = {0};
+	struct side s = {0}, c = {0};
+	struct fi_info *h = hints_for(FI_EP_MSG), *ci, *pi;
+	struct fid_pep *cpep;
+	struct fid_ep *ep2 = NULL;
+	struct sockaddr_in want, got;
+	size_t len;
+	int ctx[2];
+
+	msg_env_open(&m, h);
+	len = sizeof m.addr;
+	OK(fi_getname(&m.pep->fid, &m.addr, &len));
+	TRUE(m.info->src_addr && m.info->src_addrlen == sizeof want);
+	memcpy(&want, m.info->src_addr, sizeof want);
+	want.sin_port = 0;
+	pi = fi_dupinfo(m.info);
+	OK(fi_passive_ep(m.fabric, pi, &cpep, NULL));
+	OK(fi_setname(&cpep->fid, &want, sizeof want));
+	len = sizeof want;
+	OK(fi_getname(&cpep->fid, &want, &len));
+	TRUE(want.sin_port != 0 && want.sin_port != m.addr.sin_port);
+
+	h->addr_format = FI_SOCKADDR_IN;
+	h->dest_addr = malloc(sizeof m.addr);
+	memcpy(h->dest_addr, &m.addr, sizeof m.addr);
+	h->dest_addrlen = sizeof m.addr;
+	h->handle = &cpep->fid;
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &ci));
+	TRUE(ci->handle == &cpep->fid);
+	OK(fi_endpoint(m.domain, ci, &c.ep, &c));
+	EXPECT(fi_endpoint(m.domain, ci, &ep2, NULL), -FI_EINVAL); /* given once */
+	TRUE(ep2 == NULL);
+	len = sizeof got;
+	OK(fi_getname(&c.ep->fid, &got, &len));
+	TRUE(got.sin_port == want.sin_port && got.sin_addr.s_addr == want.sin_addr.s_addr);
+	OK(fi_close(&cpep->fid));
+
+	OK(fi_eq_open(m.fabric, &ea, &c.eq, NULL));
+	open_cq(m.domain, &c.cq);
+	OK(fi_ep_bind(c.ep, &c.eq->fid, 0));
+	OK(fi_ep_bind(c.ep, &c.cq->fid, FI_TRANSMIT | FI_RECV));
+	OK(fi_enable(c.ep));
+	OK(fi_connect(c.ep, &m.addr, "hello", 5));
+	accept_request(&m, &s, &c, NULL);
+	len = sizeof got;
+	OK(fi_getpeer(s.ep, &got, &len));
+	TRUE(got.sin_port == want.sin_port && got.sin_addr.s_addr == want.sin_addr.s_addr);
+	len = sizeof got;
+	OK(fi_getname(&c.ep->fid, &got, &len));
+	TRUE(got.sin_port == want.sin_port);
+
+	uint8_t *rx = m.buf, *tx = m.buf + 32768;
+	fill(tx, 1000, 7);
+	OK(fi_recv(s.ep, rx, 4096, m.desc, 0, &ctx[0]));
+	OK(fi_send(c.ep, tx, 1000, m.desc, 0, &ctx[1]));
+	cq_expect(c.cq, &ctx[1], FI_SEND, 0, NULL);
+	cq_expect(s.cq, &ctx[0], FI_RECV, 1000, NULL);
+	check(rx, 1000, 7);
+
+	close_side(&c, 1);
+	close_side(&s, 0);
+	fi_freeinfo(ci);
+	fi_freeinfo(pi);
+	h->handle = NULL;
+	fi_freeinfo(h);
+	msg_env_close(&m);
+	printf("ok pep-address\n");
+}
 
 static void dgram_section(void)
 {
@@ -2788,8 +2873,10 @@ int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
 	setvbuf(stdout, NULL, _IONBF, 0);
-	if (!only || !strcmp(only, "msg"))
+	if (!only || !strcmp(only, "msg")) {
 		msg_section();
+		pep_address_section();
+	}
 	if (!only || !strcmp(only, "dgram"))
 		dgram_section();
 	if (!only || !strcmp(only, "bad"))
