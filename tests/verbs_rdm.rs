@@ -4100,6 +4100,212 @@ fn rma_events_count_remote_writes_and_reads_at_a_target_that_asked_for_them() {
     rw.close().unwrap();
 }
 
+/// fi_msg(3) and fi_rma(3): `FI_INJECT` on a `sendmsg` or `writemsg` frees the buffer at
+/// once and completes as any operation does (a CQ without selective completion gets an
+/// entry, as libfabric's verbs provider and rxm write one, and fabtests' `fi_msg_inject
+/// -N` waits for it); the `inject` calls complete with nothing.
+#[test]
+fn a_flagged_inject_completes_and_the_inject_calls_do_not() {
+    let Some(info) = rdm_rma_info() else { return };
+    let v = nodes(&info, 2, false);
+    let target = MemoryRegion::alloc(&v[1].domain, 4096, Flags::REMOTE_WRITE).unwrap();
+    for k in 0..4u64 {
+        v[1].ep
+            .recv(
+                RecvBuf::region(&v[1].mr, 64 * k as usize, 64).unwrap(),
+                ANY,
+                100 + k,
+            )
+            .unwrap();
+    }
+    let mut buf = *b"flagged";
+    retry(&v, || {
+        v[0].ep.sendmsg(&[&buf], 1, None, None, 1, Flags::INJECT)
+    });
+    buf.fill(0); // free at return
+    assert_eq!(next_ok(&v, 0).0.op_context, 1);
+    v[0].ep.inject(b"call", 1).unwrap();
+    v[0].ep.injectdata(b"data", 0x77, 1).unwrap();
+    let mut tx = *b"written";
+    v[0].ep
+        .writemsg(
+            &[&tx],
+            1,
+            &RmaIov {
+                addr: target.addr(),
+                len: 7,
+                key: target.key(),
+            },
+            None,
+            2,
+            Flags::INJECT,
+        )
+        .unwrap();
+    tx.fill(0);
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 2);
+    v[0].ep
+        .inject_write(b"quiet", 1, target.addr() + 100, target.key())
+        .unwrap();
+    v[0].ep
+        .sendmsg(
+            &[b"last"],
+            1,
+            None,
+            None,
+            3,
+            Flags::INJECT | Flags::COMPLETION,
+        )
+        .unwrap();
+    assert_eq!(next_ok(&v, 0).0.op_context, 3);
+    quiet(&v, 0);
+    // Every message arrived once, in order, with its bytes.
+    let want: [(&[u8], Option<u64>); 4] = [
+        (b"flagged", None),
+        (b"call", None),
+        (b"data", Some(0x77)),
+        (b"last", None),
+    ];
+    for (k, (body, data)) in want.iter().enumerate() {
+        let (e, _) = next_ok(&v, 1);
+        assert_eq!((e.op_context, e.len), (100 + k as u64, body.len()));
+        assert_eq!(data.is_some(), e.flags().contains(Flags::REMOTE_CQ_DATA));
+        assert_eq!(mr_bytes(&v[1].mr, 64 * k, body.len()), *body);
+    }
+    quiet(&v, 1);
+    assert_eq!(mr_bytes(&target, 0, 7), b"written");
+    assert_eq!(mr_bytes(&target, 100, 5), b"quiet");
+}
+
+/// fi_mr(3): a counter bound to a region with `FI_REMOTE_WRITE` counts the remote writes
+/// that modify that region (fabtests' `fi_multi_mr`), whatever path they take, and its
+/// reads and waits drive the target. Reads are not counted; a region of its own for each
+/// counter; bad bindings are refused; the region's close unbinds.
+#[test]
+fn counters_bound_to_regions_count_the_remote_writes_to_each() {
+    let Some(plain) = rdm_rma_info() else { return };
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::RMA | Flags::RMA_EVENT;
+    let evinfo = getinfo(None, None, Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    let fabric = Fabric::open(&plain.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &plain).unwrap();
+    let v = nodes_built(&domain, &[&plain, &evinfo], false, WaitObj::None, |_, _| {});
+    let attr = CntrAttr {
+        wait_obj: WaitObj::Unspec,
+        ..Default::default()
+    };
+    let [ca, ca2, cb] = [(); 3].map(|()| Counter::open(&domain, &attr).unwrap());
+    let rw = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    let a = MemoryRegion::alloc(&domain, 4 << 20, rw).unwrap();
+    let b = MemoryRegion::alloc(&domain, 4096, rw).unwrap();
+    let ro = MemoryRegion::alloc(&domain, 4096, Flags::REMOTE_READ).unwrap();
+    let local = MemoryRegion::alloc(&domain, 4 << 20, Flags::SEND | Flags::RECV).unwrap();
+    local.write_at(0, &pattern(2 << 20, 9)).unwrap();
+    // Refused: other flags, a region no remote write can reach, another domain's counter.
+    for f in [Flags::REMOTE_READ, rw, Flags::empty()] {
+        assert_eq!(
+            a.bind_cntr(&ca, f).unwrap_err().errno(),
+            errno::EINVAL,
+            "{f:?}"
+        );
+    }
+    assert_eq!(
+        ro.bind_cntr(&ca, Flags::REMOTE_WRITE).unwrap_err().errno(),
+        errno::EINVAL
+    );
+    let other = Domain::open(&fabric, &plain).unwrap();
+    let foreign = Counter::open(&other, &attr).unwrap();
+    assert_eq!(
+        a.bind_cntr(&foreign, Flags::REMOTE_WRITE)
+            .unwrap_err()
+            .errno(),
+        errno::EINVAL
+    );
+    a.bind_cntr(&ca, Flags::REMOTE_WRITE).unwrap();
+    a.bind_cntr(&ca2, Flags::REMOTE_WRITE).unwrap();
+    a.bind_cntr(&ca, Flags::REMOTE_WRITE).unwrap(); // again: still one binding
+    b.bind_cntr(&cb, Flags::REMOTE_WRITE).unwrap();
+    // To region a: copied, from a region (large), with data; to b: injected, copied. A
+    // read of each as well, which no counter sees.
+    v[0].ep
+        .write(&pattern(100, 1), 1, a.addr(), a.key(), 1)
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 1);
+    let big = RmaIov {
+        addr: a.addr() + 4096,
+        len: 2 << 20,
+        key: a.key(),
+    };
+    let ctx = 2;
+    v[0].ep
+        .write_region(&local, 0, 2 << 20, 1, &big, None, ctx, Flags::empty())
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 2);
+    v[0].ep
+        .writedata(&pattern(10, 3), 0xbeef, 1, a.addr() + 200, a.key(), 3)
+        .unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::WRITE, 3);
+    v[0].ep
+        .inject_write(&pattern(64, 4), 1, b.addr(), b.key())
+        .unwrap();
+    let rd = RecvBuf::region(&local, 3 << 20, 300).unwrap();
+    v[0].ep.read(rd, 1, a.addr(), a.key(), 4).unwrap();
+    rma_done(&v, 0, Flags::RMA | Flags::READ, 4);
+    // The last one is waited for at the initiator alone: only the counter's wait drives
+    // the target to learn of it.
+    v[0].ep
+        .write(&pattern(50, 5), 1, b.addr() + 100, b.key(), 5)
+        .unwrap();
+    let t = Instant::now();
+    let mut e = [TaggedEntry::default(); 1];
+    loop {
+        v[0].ep.progress();
+        match v[0].cq.read(&mut e) {
+            Ok(_) => break,
+            Err(err) if err.is_again() && t.elapsed() < Duration::from_secs(10) => {}
+            Err(err) => panic!("{err}"),
+        }
+    }
+    assert_eq!(
+        (e[0].op_context, e[0].flags()),
+        (5, Flags::RMA | Flags::WRITE)
+    );
+    cb.wait(2, 10_000).unwrap();
+    ca.wait(3, 10_000).unwrap();
+    quiet(&v, 0);
+    let (d, src) = next_ok(&v, 1);
+    assert_eq!(
+        (d.flags(), d.data, src),
+        (
+            Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA,
+            0xbeef,
+            0
+        )
+    );
+    quiet(&v, 1);
+    let counts = |c: &Counter| (c.read(), c.readerr());
+    assert_eq!(
+        [counts(&ca), counts(&ca2), counts(&cb)],
+        [(3, 0), (3, 0), (2, 0)]
+    );
+    assert_eq!(mr_bytes(&a, 0, 100), pattern(100, 1));
+    assert_eq!(mr_bytes(&a, 4096, 2 << 20), pattern(2 << 20, 9));
+    assert_eq!(mr_bytes(&a, 200, 10), pattern(10, 3));
+    assert_eq!(mr_bytes(&b, 0, 64), pattern(64, 4));
+    assert_eq!(mr_bytes(&b, 100, 50), pattern(50, 5));
+    assert_eq!(mr_bytes(&local, 3 << 20, 100), pattern(100, 1));
+    // Bound counters stay open until their region goes.
+    assert_eq!(ca.close().unwrap_err().errno(), errno::EBUSY);
+    drop(a);
+    ca.close().unwrap();
+    ca2.close().unwrap();
+    drop(v);
+    drop(b);
+    cb.close().unwrap();
+}
+
 #[test]
 fn calls_without_flags_take_the_completion_flags_of_op_flags_under_selective_completion() {
     // Open MPI's mtl ofi: CQ bound with FI_SELECTIVE_COMPLETION, FI_COMPLETION in the

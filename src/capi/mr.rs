@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use rfabric_sys::fabric as fi;
 use rfabric_sys::verbs::MemoryRegion as SysMr;
 
+use crate::capi::cntr::CCntr;
 use crate::capi::fid::{fi_ops_of, fid, guarded, no_control, Class, Obj};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
@@ -91,11 +92,28 @@ unsafe extern "C" fn mr_close(f: *mut fi::fid) -> i32 {
         })
     })
 }
-unsafe extern "C" fn mr_bind(_f: *mut fi::fid, _b: *mut fi::fid, _flags: u64) -> i32 {
+unsafe extern "C" fn mr_bind(f: *mut fi::fid, b: *mut fi::fid, flags: u64) -> i32 {
     guarded("fi_mr_bind", || {
-        Err(Error::new(
-            errno::EINVAL,
-            "rverbs regions are not bound (no FI_MR_ENDPOINT in mr_mode)",
-        ))
+        // SAFETY: the application's region fid (its ops are checked).
+        let mr = &unsafe { CMr::from_c(f.cast(), "mr") }?.inner;
+        if b.is_null() {
+            return Err(Error::new(errno::EINVAL, "the fid to bind is NULL"));
+        }
+        // SAFETY: a non-NULL fid from the application: its class, then its ops, are checked.
+        match unsafe { (*b).fclass } as u32 {
+            fi::FI_CLASS_CNTR => {
+                // SAFETY: a counter's fid (its ops are checked).
+                let cntr = &unsafe { CCntr::from_c(b.cast(), "cntr") }?.inner;
+                mr.bind_cntr(cntr, Flags::from_bits_retain(flags))
+            }
+            fi::FI_CLASS_EP => Err(Error::new(
+                errno::EINVAL,
+                "rverbs regions serve every endpoint of their domain: no FI_MR_ENDPOINT, so no endpoint binding",
+            )),
+            c => Err(Error::new(
+                errno::EINVAL,
+                format!("a region binds to a counter (FI_REMOTE_WRITE), not to a fid of class {c}"),
+            )),
+        }
     })
 }

@@ -623,17 +623,7 @@ unsafe extern "C" fn rdm_injectdata(
 ) -> isize {
     guarded_len("fi_injectdata", || {
         // SAFETY: the application's handle and buffer (fi_msg(3)).
-        unsafe {
-            rdm(ep)?.sendmsg(
-                &[bytes(buf, len, "buf")?],
-                dest,
-                None,
-                Some(data),
-                0,
-                Flags::INJECT | Flags::REMOTE_CQ_DATA,
-            )
-        }
-        .map(|()| 0)
+        unsafe { rdm(ep)?.injectdata(bytes(buf, len, "buf")?, data, dest) }.map(|()| 0)
     })
 }
 
@@ -788,17 +778,7 @@ unsafe extern "C" fn rdm_tinjectdata(
 ) -> isize {
     guarded_len("fi_tinjectdata", || {
         // SAFETY: the application's handle and buffer (fi_tagged(3)).
-        unsafe {
-            rdm(ep)?.sendmsg(
-                &[bytes(buf, len, "buf")?],
-                dest,
-                Some(tag),
-                Some(data),
-                0,
-                Flags::INJECT | Flags::REMOTE_CQ_DATA,
-            )
-        }
-        .map(|()| 0)
+        unsafe { rdm(ep)?.tinjectdata(bytes(buf, len, "buf")?, data, tag, dest) }.map(|()| 0)
     })
 }
 

@@ -448,7 +448,9 @@ pub struct Header {
     /// `FI_DELIVERY_COMPLETE`: the receiver sends a [`Fin`] with this id once the message
     /// is in the receive's buffer.
     pub ack: Option<u32>,
-    /// The whole message's size on a first segment (`Op::SegMsg`/`SegTag`), else 0.
+    /// The whole message's size on a first segment (`Op::SegMsg`/`SegTag`); the key of the
+    /// region written on a write's notice (`Op::WriteData`: counters bound to it count it);
+    /// else 0.
     pub total: u32,
     /// A peer provider's transfer (`FI_PEER_TRANSFER`): matched against its receives only.
     pub peer: bool,
@@ -596,6 +598,7 @@ impl Header {
                 }
                 t
             }
+            Op::WriteData => (w3 >> 32) as u32,
             _ => 0,
         };
         Ok(Header {

@@ -191,7 +191,7 @@ impl Counter {
 
     /// One more success (`ok`) or failure, from progress.
     #[inline]
-    fn bump(&self, ok: bool) {
+    pub(crate) fn count(&self, ok: bool) {
         let n = if ok { &self.value } else { &self.err };
         n.fetch_add(1, Ordering::AcqRel);
         self.broadcast();
@@ -341,7 +341,9 @@ impl Counter {
         if n > 0 {
             return Err(Error::new(
                 errno::EBUSY,
-                format!("{n} endpoint bindings still use this counter: close the endpoints first"),
+                format!(
+                    "{n} bindings (endpoints, regions) still use this counter: close them first"
+                ),
             ));
         }
         self.closed.store(true, Ordering::Release);
@@ -500,7 +502,7 @@ impl EpCounters {
             return;
         };
         if let Some(c) = cntr {
-            c.bump(ok);
+            c.count(ok);
         }
     }
 
@@ -538,7 +540,7 @@ impl EpCounters {
             return self.done(wr_id::flags(id), false);
         };
         if let Some(c) = cntr {
-            c.bump(true);
+            c.count(true);
         }
     }
 }

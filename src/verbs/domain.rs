@@ -1,6 +1,8 @@
 //! The domain: one verbs device and a protection domain on it.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rfabric_sys::verbs::{self as sv, PinnedPages, ProtectionDomain};
 
@@ -8,8 +10,9 @@ use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{Flags, MrMode};
 use crate::core::info::Info;
 use crate::verbs::info::{devices, Device};
+use crate::verbs::mr::RegionCounters;
 use crate::verbs::mr_cache::{self, Monitor, MrCache};
-use crate::verbs::{os_err, Fabric};
+use crate::verbs::{os_err, CompletionQueue, Fabric};
 
 /// An open domain (`fi_domain`): a PD on the device the info names.
 #[derive(Debug)]
@@ -25,6 +28,19 @@ pub struct Domain {
     /// Registrations of unregistered application memory, made at the first rendezvous
     /// that needs one (`None`: the cache is off or the kernel cannot monitor memory).
     mr_cache: OnceLock<Option<MrCache<Arc<PinnedPages>>>>,
+    /// Counters bound to regions (`fi_mr_bind`), and the CQs that see remote writes.
+    region_events: Mutex<RegionEvents>,
+    /// Some region has a counter: notices of remote writes look it up.
+    region_counted: AtomicBool,
+}
+
+/// The regions with counters bound (`FI_REMOTE_WRITE`), by the key peers write under, and
+/// the CQs of the endpoints that learn of remote writes (RDM with `FI_RMA_EVENT`, and any
+/// write with remote CQ data): a bound counter's reads drive those CQs.
+#[derive(Debug, Default)]
+struct RegionEvents {
+    by_key: HashMap<u64, Weak<RegionCounters>>,
+    targets: Vec<Weak<CompletionQueue>>,
 }
 
 /// The process's memory monitor for domains' registration caches.
@@ -63,6 +79,8 @@ impl Domain {
                 && !info.domain_attr.mr_mode.contains(MrMode::VIRT_ADDR),
             cache_limits,
             mr_cache: OnceLock::new(),
+            region_events: Mutex::default(),
+            region_counted: AtomicBool::new(false),
         }))
     }
 
@@ -100,6 +118,72 @@ impl Domain {
         cached
             .or_else(|_| reg(addr, len, access))
             .map_err(|e| Error::os(e, "ibv_reg_mr of an application buffer"))
+    }
+
+    fn region_events(&self) -> std::sync::MutexGuard<'_, RegionEvents> {
+        self.region_events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `region`'s counters count remote writes under its key from now on, and read
+    /// through the CQs that learn of them.
+    pub(crate) fn count_region(&self, region: &Arc<RegionCounters>) {
+        let mut g = self.region_events();
+        g.targets.retain(|w| w.strong_count() > 0);
+        for cq in g.targets.iter().filter_map(Weak::upgrade) {
+            region.feed_from(&cq);
+        }
+        g.by_key.insert(region.key(), Arc::downgrade(region));
+        self.region_counted.store(true, Ordering::Release);
+    }
+
+    /// `region`, going away, counts no more (a later region may reuse its key).
+    pub(crate) fn forget_region(&self, region: &RegionCounters) {
+        let mut g = self.region_events();
+        let ours = g
+            .by_key
+            .get(&region.key())
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), region));
+        if ours {
+            g.by_key.remove(&region.key());
+        }
+        self.region_counted
+            .store(!g.by_key.is_empty(), Ordering::Release);
+    }
+
+    /// `cq` learns of remote writes (an RDM endpoint's receive CQ): counters bound to
+    /// regions read through it.
+    pub(crate) fn add_write_target(&self, cq: &Arc<CompletionQueue>) {
+        let mut g = self.region_events();
+        if g.targets
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cq)))
+        {
+            return;
+        }
+        g.targets.retain(|w| w.strong_count() > 0);
+        g.targets.push(Arc::downgrade(cq));
+        let regions: Vec<_> = g.by_key.values().filter_map(Weak::upgrade).collect();
+        // A region whose last holder is this list forgets itself under the lock: not held.
+        drop(g);
+        for r in regions {
+            r.feed_from(cq);
+        }
+    }
+
+    /// A remote write under `key` is in place: the counters bound to its region count it.
+    #[inline]
+    pub(crate) fn region_written(&self, key: u64) {
+        if !self.region_counted.load(Ordering::Acquire) {
+            return;
+        }
+        let r = self
+            .region_events()
+            .by_key
+            .get(&key)
+            .and_then(Weak::upgrade);
+        if let Some(r) = r {
+            r.count();
+        }
     }
 
     /// Memory registrations made in this domain so far (tests: what a path registers).

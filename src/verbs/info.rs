@@ -231,6 +231,10 @@ pub(crate) fn msg_info(dev: &Device) -> Result<Info> {
         comp_order: fi::FI_ORDER_STRICT,
         size: a.max_qp_wr as usize,
         iov_limit: rx_iov_limit(dev),
+        // A write with remote CQ data (write with immediate) consumes a receive at the
+        // target, as with libfabric's verbs provider: fabtests' `fi_rma_bw -o writedata`
+        // posts receives for them when it finds this bit.
+        mode: Mode::RX_CQ_DATA,
         ..Default::default()
     };
     i.ep_attr = EpAttr {
@@ -290,6 +294,7 @@ pub const DGRAM_PREFIX: usize = rfabric_sys::verbs::GRH_LEN;
 pub(crate) fn dgram_info(dev: &Device) -> Result<Info> {
     let mut i = msg_info(dev)?;
     i.domain_attr.max_ep_srx_ctx = 0;
+    i.rx_attr.mode -= Mode::RX_CQ_DATA; // no RMA
     let mtu = dev.port.active_mtu as usize;
     // FI_SOURCE / FI_SOURCE_ERR cost a GRH slot and a lookup per receive: only on request.
     i.caps = Flags::MSG
@@ -327,6 +332,8 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
     let mut i = msg_info(dev)?;
     // Its receives go to its own engine: an application's SRX is not bound to it.
     i.domain_attr.max_ep_srx_ctx = 0;
+    // Remote CQ data follows a write as a notice: no receive of the application's goes.
+    i.rx_attr.mode -= Mode::RX_CQ_DATA;
     let eager = crate::verbs::rdm_ep::eager_size()?;
     let recv = Flags::MSG
         | Flags::TAGGED
@@ -506,6 +513,12 @@ pub fn getinfo(
     {
         let dgram = ep_type == EpType::Dgram;
         let rdm = ep_type == EpType::Rdm;
+        if dgram && !passive && named.is_some() {
+            // A UD name is a GID, a QPN and a Q_Key: no node and service make one, and an
+            // answer without a destination would leave the caller nothing to insert.
+            last_reason = "a datagram peer's name (GID, QPN, Q_Key) cannot be made from a node and a service: exchange fi_getname's names out of band (fabtests: runfabtests.sh -b)".into();
+            continue;
+        }
         let mut info = if dgram {
             dgram_info(dev)?
         } else if rdm {
@@ -573,6 +586,10 @@ pub fn getinfo(
         }
         if dgram && hints.caps.is_empty() {
             n.caps -= Flags::MULTICAST | Flags::SOURCE | Flags::SOURCE_ERR;
+        }
+        // Echoed to an application that says it handles it (verbs' `vrb_alter_info`).
+        if n.rx_attr.mode.contains(Mode::RX_CQ_DATA) && hints.mode.contains(Mode::RX_CQ_DATA) {
+            n.mode |= Mode::RX_CQ_DATA;
         }
         // Prefix mode is the application's choice: with it, the GRH lands in its buffers.
         if dgram && hints.mode.contains(Mode::MSG_PREFIX) {

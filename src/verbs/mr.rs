@@ -1,12 +1,12 @@
 //! Memory registration (`fi_mr_reg`) on the domain's protection domain.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rfabric_sys::verbs::{self as sv, access};
 
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
-use crate::verbs::{os_err, Domain};
+use crate::verbs::{os_err, CompletionQueue, Counter, Domain};
 
 /// A registered memory region. Cloning shares the registration.
 #[derive(Clone, Debug)]
@@ -16,7 +16,55 @@ pub struct MemoryRegion {
     /// registered again from address 0: its key is the one peers use (`fi_mr_key`), so
     /// their addresses are offsets into the region. rverbs' own use keeps `mr`'s.
     remote: Option<Arc<sv::MemoryRegion>>,
+    /// Counters bound to it (`fi_mr_bind`), unbound when the last clone goes.
+    cntrs: Arc<RegionCounters>,
     domain: Arc<Domain>,
+}
+
+/// The counters bound to one region with `FI_REMOTE_WRITE` (fi_mr(3)): each counts the
+/// remote writes that modify it.
+#[derive(Debug)]
+pub(crate) struct RegionCounters {
+    key: u64,
+    cntrs: Mutex<Vec<Arc<Counter>>>,
+    domain: Arc<Domain>,
+}
+
+impl RegionCounters {
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Counter>>> {
+        self.cntrs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One more remote write in place.
+    pub(crate) fn count(&self) {
+        for c in self.list().iter() {
+            c.count(true);
+        }
+    }
+
+    /// Its counters' reads drive `cq`, which learns of remote writes.
+    pub(crate) fn feed_from(&self, cq: &Arc<CompletionQueue>) {
+        for c in self.list().iter() {
+            c.feed_from(cq);
+        }
+    }
+}
+
+impl Drop for RegionCounters {
+    fn drop(&mut self) {
+        let list = std::mem::take(self.cntrs.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if list.is_empty() {
+            return;
+        }
+        self.domain.forget_region(self);
+        for c in list {
+            c.unbind();
+        }
+    }
 }
 
 /// Verbs access rights for libfabric access flags. Local write is always granted: the
@@ -79,9 +127,15 @@ impl MemoryRegion {
         } else {
             None
         };
+        let key = u64::from(remote.as_ref().unwrap_or(&mr).rkey());
         Ok(MemoryRegion {
             mr,
             remote,
+            cntrs: Arc::new(RegionCounters {
+                key,
+                cntrs: Mutex::default(),
+                domain: domain.clone(),
+            }),
             domain: domain.clone(),
         })
     }
@@ -152,6 +206,40 @@ impl MemoryRegion {
                 self.len()
             ),
         )
+    }
+
+    /// `fi_mr_bind` of a counter with `FI_REMOTE_WRITE`: it counts each remote write that
+    /// modifies the region, as RDM endpoints with `FI_RMA_EVENT` (or a write's remote CQ
+    /// data) learn of them; reading it drives those endpoints. Bound until the region is
+    /// closed.
+    pub fn bind_cntr(&self, cntr: &Arc<Counter>, flags: Flags) -> Result<()> {
+        if flags != Flags::REMOTE_WRITE {
+            return Err(Error::new(
+                errno::EINVAL,
+                format!("a region counts remote writes only: bind it with FI_REMOTE_WRITE, not {flags:?}"),
+            ));
+        }
+        if self.mr.access() & access::REMOTE_WRITE == 0 {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the region was not registered for FI_REMOTE_WRITE: no remote write can reach it to count",
+            ));
+        }
+        if !Arc::ptr_eq(cntr.domain(), &self.domain) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "the counter belongs to another domain",
+            ));
+        }
+        let mut list = self.cntrs.list();
+        if list.iter().any(|c| Arc::ptr_eq(c, cntr)) {
+            return Ok(());
+        }
+        cntr.bind()?;
+        list.push(cntr.clone());
+        drop(list);
+        self.domain.count_region(&self.cntrs);
+        Ok(())
     }
 
     pub(crate) fn sys(&self) -> &Arc<sv::MemoryRegion> {

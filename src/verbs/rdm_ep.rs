@@ -1596,11 +1596,13 @@ impl RdmEndpoint {
             c.cqs.unreserve();
             return Err(e);
         }
-        // Counter reads drive the endpoint through its CQs, as CQ reads do.
+        // Counter reads drive the endpoint through its CQs, as CQ reads do; those bound to
+        // regions through the CQ its write notices arrive at.
         for cntr in en.cntrs.all() {
             cntr.feed_from(&en.tx_cq);
             cntr.feed_from(&en.rx_cq);
         }
+        en.domain.add_write_target(&en.rx_cq);
         // With one CQ, a read blocked on it also wakes for a new peer's connection request.
         let mut en = en;
         if !split {
@@ -1801,14 +1803,36 @@ impl RdmEndpoint {
         )
     }
 
-    /// `fi_inject`: the buffer is free at return and no completion is written.
+    /// `fi_inject`: the buffer is free at return and no completion is written (a
+    /// `sendmsg` with `FI_INJECT` frees the buffer too, but completes as any send).
     pub fn inject(&self, buf: &[u8], dest: u64) -> Result<()> {
-        self.sendmsg(&[buf], dest, None, None, 0, Flags::INJECT)
+        self.inject_to(buf, dest, None, None)
     }
 
     /// `fi_tinject`.
     pub fn tinject(&self, buf: &[u8], tag: u64, dest: u64) -> Result<()> {
-        self.sendmsg(&[buf], dest, Some(tag), None, 0, Flags::INJECT)
+        self.inject_to(buf, dest, Some(tag), None)
+    }
+
+    /// `fi_injectdata`: `inject` with remote CQ data.
+    pub fn injectdata(&self, buf: &[u8], data: u64, dest: u64) -> Result<()> {
+        self.inject_to(buf, dest, None, Some(data))
+    }
+
+    /// `fi_tinjectdata`.
+    pub fn tinjectdata(&self, buf: &[u8], data: u64, tag: u64, dest: u64) -> Result<()> {
+        self.inject_to(buf, dest, Some(tag), Some(data))
+    }
+
+    fn inject_to(&self, buf: &[u8], dest: u64, tag: Option<u64>, data: Option<u64>) -> Result<()> {
+        let flags = if data.is_some() {
+            Flags::INJECT | Flags::REMOTE_CQ_DATA
+        } else {
+            Flags::INJECT
+        };
+        let op = if tag.is_some() { Op::Tag } else { Op::Msg };
+        let src = Src::Slices(&[buf]);
+        self.post(src, dest, op, tag.unwrap_or(0), data, 0, flags, true)
     }
 
     /// `fi_sendmsg` / `fi_tsendmsg` (with `tag`): gathered from `iov`, with `data` as
@@ -1859,7 +1883,7 @@ impl RdmEndpoint {
         flags: Flags,
     ) -> Result<()> {
         let op = if tag.is_some() { Op::Tag } else { Op::Msg };
-        self.post(src, dest, op, tag.unwrap_or(0), data, context, flags)
+        self.post(src, dest, op, tag.unwrap_or(0), data, context, flags, false)
     }
 
     /// The common send in the fewest steps: an application's, with no flags of its own, one
@@ -1881,6 +1905,7 @@ impl RdmEndpoint {
         data: Option<u64>,
         context: u64,
         flags: Flags,
+        inject_call: bool,
     ) -> Option<Result<()>> {
         let en = self.sh.on.get()?;
         let len = src.len();
@@ -1898,7 +1923,20 @@ impl RdmEndpoint {
         // else the general way.
         if let Some(l) = en.local.get() {
             let sent = l.with_route(en, dest, |to, bell| {
-                local::inject_now(en, l, to, bell, src, len, op, tag, data, context, flags)
+                local::inject_now(
+                    en,
+                    l,
+                    to,
+                    bell,
+                    src,
+                    len,
+                    op,
+                    tag,
+                    data,
+                    context,
+                    flags,
+                    inject_call,
+                )
             });
             if let Some(r) = sent {
                 return r;
@@ -1934,9 +1972,11 @@ impl RdmEndpoint {
         data: Option<u64>,
         context: u64,
         flags: Flags,
+        inject_call: bool,
     ) -> Result<()> {
         if (flags - (Flags::INJECT | Flags::COMPLETION)).is_empty() && !self.peer {
-            if let Some(r) = self.post_now(&src, dest, op, tag, data, context, flags) {
+            let now = self.post_now(&src, dest, op, tag, data, context, flags, inject_call);
+            if let Some(r) = now {
                 return r;
             }
         }
@@ -1968,7 +2008,7 @@ impl RdmEndpoint {
                 ));
             }
             // A peer's transfers always complete to it (its callbacks count on them).
-            let quiet = flags.contains(Flags::INJECT)
+            let quiet = inject_call
                 || (!self.peer && en.tx_selective && !flags.contains(Flags::COMPLETION));
             (en, flags, quiet)
         };
@@ -1987,7 +2027,12 @@ impl RdmEndpoint {
             tag,
             data,
             context,
-            flags & Flags::INJECT,
+            // Marks an inject call: its failure has no context to report it by.
+            if inject_call {
+                Flags::INJECT
+            } else {
+                Flags::empty()
+            },
             quiet,
             self.peer,
         );

@@ -1559,6 +1559,27 @@ static void getinfo_rules_section(void)
 	fi_freeinfo(info);
 	fi_freeinfo(h);
 
+	/* A MSG write with remote CQ data consumes a receive: FI_RX_CQ_DATA in rx_attr.mode,
+	 * and in the mode of an application that says it handles it (as verbs answers). RDM
+	 * and DGRAM consume none. Primary caps are reported where asked only. */
+	h = hints_for(FI_EP_MSG);
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	TRUE((info->rx_attr->mode & FI_RX_CQ_DATA) && !(info->mode & FI_RX_CQ_DATA));
+	fi_freeinfo(info);
+	h->mode = FI_RX_CQ_DATA;
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	TRUE((info->rx_attr->mode & FI_RX_CQ_DATA) && (info->mode & FI_RX_CQ_DATA));
+	fi_freeinfo(info);
+	h->mode = 0;
+	for (enum fi_ep_type t = FI_EP_DGRAM; t <= FI_EP_RDM; t++) {
+		h->ep_attr->type = t;
+		OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+		TRUE(!(info->rx_attr->mode & FI_RX_CQ_DATA) && !(info->mode & FI_RX_CQ_DATA));
+		TRUE(!(info->rx_attr->caps & FI_DIRECTED_RECV) && (info->rx_attr->caps & FI_MSG));
+		fi_freeinfo(info);
+	}
+	fi_freeinfo(h);
+
 	h = hints_for(FI_EP_MSG);
 	h->domain_attr->mr_mode = 0;
 	EXPECT(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info), -FI_ENODATA);
@@ -1587,6 +1608,14 @@ static void getinfo_rules_section(void)
 	TRUE(info->src_addr && info->src_addrlen == sizeof(struct sockaddr_in));
 	TRUE(inet_ntop(AF_INET, &((struct sockaddr_in *)info->src_addr)->sin_addr, ip, sizeof ip));
 	fi_freeinfo(info);
+	/* No datagram peer's name comes from a node and a service (as verbs answers). */
+	{
+		struct fi_info *dh = hints_for(FI_EP_DGRAM), *d;
+		EXPECT(fi_getinfo(FI_VERSION(1, 17), ip, "9311", 0, dh, &d), -FI_ENODATA);
+		OK(fi_getinfo(FI_VERSION(1, 17), ip, "9311", FI_SOURCE, dh, &d));
+		fi_freeinfo(d);
+		fi_freeinfo(dh);
+	}
 	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9311", FI_SOURCE, h, &srv));
 	EXPECT(ntohs(((struct sockaddr_in *)srv->src_addr)->sin_port), 9311);
 	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9311", 0, h, &info));
@@ -2536,7 +2565,38 @@ static void rdm_rma_offset_events(void)
 	EXPECT(fi_cntr_read(remote_wr), 1);
 	EXPECT(fi_cntr_read(remote_rd), 1);
 	EXPECT(fi_cq_read(p.cq[1], &e, 1), -FI_EAGAIN); /* no CQ data: no entry */
-	OK(fi_close(&tmr->fid));
+
+	/* A counter bound to the region (fi_mr_bind, as fabtests' fi_multi_mr): it counts the
+	 * writes to that region alone, and its wait drives the target. */
+	{
+		struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_UNSPEC};
+		struct fid_cntr *rc;
+		struct fid_mr *other;
+		uint8_t *o = aligned_alloc(4096, 4096);
+		OK(fi_cntr_open(p.domain, &ca, &rc, NULL));
+		OK(fi_mr_reg(p.domain, o, 4096, FI_REMOTE_WRITE, 0, 0, 0, &other, NULL));
+		EXPECT(fi_mr_bind(tmr, &rc->fid, FI_REMOTE_READ), -FI_EINVAL);
+		EXPECT(fi_mr_bind(tmr, &p.ep[1]->fid, 0), -FI_EINVAL); /* no FI_MR_ENDPOINT */
+		EXPECT(fi_mr_bind(tmr, NULL, FI_REMOTE_WRITE), -FI_EINVAL);
+		OK(fi_mr_bind(tmr, &rc->fid, FI_REMOTE_WRITE));
+		RDM_POST(p.cq[0], p.cq[1],
+			 fi_write(p.ep[0], "other", 5, NULL, 1, 0, fi_mr_key(other), (void *)3));
+		RDM_POST(p.cq[0], p.cq[1],
+			 fi_write(p.ep[0], "counted", 7, NULL, 1, 200, fi_mr_key(tmr), (void *)4));
+		for (int n = 0; n < 2;)
+			if (fi_cq_read(p.cq[0], &e, 1) == 1)
+				n++;
+		OK(fi_cntr_wait(rc, 1, 10000));
+		EXPECT(fi_cntr_wait(rc, 2, 300), -FI_ETIMEDOUT);
+		EXPECT(fi_cntr_read(rc), 1);
+		EXPECT(fi_cntr_read(remote_wr), 3);
+		TRUE(!memcmp(target + 200, "counted", 7) && !memcmp(o, "other", 5));
+		EXPECT(fi_close(&rc->fid), -FI_EBUSY); /* bound until the region closes */
+		OK(fi_close(&other->fid));
+		OK(fi_close(&tmr->fid));
+		OK(fi_close(&rc->fid));
+		free(o);
+	}
 	rdm_pair_close(&p);
 	fi_freeinfo(info);
 	fi_freeinfo(h);

@@ -760,9 +760,9 @@ pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
 }
 
 /// A send to the local peer `to` in one step (`RdmEndpoint::post_now`): an application's
-/// one range up to the path's inject size, copied during the call, with `FI_INJECT` (no
-/// completion) and `FI_COMPLETION` at most in `flags`. `None` when it is not one: the
-/// general way sends it (and says what is wrong).
+/// one range up to the path's inject size, copied during the call, with `FI_INJECT` and
+/// `FI_COMPLETION` at most in `flags` (no completion for an `inject` call). `None` when it
+/// is not one: the general way sends it (and says what is wrong).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn inject_now(
@@ -777,6 +777,7 @@ pub(super) fn inject_now(
     data: Option<u64>,
     context: u64,
     flags: Flags,
+    inject_call: bool,
 ) -> Option<Result<()>> {
     // Past the endpoint's own inject size an `FI_INJECT` is refused the general way.
     if len > l.inject || len > en.slot - super::Header::LEN {
@@ -788,9 +789,14 @@ pub(super) fn inject_now(
         Src::Region(mr, off, n) => mr.sys().sge(*off, *n)?.addr,
         _ => return None,
     };
-    let inject = flags & Flags::INJECT;
-    // As the general way: quiet when injected, or left out under selective completion.
-    let quiet = !inject.is_empty() || (en.tx_selective && !flags.contains(Flags::COMPLETION));
+    // As the general way: quiet for an inject call (marked so its failure goes unreported),
+    // or when selective completion leaves it out.
+    let inject = if inject_call {
+        Flags::INJECT
+    } else {
+        Flags::empty()
+    };
+    let quiet = inject_call || (en.tx_selective && !flags.contains(Flags::COMPLETION));
     // Only its flags are used (and computed): the send's own meta is not kept.
     let done = super::send_meta(op, tag, data, context, inject, quiet, false).flags;
     let iov = [(addr, len)];

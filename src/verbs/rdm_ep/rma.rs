@@ -118,7 +118,8 @@ pub(super) fn land(en: &Enabled, g: &mut Inner, slot: u32) -> u32 {
 }
 
 /// A write's notice (`Op::WriteData` in bounce buffer `id`, from `src`): the write is in
-/// place. `FI_REMOTE_WRITE` counts it; remote CQ data makes `FI_RMA | FI_REMOTE_WRITE |
+/// place. `FI_REMOTE_WRITE` counts it, on the endpoint's counter and those bound to the
+/// region written (its key in `total`); remote CQ data makes `FI_RMA | FI_REMOTE_WRITE |
 /// FI_REMOTE_CQ_DATA` on the receive CQ, with the bytes written. It consumes no receive of
 /// the application's (RDM's mode has no `FI_RX_CQ_DATA`).
 pub(super) fn remote_write(en: &Enabled, id: u32, h: &Header, src: u64) -> Option<Owned> {
@@ -126,6 +127,7 @@ pub(super) fn remote_write(en: &Enabled, id: u32, h: &Header, src: u64) -> Optio
         crate::fi_warn!("rdm", "a bounce buffer is lost to its SRQ: {e}");
     }
     en.cntrs.done(Flags::REMOTE_WRITE, true);
+    en.domain.region_written(u64::from(h.total));
     let data = h.data?;
     let entry = CqEntry {
         flags: (Flags::RMA | Flags::REMOTE_WRITE | Flags::REMOTE_CQ_DATA).bits(),
@@ -192,7 +194,15 @@ impl RdmEndpoint {
     /// `fi_inject_write`: copied at once, no completion.
     pub fn inject_write(&self, buf: &[u8], dest: u64, addr: u64, key: u64) -> Result<()> {
         let rma = whole(buf.len(), addr, key);
-        self.writemsg(&[buf], dest, &rma, None, 0, Flags::INJECT)
+        self.rma_write(
+            &[Src::Slices(&[buf])],
+            dest,
+            &rma,
+            None,
+            0,
+            Flags::INJECT,
+            true,
+        )
     }
 
     /// `fi_inject_writedata`.
@@ -206,7 +216,15 @@ impl RdmEndpoint {
     ) -> Result<()> {
         let rma = whole(buf.len(), addr, key);
         let flags = Flags::INJECT | Flags::REMOTE_CQ_DATA;
-        self.writemsg(&[buf], dest, &rma, Some(data), 0, flags)
+        self.rma_write(
+            &[Src::Slices(&[buf])],
+            dest,
+            &rma,
+            Some(data),
+            0,
+            flags,
+            true,
+        )
     }
 
     /// `fi_writemsg` (and `fi_writev`): gathered from `iov` into the remote range `rma`,
@@ -221,7 +239,7 @@ impl RdmEndpoint {
         context: u64,
         flags: Flags,
     ) -> Result<()> {
-        self.rma_write(&[Src::Slices(iov)], dest, rma, data, context, flags)
+        self.rma_write(&[Src::Slices(iov)], dest, rma, data, context, flags, false)
     }
 
     /// A write of `len` bytes at `offset` of a registered region, of any size.
@@ -238,7 +256,7 @@ impl RdmEndpoint {
         flags: Flags,
     ) -> Result<()> {
         let src = [Src::Region(mr, offset, len)];
-        self.rma_write(&src, dest, rma, data, context, flags)
+        self.rma_write(&src, dest, rma, data, context, flags, false)
     }
 
     /// A write from application buffers valid until it completes (C callers): each a
@@ -263,7 +281,7 @@ impl RdmEndpoint {
                 None => Src::Foreign(*b),
             };
         }
-        self.rma_write(&src[..bufs.len()], dest, rma, data, context, flags)
+        self.rma_write(&src[..bufs.len()], dest, rma, data, context, flags, false)
     }
 
     /// `fi_read`: `buf.len()` bytes at `addr` under `key` of peer `src` into `buf`.
@@ -346,7 +364,9 @@ impl RdmEndpoint {
         pieces.finish(user, flags)
     }
 
-    /// Writes from `srcs` (one range of the operation each) to `rma` at peer `dest`.
+    /// Writes from `srcs` (one range of the operation each) to `rma` at peer `dest`; an
+    /// `fi_inject_write*` call (`inject_call`) completes with nothing.
+    #[allow(clippy::too_many_arguments)]
     fn rma_write(
         &self,
         srcs: &[Src<'_>],
@@ -355,6 +375,7 @@ impl RdmEndpoint {
         data: Option<u64>,
         context: u64,
         flags: Flags,
+        inject_call: bool,
     ) -> Result<()> {
         let total: usize = srcs.iter().map(Src::len).sum();
         let (en, rkey) = self.rma_check(Flags::WRITE, total, rma, context, flags)?;
@@ -416,9 +437,16 @@ impl RdmEndpoint {
         }
         let user = TxMeta {
             context,
-            flags: Flags::RMA | Flags::WRITE | (flags & Flags::INJECT),
+            // Marks an inject call: its failure has no context to report it by.
+            flags: Flags::RMA
+                | Flags::WRITE
+                | if inject_call {
+                    Flags::INJECT
+                } else {
+                    Flags::empty()
+                },
             data: data.unwrap_or(0),
-            quiet: self.rma_quiet(en, flags),
+            quiet: inject_call || self.rma_quiet(en, flags),
             ..TxMeta::default()
         };
         if pieces.notice {
@@ -427,6 +455,7 @@ impl RdmEndpoint {
             let hdr = Header {
                 tag: total as u64,
                 data,
+                total: rkey,
                 ..Header::bare(Op::WriteData)
             };
             pieces = pieces.stage_notice(&hdr, user)?;
@@ -458,10 +487,10 @@ impl RdmEndpoint {
         Ok((en, rma.check(total)?))
     }
 
-    /// No success completion wanted: `FI_INJECT`, or selective completion without
-    /// `FI_COMPLETION`.
+    /// No success completion wanted: selective completion without `FI_COMPLETION`
+    /// (`FI_INJECT` frees the buffer at once, and completes as any write).
     fn rma_quiet(&self, en: &Enabled, flags: Flags) -> bool {
-        flags.contains(Flags::INJECT) || (en.tx_selective && !flags.contains(Flags::COMPLETION))
+        en.tx_selective && !flags.contains(Flags::COMPLETION)
     }
 
     /// The most one work request moves (the device's message size).
