@@ -513,12 +513,6 @@ pub fn getinfo(
     {
         let dgram = ep_type == EpType::Dgram;
         let rdm = ep_type == EpType::Rdm;
-        if dgram && !passive && named.is_some() {
-            // A UD name is a GID, a QPN and a Q_Key: no node and service make one, and an
-            // answer without a destination would leave the caller nothing to insert.
-            last_reason = "a datagram peer's name (GID, QPN, Q_Key) cannot be made from a node and a service: exchange fi_getname's names out of band (fabtests: runfabtests.sh -b)".into();
-            continue;
-        }
         let mut info = if dgram {
             dgram_info(dev)?
         } else if rdm {

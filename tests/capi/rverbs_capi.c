@@ -1608,14 +1608,6 @@ static void getinfo_rules_section(void)
 	TRUE(info->src_addr && info->src_addrlen == sizeof(struct sockaddr_in));
 	TRUE(inet_ntop(AF_INET, &((struct sockaddr_in *)info->src_addr)->sin_addr, ip, sizeof ip));
 	fi_freeinfo(info);
-	/* No datagram peer's name comes from a node and a service (as verbs answers). */
-	{
-		struct fi_info *dh = hints_for(FI_EP_DGRAM), *d;
-		EXPECT(fi_getinfo(FI_VERSION(1, 17), ip, "9311", 0, dh, &d), -FI_ENODATA);
-		OK(fi_getinfo(FI_VERSION(1, 17), ip, "9311", FI_SOURCE, dh, &d));
-		fi_freeinfo(d);
-		fi_freeinfo(dh);
-	}
 	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9311", FI_SOURCE, h, &srv));
 	EXPECT(ntohs(((struct sockaddr_in *)srv->src_addr)->sin_port), 9311);
 	OK(fi_getinfo(FI_VERSION(1, 17), ip, "9311", 0, h, &info));
