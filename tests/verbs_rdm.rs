@@ -3366,6 +3366,16 @@ fn mr_bytes(mr: &MemoryRegion, off: usize, n: usize) -> Vec<u8> {
     v
 }
 
+/// An RDM info with RMA and `FI_RMA_EVENT`: its endpoints learn of RMA aimed at them.
+fn rdm_rma_event_info() -> Info {
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::RMA | Flags::RMA_EVENT;
+    getinfo(None, None, Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0)
+}
+
 /// Node `who`'s next completion: an RMA one with `flags` and `context`.
 fn rma_done(v: &[Node], who: usize, flags: Flags, context: u64) {
     let (e, _) = next_ok(v, who);
@@ -3947,12 +3957,7 @@ fn rma_events_count_remote_writes_and_reads_at_a_target_that_asked_for_them() {
         !plain.caps.contains(Flags::RMA_EVENT),
         "not offered unasked"
     );
-    let mut hints = Info::default();
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.caps = Flags::TAGGED | Flags::RMA | Flags::RMA_EVENT;
-    let evinfo = getinfo(None, None, Flags::empty(), Some(&hints))
-        .unwrap()
-        .remove(0);
+    let evinfo = rdm_rma_event_info();
     assert!(evinfo.caps.contains(Flags::RMA_EVENT));
     assert!(evinfo.rx_attr.caps.contains(Flags::RMA_EVENT));
     let fabric = Fabric::open(&plain.fabric_attr).unwrap();
@@ -4183,12 +4188,7 @@ fn a_flagged_inject_completes_and_the_inject_calls_do_not() {
 #[test]
 fn counters_bound_to_regions_count_the_remote_writes_to_each() {
     let Some(plain) = rdm_rma_info() else { return };
-    let mut hints = Info::default();
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.caps = Flags::TAGGED | Flags::RMA | Flags::RMA_EVENT;
-    let evinfo = getinfo(None, None, Flags::empty(), Some(&hints))
-        .unwrap()
-        .remove(0);
+    let evinfo = rdm_rma_event_info();
     let fabric = Fabric::open(&plain.fabric_attr).unwrap();
     let domain = Domain::open(&fabric, &plain).unwrap();
     let v = nodes_built(&domain, &[&plain, &evinfo], false, WaitObj::None, |_, _| {});

@@ -304,9 +304,12 @@ impl MsgEndpoint {
                 Error::new(errno::EINVAL, "no destination: give fi_getinfo the server's node and service, or set dest_addr")
             })
         };
-        let id = match &info.handle {
-            Some(h) if h.is::<ReservedAddress>() => {
-                let reserved = h.downcast_ref::<ReservedAddress>().expect("checked");
+        let reserved = info
+            .handle
+            .as_ref()
+            .and_then(|h| h.downcast_ref::<ReservedAddress>());
+        let id = match (reserved, &info.handle) {
+            (Some(reserved), _) => {
                 let id = reserved.take().ok_or_else(|| {
                     Error::new(
                         errno::EINVAL,
@@ -321,7 +324,7 @@ impl MsgEndpoint {
                     }
                 }
             }
-            Some(h) => h
+            (None, Some(h)) => h
                 .clone()
                 .downcast::<ConnRequest>()
                 .map_err(|_| {
@@ -331,7 +334,7 @@ impl MsgEndpoint {
                     )
                 })?
                 .take()?,
-            None => resolve_route(info.src_addr.as_ref(), &dest()?)?,
+            (None, None) => resolve_route(info.src_addr.as_ref(), &dest()?)?,
         };
         let dev = id.context().map(|c| c.name()).unwrap_or_default();
         if dev != domain.device().name {

@@ -296,6 +296,22 @@ static void connect_pair(struct msg_env *m, struct side *s, struct side *c, stru
 	fi_freeinfo(h);
 }
 
+/* One message of `len` bytes (filled from `seed`) from the client to the server of a
+ * connected pair, through the buffers of `m`: both completions and every byte checked. */
+static void send_checked(struct msg_env *m, struct side *s, struct side *c, size_t len,
+			 uint8_t seed)
+{
+	uint8_t *rx = m->buf, *tx = m->buf + 32768;
+	int ctx[2];
+
+	fill(tx, len, seed);
+	OK(fi_recv(s->ep, rx, 8192, m->desc, 0, &ctx[0]));
+	OK(fi_send(c->ep, tx, len, m->desc, 0, &ctx[1]));
+	cq_expect(c->cq, &ctx[1], FI_SEND, 0, NULL);
+	cq_expect(s->cq, &ctx[0], FI_RECV, len, NULL);
+	check(rx, len, seed);
+}
+
 static void close_side(struct side *x, int own_eq)
 {
 	EXPECT(fi_close(&x->ep->fid), 0);
@@ -332,12 +348,7 @@ static void msg_section(void)
 
 	/* send / recv, every byte checked */
 	uint8_t *rx = m.buf, *tx = m.buf + 32768;
-	fill(tx, 4096, 1);
-	OK(fi_recv(s.ep, rx, 8192, m.desc, 0, &ctx[0]));
-	OK(fi_send(c.ep, tx, 4096, m.desc, 0, &ctx[1]));
-	cq_expect(c.cq, &ctx[1], FI_SEND, 0, NULL);
-	cq_expect(s.cq, &ctx[0], FI_RECV, 4096, NULL);
-	check(rx, 4096, 1);
+	send_checked(&m, &s, &c, 4096, 1);
 
 	/* senddata: remote CQ data arrives with FI_REMOTE_CQ_DATA */
 	fill(tx, 100, 2);
@@ -559,7 +570,6 @@ static void pep_address_section(void)
 	struct fid_ep *ep2 = NULL;
 	struct sockaddr_in want, got;
 	size_t len;
-	int ctx[2];
 
 	msg_env_open(&m, h);
 	len = sizeof m.addr;
@@ -603,13 +613,7 @@ static void pep_address_section(void)
 	OK(fi_getname(&c.ep->fid, &got, &len));
 	TRUE(got.sin_port == want.sin_port);
 
-	uint8_t *rx = m.buf, *tx = m.buf + 32768;
-	fill(tx, 1000, 7);
-	OK(fi_recv(s.ep, rx, 4096, m.desc, 0, &ctx[0]));
-	OK(fi_send(c.ep, tx, 1000, m.desc, 0, &ctx[1]));
-	cq_expect(c.cq, &ctx[1], FI_SEND, 0, NULL);
-	cq_expect(s.cq, &ctx[0], FI_RECV, 1000, NULL);
-	check(rx, 1000, 7);
+	send_checked(&m, &s, &c, 1000, 7);
 
 	close_side(&c, 1);
 	close_side(&s, 0);
