@@ -575,3 +575,93 @@ fn as_many_cqs_as_cq_cnt_open_and_an_idle_one_costs_little() {
     assert!(cqs.last().unwrap().read(&mut e).unwrap_err().is_again());
     drop(cqs);
 }
+
+/// rxe frees a receive queue slot when its message lands, not when the completion is read:
+/// an application that keeps posting receives and never reads its CQ fills the device
+/// queue, and the device drops what does not fit (raising `IBV_EVENT_CQ_ERR`). The CQ says
+/// so as fi_cq(3) asks: the completions it kept, then `FI_EOVERRUN`, never a silent loss.
+#[test]
+fn a_device_cq_overrun_is_reported_after_the_completions_it_kept() {
+    let Some(info) = device_info() else { return };
+    let p = connect_pair_cq(
+        &info,
+        &CqAttr {
+            size: 16,
+            ..Default::default()
+        },
+    );
+    let tx = MemoryRegion::alloc(&p.domain, 64, Flags::SEND).unwrap();
+    let rx = MemoryRegion::alloc(&p.domain, 64, Flags::RECV).unwrap();
+    let cap = p.server_cq.capacity();
+    let mut out = [CqEntry::default(); 16];
+    let (mut posted, mut sent, mut stop) = (0usize, 0usize, false);
+    let start = Instant::now();
+    // Rounds of: the server posts receives until its queue is full, the client sends that
+    // many, and they land (rxe frees their slots) while nobody reads the server's CQ.
+    while !stop && sent <= 2 * cap + 64 && start.elapsed() < Duration::from_secs(60) {
+        let mut round = 0;
+        loop {
+            match p.server.recv(&rx, 0, 64, 1) {
+                Ok(()) => round += 1,
+                Err(e) if e.is_again() => break,
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+        posted += round;
+        let mut left = round;
+        let mut last = Instant::now();
+        while left > 0 && !stop {
+            match p.client.send(&tx, 0, 8, 2) {
+                Ok(()) => {
+                    left -= 1;
+                    sent += 1;
+                    last = Instant::now();
+                }
+                // Once the server's queue pair broke (its CQ overran) nothing completes.
+                Err(e) if e.is_again() && last.elapsed() > Duration::from_secs(3) => stop = true,
+                Err(e) if e.is_again() => {}
+                Err(e) => panic!("send: {e}"),
+            }
+            // The client's own completions free its queue; once the server's queue pair
+            // broke they are errors, which end the test's sending.
+            if let Err(e) = p.client_cq.read(&mut out) {
+                stop |= e.errno() == errno::EAVAIL;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        posted > cap,
+        "only {posted} receives posted for a CQ of {cap}"
+    );
+    // What the server's CQ kept, then the overrun; never EAGAIN as if nothing was lost.
+    let mut got = 0;
+    let end = Instant::now() + Duration::from_secs(30);
+    let overrun = loop {
+        match p.server_cq.read(&mut out) {
+            Ok(n) => got += n,
+            Err(e) if e.is_again() && Instant::now() < end => {}
+            Err(e) if e.errno() == errno::EAVAIL => {
+                p.server_cq.readerr().unwrap();
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(
+        overrun.errno(),
+        errno::EOVERRUN,
+        "{got} of {sent} receives completed, then: {overrun}"
+    );
+    // rxe rounds its ring up to a power of two: up to twice the entries asked for fit.
+    assert!(got <= 2 * cap, "{got} completions read from a CQ of {cap}");
+    assert!(
+        got < sent,
+        "{got} of {sent} completions read: nothing overflowed"
+    );
+    assert_eq!(
+        p.server_cq.read(&mut out).unwrap_err().errno(),
+        errno::EOVERRUN,
+        "an overrun CQ stays overrun"
+    );
+    eprintln!("{posted} posted, {sent} sent, {got} kept in a CQ of {cap}, then FI_EOVERRUN");
+}

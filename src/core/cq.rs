@@ -166,6 +166,11 @@ impl CqState {
         self.overrun
     }
 
+    /// Enters the overrun state from outside (the device dropped completions).
+    pub fn mark_overrun(&mut self) {
+        self.overrun = true;
+    }
+
     /// What a read has to look at: the staged entries, plus one for an overrun to report
     /// (so the fast path, which skips an empty queue, still reaches it).
     pub fn pending(&self) -> usize {

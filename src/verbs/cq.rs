@@ -64,6 +64,9 @@ mod feature {
     pub(super) const COUNTERS: u8 = 4;
     /// Entries staged in the software queue (in `CompletionQueue::gate` only).
     pub(super) const STAGED: u8 = 8;
+    /// The device dropped completions (`device_events`): reads report the overrun once
+    /// they have taken what it kept.
+    pub(super) const OVERRUN: u8 = 16;
 }
 
 /// The value of `CompletionQueue::gate` that lets a read in `format` take the plain path.
@@ -244,6 +247,8 @@ pub struct CompletionQueue {
     gate: AtomicU32,
     /// The features that keep reads off `read_plain`: owners only where readers can race.
     plain_mask: u8,
+    /// The device reported an overrun not yet entered into the software queue's state.
+    overran: AtomicBool,
     _domain: Arc<Domain>,
 }
 
@@ -530,6 +535,13 @@ fn nix_err(what: &'static str) -> impl Fn(nix::errno::Errno) -> Error {
     move |e| Error::os(e as i32, what)
 }
 
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // Before the device CQ goes (its fields drop after this).
+        super::device_events::forget_cq(self._domain.device().context, self.cq.id());
+    }
+}
+
 impl CompletionQueue {
     pub fn open(domain: &Arc<Domain>, attr: &CqAttr) -> Result<Arc<Self>> {
         let mut attr = *attr;
@@ -628,7 +640,8 @@ impl CompletionQueue {
             domain.info().domain_attr.threading,
             Threading::Domain | Threading::Completion
         );
-        Ok(Arc::new(CompletionQueue {
+        let context = dev.context;
+        let cq = Arc::new(CompletionQueue {
             cq,
             staged: AtomicUsize::new(0),
             state: Lock::new(CqState::new(soft)),
@@ -663,12 +676,22 @@ impl CompletionQueue {
             features: AtomicU8::new(0),
             gate: AtomicU32::new(gate_for(attr.format)),
             plain_mask: if serial {
-                feature::PEERS | feature::COUNTERS
+                feature::PEERS | feature::COUNTERS | feature::OVERRUN
             } else {
-                feature::PEERS | feature::COUNTERS | feature::OWNERS
+                feature::PEERS | feature::COUNTERS | feature::OWNERS | feature::OVERRUN
             },
+            overran: AtomicBool::new(false),
             _domain: domain.clone(),
-        }))
+        });
+        super::device_events::watch_cq(context, cq.cq.id(), Arc::downgrade(&cq));
+        Ok(cq)
+    }
+
+    /// The device dropped completions that did not fit (`IBV_EVENT_CQ_ERR`): reads go the
+    /// general way, which reports the overrun once the device has nothing more.
+    pub(crate) fn device_overran(&self) {
+        self.overran.store(true, Ordering::SeqCst);
+        self.set(feature::OVERRUN, true);
     }
 
     /// The attributes in force (size as granted, `UNSPEC` resolved).
@@ -977,6 +1000,9 @@ impl CompletionQueue {
                 break;
             }
         }
+        if self.overran.load(Ordering::Acquire) && self.staged.load(Ordering::Acquire) == 0 {
+            return Err(self.enter_overrun());
+        }
         Err(if self.staged.load(Ordering::Acquire) != 0 {
             Error::new(
                 errno::EAVAIL,
@@ -985,6 +1011,20 @@ impl CompletionQueue {
         } else {
             Error::new(errno::EAGAIN, "no completion")
         })
+    }
+
+    /// The device overran and has given all it kept: the software queue enters the
+    /// overrun state (every read from now on says `FI_EOVERRUN`).
+    #[cold]
+    fn enter_overrun(&self) -> Error {
+        let mut s = self.state();
+        s.mark_overrun();
+        self.overran.store(false, Ordering::Release);
+        self.set_staged(s.pending(), Ordering::Release);
+        Error::new(
+            errno::EOVERRUN,
+            "completion queue overrun: the device dropped completions that did not fit",
+        )
     }
 
     fn read_staged<E: FormatEntry>(&self, out: &mut [E], src: Option<&mut [u64]>) -> Result<usize> {

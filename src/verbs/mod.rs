@@ -8,6 +8,7 @@
 pub mod av;
 pub mod cntr;
 pub mod cq;
+pub(crate) mod device_events;
 pub mod dgram_ep;
 pub mod domain;
 pub(crate) mod ep_common;

@@ -110,6 +110,17 @@ unsafe impl Send for Context {}
 // SAFETY: as above.
 unsafe impl Sync for Context {}
 
+/// A device's asynchronous event, as [`Context::get_async_event`] reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_CQ_ERR`: the CQ ([`Cq::id`]) overran and the device dropped completions.
+    CqError(usize),
+    /// An event of queue pair `qp_num`.
+    Qp { qp_num: u32, what: &'static str },
+    /// A port, SRQ or device event.
+    Other(&'static str),
+}
+
 /// What rfabric uses of `ibv_device_attr`.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceAttr {
@@ -194,6 +205,51 @@ impl Context {
         // SAFETY: frees only the array; the contexts stay open inside rdma_cm.
         unsafe { r::rdma_free_devices(list) };
         Ok(out)
+    }
+
+    /// An identity for the context (its address), to key per-device state by.
+    pub fn id(&self) -> usize {
+        self.ctx.as_ptr() as usize
+    }
+
+    /// Blocks until the device reports an asynchronous event (`ibv_get_async_event`), gives
+    /// it to `f`, then acknowledges it: until then a destroy of the object it names waits,
+    /// so `f` sees that object alive (or being destroyed), never a successor at its address.
+    pub fn read_async_event(&self, f: impl FnOnce(AsyncEvent)) -> Result<(), i32> {
+        use r::ibv_event_type as t;
+        // SAFETY: a plain C struct the call fills.
+        let mut ev: r::ibv_async_event = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid context; `ev` is ours to fill.
+        if unsafe { r::ibv_get_async_event(self.ctx.as_ptr(), &mut ev) } != 0 {
+            return Err(last_errno());
+        }
+        let qp = |what| {
+            // SAFETY: a QP event's element is the QP, alive until the event is acknowledged.
+            let qp_num = unsafe { ev.element.qp.as_ref() }.map_or(0, |q| q.qp_num);
+            AsyncEvent::Qp { qp_num, what }
+        };
+        let e = match ev.event_type {
+            // SAFETY: a CQ event's element is the CQ; only its address is kept.
+            t::IBV_EVENT_CQ_ERR => AsyncEvent::CqError(unsafe { ev.element.cq } as usize),
+            t::IBV_EVENT_QP_FATAL => qp("QP fatal error"),
+            t::IBV_EVENT_QP_REQ_ERR => qp("QP invalid request"),
+            t::IBV_EVENT_QP_ACCESS_ERR => qp("QP access error"),
+            t::IBV_EVENT_COMM_EST => qp("communication established"),
+            t::IBV_EVENT_SQ_DRAINED => qp("send queue drained"),
+            t::IBV_EVENT_QP_LAST_WQE_REACHED => qp("last WQE reached"),
+            t::IBV_EVENT_PATH_MIG | t::IBV_EVENT_PATH_MIG_ERR => qp("path migration"),
+            t::IBV_EVENT_DEVICE_FATAL => AsyncEvent::Other("device fatal error"),
+            t::IBV_EVENT_PORT_ACTIVE => AsyncEvent::Other("port active"),
+            t::IBV_EVENT_PORT_ERR => AsyncEvent::Other("port error"),
+            t::IBV_EVENT_SRQ_ERR => AsyncEvent::Other("SRQ error"),
+            t::IBV_EVENT_SRQ_LIMIT_REACHED => AsyncEvent::Other("SRQ limit reached"),
+            t::IBV_EVENT_GID_CHANGE => AsyncEvent::Other("GID table changed"),
+            _ => AsyncEvent::Other("device event"),
+        };
+        f(e);
+        // SAFETY: the event just read, acknowledged once.
+        unsafe { r::ibv_ack_async_event(&mut ev) };
+        Ok(())
     }
 
     pub(crate) fn from_raw(p: *mut r::ibv_context) -> Option<Context> {
@@ -1017,6 +1073,11 @@ impl Cq {
         Ok(unsafe {
             std::slice::from_raw_parts(batch.0.as_ptr().cast::<WorkCompletion>(), rc as usize)
         })
+    }
+
+    /// An identity for the CQ (its address), as [`AsyncEvent::CqError`] names it.
+    pub fn id(&self) -> usize {
+        self.cq.as_ptr() as usize
     }
 
     pub(crate) fn as_ptr(&self) -> *mut r::ibv_cq {
