@@ -70,10 +70,12 @@ pub(crate) fn forget_cq(ctx: Context, id: usize) {
 
 fn read_events(ctx: Context, w: &Watched) {
     loop {
+        // The CQ is handed out of the event's scope: were it the last reference, its destroy
+        // would wait for this event's acknowledgement, in this thread.
         let r = ctx.read_async_event(|e| match e {
             AsyncEvent::CqError(id) => {
                 let cq = lock(&w.cqs).get(&id).and_then(Weak::upgrade);
-                match cq {
+                match &cq {
                     Some(cq) => {
                         crate::fi_warn!(
                             "cq",
@@ -83,19 +85,29 @@ fn read_events(ctx: Context, w: &Watched) {
                     }
                     None => crate::fi_info!("cq", "an overrun of a CQ being closed"),
                 }
+                cq
             }
             AsyncEvent::Qp { qp_num, what } => {
-                crate::fi_info!("ep", "device event: {what} on QP {qp_num:#x}")
+                crate::fi_info!("ep", "device event: {what} on QP {qp_num:#x}");
+                None
             }
-            AsyncEvent::Other(what) => crate::fi_info!("domain", "device event: {what}"),
+            AsyncEvent::Other(what) => {
+                crate::fi_info!("domain", "device event: {what}");
+                None
+            }
         });
-        if let Err(e) = r {
-            crate::fi_warn!(
-                "domain",
-                "reading device events stopped ({}): a CQ overrun will go unreported",
-                crate::core::error::strerror(e)
-            );
-            return;
+        match r {
+            Ok(cq) => drop(cq),
+            // A signal (the application's, or a debugger's) ended the wait: wait again.
+            Err(e) if e == nix::errno::Errno::EINTR as i32 => {}
+            Err(e) => {
+                crate::fi_warn!(
+                    "domain",
+                    "reading device events stopped ({}): a CQ overrun will go unreported",
+                    crate::core::error::strerror(e)
+                );
+                return;
+            }
         }
     }
 }

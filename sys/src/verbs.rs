@@ -110,7 +110,7 @@ unsafe impl Send for Context {}
 // SAFETY: as above.
 unsafe impl Sync for Context {}
 
-/// A device's asynchronous event, as [`Context::get_async_event`] reads it.
+/// A device's asynchronous event, as [`Context::read_async_event`] reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AsyncEvent {
     /// `IBV_EVENT_CQ_ERR`: the CQ ([`Cq::id`]) overran and the device dropped completions.
@@ -215,7 +215,9 @@ impl Context {
     /// Blocks until the device reports an asynchronous event (`ibv_get_async_event`), gives
     /// it to `f`, then acknowledges it: until then a destroy of the object it names waits,
     /// so `f` sees that object alive (or being destroyed), never a successor at its address.
-    pub fn read_async_event(&self, f: impl FnOnce(AsyncEvent)) -> Result<(), i32> {
+    /// `f` must not destroy that object itself (the destroy would wait for this thread):
+    /// what it returns is dropped after the acknowledgement.
+    pub fn read_async_event<R>(&self, f: impl FnOnce(AsyncEvent) -> R) -> Result<R, i32> {
         use r::ibv_event_type as t;
         // SAFETY: a plain C struct the call fills.
         let mut ev: r::ibv_async_event = unsafe { std::mem::zeroed() };
@@ -246,10 +248,10 @@ impl Context {
             t::IBV_EVENT_GID_CHANGE => AsyncEvent::Other("GID table changed"),
             _ => AsyncEvent::Other("device event"),
         };
-        f(e);
+        let out = f(e);
         // SAFETY: the event just read, acknowledged once.
         unsafe { r::ibv_ack_async_event(&mut ev) };
-        Ok(())
+        Ok(out)
     }
 
     pub(crate) fn from_raw(p: *mut r::ibv_context) -> Option<Context> {
