@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use rfabric::core::atomic::{AtomicKind, AtomicOp, Datatype};
 use rfabric::core::cq::{CqEntry as TaggedEntry, CqErrEntry};
 use rfabric::core::srx::Kind as RxKind;
 use rfabric::verbs::*;
@@ -4594,5 +4595,359 @@ fn bounce_buffers_in_two_pieces_carry_every_protocol_posted_and_unexpected() {
     assert!(
         err.to_string().contains("FI_RVERBS_RDM_RX_HEAD=16384"),
         "{err}"
+    );
+}
+
+// ---- fi_atomic(3) on RDM endpoints ----------------------------------------------------
+
+fn rdm_atomic_info() -> Option<Info> {
+    device_info()?;
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::ATOMIC;
+    Some(
+        getinfo(None, None, Flags::empty(), Some(&hints))
+            .unwrap()
+            .remove(0),
+    )
+}
+
+/// A call of `kind` with `op` on one 8-byte element of `dt` (`operand`, `compare`), its
+/// result (fetching calls) in `result`.
+fn atomic_call(
+    kind: AtomicKind,
+    dt: Datatype,
+    op: AtomicOp,
+    operand: Option<u64>,
+    compare: Option<u64>,
+    result: Option<RecvBuf>,
+) -> AtomicCall {
+    AtomicCall {
+        kind,
+        datatype: dt,
+        op,
+        count: 1,
+        operand: operand.map(u64::to_ne_bytes),
+        compare: compare.map(u64::to_ne_bytes),
+        result,
+    }
+}
+
+fn word_at(mr: &MemoryRegion, off: usize) -> u64 {
+    u64::from_ne_bytes(mr_bytes(mr, off, 8).try_into().unwrap())
+}
+
+#[test]
+fn rdm_atomics_are_the_devices_on_one_word_and_fetch_its_original_value() {
+    let Some(info) = rdm_atomic_info() else {
+        return;
+    };
+    assert!(info.caps.contains(Flags::ATOMIC));
+    assert!(info
+        .tx_attr
+        .caps
+        .contains(Flags::ATOMIC | Flags::READ | Flags::WRITE));
+    assert_eq!(
+        info.domain_attr.mr_mode,
+        MrMode::VIRT_ADDR | MrMode::PROV_KEY,
+        "atomics need device keys, as RMA does"
+    );
+    let plain = rdm_info().unwrap();
+    assert!(!plain.caps.contains(Flags::ATOMIC), "not reported unasked");
+    let v = nodes(&info, 2, false);
+    let remote = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    let target = MemoryRegion::alloc(&v[1].domain, 4096, remote).unwrap();
+    target.write_at(0, &100u64.to_ne_bytes()).unwrap();
+    let results = MemoryRegion::alloc(&v[0].domain, 4096, Flags::READ).unwrap();
+    let res = |k: usize| RecvBuf::region(&results, 8 * k, 8).unwrap();
+    let rma = |off: u64| RmaIov {
+        addr: target.addr() + off,
+        len: 8,
+        key: target.key(),
+    };
+    let (fetch, base, cmp) = (AtomicKind::Fetch, AtomicKind::Base, AtomicKind::Compare);
+    let post = |a: AtomicCall, off: u64, ctx: u64| {
+        retry(&v, || {
+            v[0].ep
+                .atomicmsg(&a, 1, &rma(off), ctx, Flags::empty(), false)
+        });
+    };
+    let (posted, done) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let step = |a: AtomicCall, ctx: u64, flags: Flags| {
+        post(a, 0, ctx);
+        posted.set(posted.get() + 1);
+        rma_done(&v, 0, flags, ctx);
+        done.set(done.get() + 1);
+    };
+    let read = Flags::ATOMIC | Flags::READ;
+    let write = Flags::ATOMIC | Flags::WRITE;
+    // Fetch-and-add: the original comes back, the sum stays.
+    step(
+        atomic_call(
+            fetch,
+            Datatype::Uint64,
+            AtomicOp::Sum,
+            Some(5),
+            None,
+            Some(res(0)),
+        ),
+        1,
+        read,
+    );
+    assert_eq!((word_at(&results, 0), word_at(&target, 0)), (100, 105));
+    // The base add (no result wanted) and a negative one on a signed word.
+    step(
+        atomic_call(base, Datatype::Int64, AtomicOp::Sum, Some(7), None, None),
+        2,
+        write,
+    );
+    step(
+        atomic_call(
+            base,
+            Datatype::Int64,
+            AtomicOp::Sum,
+            Some((-2i64) as u64),
+            None,
+            None,
+        ),
+        3,
+        write,
+    );
+    assert_eq!(word_at(&target, 0), 110);
+    // Compare-and-swap: swapped when equal, the original back either way.
+    step(
+        atomic_call(
+            cmp,
+            Datatype::Uint64,
+            AtomicOp::Cswap,
+            Some(7),
+            Some(110),
+            Some(res(1)),
+        ),
+        4,
+        read,
+    );
+    assert_eq!((word_at(&results, 8), word_at(&target, 0)), (110, 7));
+    step(
+        atomic_call(
+            cmp,
+            Datatype::Int64,
+            AtomicOp::Cswap,
+            Some(9),
+            Some(110),
+            Some(res(2)),
+        ),
+        5,
+        read,
+    );
+    assert_eq!(
+        (word_at(&results, 16), word_at(&target, 0)),
+        (7, 7),
+        "no swap"
+    );
+    // Atomic write and read of a double's bits.
+    let x = 2.5f64.to_bits();
+    step(
+        atomic_call(base, Datatype::Double, AtomicOp::Write, Some(x), None, None),
+        6,
+        write,
+    );
+    assert_eq!(word_at(&target, 0), x);
+    step(
+        atomic_call(
+            fetch,
+            Datatype::Double,
+            AtomicOp::Read,
+            None,
+            None,
+            Some(res(3)),
+        ),
+        7,
+        read,
+    );
+    assert_eq!((word_at(&results, 24), word_at(&target, 0)), (x, x));
+    // An injected add completes with nothing; a read after it sees it.
+    target.write_at(0, &1u64.to_ne_bytes()).unwrap();
+    let a = atomic_call(base, Datatype::Uint64, AtomicOp::Sum, Some(41), None, None);
+    retry(&v, || {
+        v[0].ep.atomicmsg(&a, 1, &rma(0), 0, Flags::INJECT, true)
+    });
+    // Completes with nothing, by definition: the read below proves it landed.
+    posted.set(posted.get() + 1);
+    done.set(done.get() + 1);
+    step(
+        atomic_call(
+            fetch,
+            Datatype::Uint64,
+            AtomicOp::Read,
+            None,
+            None,
+            Some(res(4)),
+        ),
+        8,
+        read,
+    );
+    assert_eq!(word_at(&results, 32), 42);
+    quiet(&v, 0);
+    assert_eq!((posted.get(), done.get()), (9, 9));
+
+    // What the device cannot do is refused at the call, nothing posted.
+    let e = |a: AtomicCall| v[0].ep.atomicmsg(&a, 1, &rma(0), 9, Flags::empty(), false);
+    let refused = [
+        (
+            atomic_call(base, Datatype::Int32, AtomicOp::Sum, Some(1), None, None),
+            errno::EOPNOTSUPP,
+        ),
+        (
+            atomic_call(base, Datatype::Double, AtomicOp::Sum, Some(1), None, None),
+            errno::EOPNOTSUPP,
+        ),
+        (
+            atomic_call(base, Datatype::Uint64, AtomicOp::Max, Some(1), None, None),
+            errno::EOPNOTSUPP,
+        ),
+        (
+            atomic_call(fetch, Datatype::Uint64, AtomicOp::Sum, Some(1), None, None),
+            errno::EINVAL,
+        ),
+        (
+            atomic_call(
+                cmp,
+                Datatype::Uint64,
+                AtomicOp::Cswap,
+                Some(1),
+                None,
+                Some(res(5)),
+            ),
+            errno::EINVAL,
+        ),
+        (
+            AtomicCall {
+                count: 2,
+                ..atomic_call(base, Datatype::Uint64, AtomicOp::Sum, Some(1), None, None)
+            },
+            errno::EMSGSIZE,
+        ),
+    ];
+    for (a, want) in refused {
+        let what = format!("{a:?}");
+        assert_eq!(e(a).unwrap_err().errno(), want, "{what}");
+    }
+    quiet(&v, 0);
+    assert_eq!(
+        word_at(&target, 0),
+        42,
+        "nothing refused reached the target"
+    );
+
+    // Access the target did not grant, and a stale key: error completions, nothing changed.
+    let ro = MemoryRegion::alloc(&v[1].domain, 4096, Flags::REMOTE_READ).unwrap();
+    ro.write_at(0, &3u64.to_ne_bytes()).unwrap();
+    let stale = MemoryRegion::alloc(&v[1].domain, 4096, remote).unwrap();
+    let (stale_addr, stale_key) = (stale.addr(), stale.key());
+    drop(stale);
+    let cases = [
+        ("read-only", ro.addr(), ro.key()),
+        ("closed", stale_addr, stale_key),
+    ];
+    for (k, (what, addr, key)) in cases.into_iter().enumerate() {
+        let a = atomic_call(
+            fetch,
+            Datatype::Uint64,
+            AtomicOp::Sum,
+            Some(1),
+            None,
+            Some(res(6)),
+        );
+        let at = RmaIov { addr, len: 8, key };
+        retry(&v, || {
+            v[0].ep
+                .atomicmsg(&a, 1, &at, 20 + k as u64, Flags::empty(), false)
+        });
+        let x = next_err(&v, 0);
+        assert_eq!(
+            (x.op_context, x.err),
+            (20 + k as u64, errno::EACCES),
+            "{what}"
+        );
+        assert_eq!(word_at(&ro, 0), 3, "{what}");
+        send_after_failure(&v, 30 + k as u64);
+    }
+    // Without FI_ATOMIC in its caps an endpoint refuses atomics.
+    let p = nodes(&plain, 2, false);
+    let a = atomic_call(base, Datatype::Uint64, AtomicOp::Sum, Some(1), None, None);
+    let err = p[0]
+        .ep
+        .atomicmsg(&a, 1, &rma(0), 1, Flags::empty(), false)
+        .unwrap_err();
+    assert_eq!(err.errno(), errno::EOPNOTSUPP, "{err}");
+}
+
+#[test]
+fn atomic_fetch_adds_from_two_initiators_each_see_a_distinct_original_and_none_is_lost() {
+    let Some(info) = rdm_atomic_info() else {
+        return;
+    };
+    let v = nodes(&info, 3, false);
+    let remote = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    let target = MemoryRegion::alloc(&v[2].domain, 4096, remote).unwrap();
+    let per = 200usize;
+    let results: Vec<_> = (0..2)
+        .map(|i| MemoryRegion::alloc(&v[i].domain, 8 * per, Flags::READ).unwrap())
+        .collect();
+    let rma = RmaIov {
+        addr: target.addr(),
+        len: 8,
+        key: target.key(),
+    };
+    let mut posted = [0usize; 2];
+    let mut done = [0usize; 2];
+    // Interleaved: each initiator keeps up to 8 in flight.
+    while done.iter().sum::<usize>() < 2 * per {
+        for i in 0..2 {
+            while posted[i] < per && posted[i] - done[i] < 8 {
+                let a = AtomicCall {
+                    kind: AtomicKind::Fetch,
+                    datatype: Datatype::Uint64,
+                    op: AtomicOp::Sum,
+                    count: 1,
+                    operand: Some(1u64.to_ne_bytes()),
+                    compare: None,
+                    result: Some(RecvBuf::region(&results[i], 8 * posted[i], 8).unwrap()),
+                };
+                match v[i]
+                    .ep
+                    .atomicmsg(&a, 2, &rma, posted[i] as u64, Flags::empty(), false)
+                {
+                    Ok(()) => posted[i] += 1,
+                    Err(e) if e.is_again() => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            v[2].ep.progress();
+            let mut e = [TaggedEntry::default(); 8];
+            match v[i].cq.read(&mut e) {
+                Ok(n) => {
+                    for x in &e[..n] {
+                        assert_eq!(x.flags(), Flags::ATOMIC | Flags::READ);
+                        done[i] += 1;
+                    }
+                }
+                Err(err) if err.is_again() => {}
+                Err(err) => panic!("{err}: {:?}", v[i].cq.readerr()),
+            }
+        }
+    }
+    assert_eq!(posted, [per, per]);
+    assert_eq!(word_at(&target, 0), 2 * per as u64, "every add landed");
+    let mut seen: Vec<u64> = (0..2)
+        .flat_map(|i| (0..per).map(move |k| (i, k)))
+        .map(|(i, k)| word_at(&results[i], 8 * k))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..2 * per as u64).collect::<Vec<_>>(),
+        "each add saw its own original"
     );
 }

@@ -9,7 +9,7 @@ use rfabric_sys::fabric as fi;
 use crate::capi::fid::{
     enosys, fi_ops_of, fid, from_c_nonnull, guarded, no_control, ops, put, unshared, Class, Obj,
 };
-use crate::capi::nosys::{n3i, n4i, n5i};
+use crate::capi::nosys::{n3i, n4i};
 use crate::capi::{av, cq, dgram_ep, mr, msg_ep, pep, rdm_ep, soft_srx, srx};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::EpType;
@@ -38,7 +38,7 @@ pub(crate) static DOMAIN_OPS: fi::fi_ops_domain = fi::fi_ops_domain {
     poll_open: Some(n3i),
     stx_ctx: Some(n4i),
     srx_ctx: Some(srx_open),
-    query_atomic: Some(n5i),
+    query_atomic: Some(query_atomic),
     query_collective: Some(n4i),
     endpoint2: Some(endpoint_open2),
 };
@@ -215,6 +215,32 @@ unsafe extern "C" fn cq_open(
         Ok(d) => unsafe { cq::open(&d.inner, attr, cq, context) },
         Err(e) => guarded("fi_cq_open", || Err(e)),
     }
+}
+
+/// `fi_query_atomic`: the atomics RDM endpoints of this domain carry.
+unsafe extern "C" fn query_atomic(
+    domain: *mut fi::fid_domain,
+    datatype: fi::fi_datatype,
+    op: fi::fi_op,
+    attr: *mut fi::fi_atomic_attr,
+    flags: u64,
+) -> i32 {
+    guarded("fi_query_atomic", || {
+        // SAFETY: the application's domain handle (its ops are checked).
+        unsafe { CDomain::from_c(domain, "domain") }?;
+        if attr.is_null() {
+            return Err(Error::new(errno::EINVAL, "attr is NULL"));
+        }
+        let a = crate::capi::rdm_atomic::query_atomic(datatype, op, flags)?;
+        // SAFETY: non-NULL, the caller's writable attributes (fi_atomic(3)).
+        unsafe {
+            *attr = fi::fi_atomic_attr {
+                count: a.count,
+                size: a.size,
+            }
+        };
+        Ok(())
+    })
 }
 
 /// `fi_cntr_open` on this domain.

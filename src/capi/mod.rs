@@ -35,6 +35,7 @@ pub(crate) mod nosys;
 pub(crate) mod peer;
 pub(crate) mod pep;
 pub mod provider;
+pub(crate) mod rdm_atomic;
 pub(crate) mod rdm_ep;
 pub(crate) mod rdm_rma;
 pub(crate) mod soft_srx;

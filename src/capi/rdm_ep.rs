@@ -94,7 +94,7 @@ pub(crate) fn open(
         msg: ops(&RDM_EP_MSG),
         rma: ops(&crate::capi::rdm_rma::RDM_EP_RMA),
         tagged: ops(&RDM_EP_TAGGED),
-        atomic: ops(&nosys::ATOMIC),
+        atomic: ops(&crate::capi::rdm_atomic::RDM_EP_ATOMIC),
         collective: ops(&nosys::COLLECTIVE),
     };
     Ok(CRdmEp::into_raw(

@@ -58,7 +58,7 @@ unsafe fn write_buf<'a>(buf: *const c_void, len: usize, desc: *mut c_void) -> Re
 
 /// # Safety
 /// `buf` has `len` writable bytes until the read completes; `desc` as [`described`].
-unsafe fn read_buf(buf: *mut c_void, len: usize, desc: *mut c_void) -> Result<RecvBuf> {
+pub(crate) unsafe fn read_buf(buf: *mut c_void, len: usize, desc: *mut c_void) -> Result<RecvBuf> {
     // SAFETY: the caller's contract.
     match unsafe { described(buf, desc) }? {
         Some((mr, off)) => RecvBuf::region(mr, off, len),

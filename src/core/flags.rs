@@ -60,6 +60,10 @@ pub const RMA_CAPS: Flags = Flags::RMA
     .union(Flags::REMOTE_READ)
     .union(Flags::REMOTE_WRITE);
 
+/// The capabilities that need remote keys: RMA, and atomics (`fi_atomic(3)`), which rverbs
+/// offers where it offers RMA and which take its directions.
+pub const REMOTE_KEY_CAPS: Flags = RMA_CAPS.union(Flags::ATOMIC);
+
 /// The primary capabilities (fi_getinfo(3)): an application gets those it asks for, no
 /// more. All others are secondary, reported where offered.
 pub const PRIMARY_CAPS: Flags = Flags::MSG

@@ -158,7 +158,7 @@ fn attr_caps(info_caps: Flags, hinted: Flags, offered: Flags, dir: Flags) -> Fla
         caps |= offered & dir;
     }
     let rma_dir = RMA_CAPS - Flags::RMA;
-    if caps.contains(Flags::RMA) && !caps.intersects(rma_dir) {
+    if caps.intersects(Flags::RMA | Flags::ATOMIC) && !caps.intersects(rma_dir) {
         caps |= offered & rma_dir;
     }
     caps
@@ -369,10 +369,10 @@ pub fn api_mr_rules(api: u32, hints: Option<&Info>, infos: &mut Vec<Info>) {
             // A caller that names no mode bit gets none back (`fi_alter_domain_attr`):
             // RMA, which needs provider keys, only when its caps ask for it; local
             // registration as the FI_LOCAL_MR mode bit, which it set.
-            let rma_asked = (h.caps | h.tx_attr.caps | h.rx_attr.caps).intersects(RMA_CAPS);
+            let rma_asked = (h.caps | h.tx_attr.caps | h.rx_attr.caps).intersects(REMOTE_KEY_CAPS);
             for i in infos.iter_mut() {
                 if !rma_asked && !(i.domain_attr.mr_mode - MrMode::LOCAL).is_empty() {
-                    let rma = RMA_CAPS | Flags::RMA_EVENT;
+                    let rma = REMOTE_KEY_CAPS | Flags::RMA_EVENT;
                     i.caps -= rma;
                     i.tx_attr.caps -= rma;
                     i.rx_attr.caps -= rma;

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod addr;
+pub mod atomic;
 pub mod av;
 pub mod cq;
 pub mod env;

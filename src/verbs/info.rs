@@ -167,7 +167,7 @@ const RMA_MR_MODE: MrMode = MrMode::LOCAL
 /// nothing asked of them). With RMA, an mr_mode without `FI_MR_VIRT_ADDR` gets offset
 /// addressing (`Domain::offset_rma`).
 fn without_rma_unless_asked(i: &mut Info, hints: &Info, plain: MrMode) {
-    let asked = (hints.caps | hints.tx_attr.caps | hints.rx_attr.caps).intersects(RMA_CAPS);
+    let asked = (hints.caps | hints.tx_attr.caps | hints.rx_attr.caps).intersects(REMOTE_KEY_CAPS);
     let hinted = hinted_mr_mode(hints);
     let mr_ok = hinted.is_none_or(|m| m.contains(MrMode::PROV_KEY));
     if asked || (hints.caps.is_empty() && mr_ok) {
@@ -176,9 +176,9 @@ fn without_rma_unless_asked(i: &mut Info, hints: &Info, plain: MrMode) {
         }
         return;
     }
-    i.caps -= RMA_CAPS;
-    i.tx_attr.caps -= RMA_CAPS;
-    i.rx_attr.caps -= RMA_CAPS;
+    i.caps -= REMOTE_KEY_CAPS;
+    i.tx_attr.caps -= REMOTE_KEY_CAPS;
+    i.rx_attr.caps -= REMOTE_KEY_CAPS;
     i.domain_attr.mr_mode = plain;
 }
 
@@ -341,15 +341,25 @@ pub(crate) fn rdm_info(dev: &Device) -> Result<Info> {
         | Flags::DIRECTED_RECV
         | Flags::SOURCE
         | Flags::MULTI_RECV;
-    i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv | RMA_CAPS | COMM_CAPS;
+    // Atomics are the device's, on the connections RMA uses (`core::atomic`).
+    i.caps = Flags::MSG | Flags::TAGGED | Flags::SEND | recv | REMOTE_KEY_CAPS | COMM_CAPS;
     // Targets count RMA on notices initiators send after each operation: offered where
     // asked only (`without_rma_event_unless_asked`), as it costs every write a message.
     i.caps |= Flags::RMA_EVENT;
     i.addr_format = AddrFormat::Unspec;
-    i.tx_attr.caps =
-        Flags::MSG | Flags::TAGGED | Flags::SEND | Flags::RMA | Flags::READ | Flags::WRITE;
-    i.rx_attr.caps =
-        recv | Flags::RMA | Flags::REMOTE_READ | Flags::REMOTE_WRITE | Flags::RMA_EVENT;
+    i.tx_attr.caps = Flags::MSG
+        | Flags::TAGGED
+        | Flags::SEND
+        | Flags::RMA
+        | Flags::ATOMIC
+        | Flags::READ
+        | Flags::WRITE;
+    i.rx_attr.caps = recv
+        | Flags::RMA
+        | Flags::ATOMIC
+        | Flags::REMOTE_READ
+        | Flags::REMOTE_WRITE
+        | Flags::RMA_EVENT;
     i.tx_attr.msg_order = fi::FI_ORDER_SAS;
     i.rx_attr.msg_order = fi::FI_ORDER_SAS;
     i.tx_attr.comp_order = fi::FI_ORDER_NONE;

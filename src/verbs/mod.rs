@@ -36,7 +36,7 @@ pub use info::{devices, getinfo, Device};
 pub use mr::MemoryRegion;
 pub use msg_ep::{MsgEndpoint, RmaIov};
 pub use pep::{PassiveEndpoint, ReservedAddress};
-pub use rdm_ep::{RdmEndpoint, RecvBuf};
+pub use rdm_ep::{AtomicCall, RdmEndpoint, RecvBuf};
 pub use srx::SharedRxContext;
 
 use crate::core::error::{errno, Error};

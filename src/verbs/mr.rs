@@ -76,8 +76,9 @@ fn verbs_access(acc: Flags) -> u32 {
     if acc.intersects(Flags::RECV | Flags::READ | Flags::REMOTE_WRITE) {
         a |= access::LOCAL_WRITE;
     }
+    // Atomics are remote writes too (fi_mr(3)), done by the device under remote atomic access.
     if acc.contains(Flags::REMOTE_WRITE) {
-        a |= access::REMOTE_WRITE;
+        a |= access::REMOTE_WRITE | access::REMOTE_ATOMIC;
     }
     if acc.contains(Flags::REMOTE_READ) {
         a |= access::REMOTE_READ;

@@ -46,6 +46,7 @@ mod local;
 mod rma;
 pub use local::{Driven, LocalEntry, LocalOwner, LocalPath, LocalSend};
 use local::{LocalLink, LOCAL_HOLDER};
+pub use rma::AtomicCall;
 
 /// The context of the listener's events on the endpoint's own EQ (connections use their
 /// index).

@@ -1218,6 +1218,20 @@ impl SendWr {
 enum Rdma {
     Write(Option<u32>),
     Read,
+    /// Fetch-and-add of the operand to the remote 8-byte word.
+    FetchAdd(u64),
+    /// Compare-and-swap of the remote 8-byte word: `(compare, swap)`.
+    CmpSwap(u64, u64),
+}
+
+/// A verbs atomic on one remote 8-byte word, whose original value the device writes to the
+/// local element (`fi_fetch_atomic`, `fi_compare_atomic`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicWr {
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    FetchAdd(u64),
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`: `compare`, `swap`.
+    CmpSwap(u64, u64),
 }
 
 /// A queue pair's posting side. Owned by its [`crate::cm::CmId`], which lends it out by
@@ -1526,6 +1540,29 @@ impl QpHandle {
         self.post_rdma(wr_id, &mut local, 1, flags, Rdma::Read, remote_addr, rkey)
     }
 
+    /// Posts a verbs atomic on the 8-byte word at `remote_addr` (under `rkey`) of the
+    /// connected peer; the word's original value lands in `local` (8 bytes of registered
+    /// memory, written by the device).
+    pub fn post_atomic(
+        &self,
+        wr_id: u64,
+        mut local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+        flags: u32,
+        op: AtomicWr,
+    ) -> Result<(), i32> {
+        if local.length != 8 {
+            return Err(libc::EINVAL);
+        }
+        let flags = flags & !send_flags::INLINE;
+        let op = match op {
+            AtomicWr::FetchAdd(a) => Rdma::FetchAdd(a),
+            AtomicWr::CmpSwap(c, s) => Rdma::CmpSwap(c, s),
+        };
+        self.post_rdma(wr_id, &mut local, 1, flags, op, remote_addr, rkey)
+    }
+
     /// Posts an RDMA write of `local` (registered memory, checked by the device under its
     /// lkey) to `remote_addr` under `rkey`. Never inline: the CPU would read `local` unchecked.
     pub fn post_write_sge(
@@ -1583,10 +1620,32 @@ impl QpHandle {
             Rdma::Write(None) => (r::ibv_wr_opcode::IBV_WR_RDMA_WRITE, None),
             Rdma::Write(imm) => (r::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
             Rdma::Read => (r::ibv_wr_opcode::IBV_WR_RDMA_READ, None),
+            Rdma::FetchAdd(_) => (r::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, None),
+            Rdma::CmpSwap(..) => (r::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP, None),
         };
         let mut wr = SendWr::new(wr_id, sges, n, flags, imm);
         wr.0.opcode = opcode;
-        wr.0.wr.rdma = r::rdma_t { remote_addr, rkey };
+        wr.0.wr = match op {
+            Rdma::FetchAdd(add) => r::wr_t {
+                atomic: r::atomic_t {
+                    remote_addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey,
+                },
+            },
+            Rdma::CmpSwap(compare, swap) => r::wr_t {
+                atomic: r::atomic_t {
+                    remote_addr,
+                    compare_add: compare,
+                    swap,
+                    rkey,
+                },
+            },
+            _ => r::wr_t {
+                rdma: r::rdma_t { remote_addr, rkey },
+            },
+        };
         let mut bad = ptr::null_mut();
         // SAFETY: valid QP (see post_send_raw); the SGEs name registered memory (checked by
         // the device, which writes it for a read) or, with INLINE, a live slice the provider

@@ -16,6 +16,7 @@ use super::{
     check_send_flags, peer_of, release_tx, to_owned, Enabled, Exposed, Inner, RdmEndpoint, RecvBuf,
     Src, TxMeta, MAX_SEGS, NONE,
 };
+use crate::core::atomic::{self, AtomicKind, AtomicOp, Datatype, DeviceAtomic};
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
@@ -54,6 +55,8 @@ pub(super) struct RmaWr {
     rkey: u32,
     read: bool,
     fence: bool,
+    /// A device atomic on the remote word (the original value lands as a read's bytes do).
+    atomic: Option<sv::AtomicWr>,
 }
 
 /// Posts `w` (send buffer at `off` of the pool) on `qp` as work request `wr`.
@@ -73,6 +76,13 @@ pub(super) fn post_wr(
     };
     let len = w.len as usize;
     let pool = en.tx_pool.sys();
+    if let Some(op) = w.atomic {
+        let r = match pool.sge(off, len) {
+            Some(sge) => qp.post_atomic(wr, sge, w.addr, w.rkey, flags, op),
+            None => Err(libc::EINVAL),
+        };
+        return r.map_err(|e| Error::os(e, "ibv_post_send (atomic)"));
+    }
     let r = match (w.local, w.read) {
         (Some(sge), false) => qp.post_write_sge(wr, sge, w.addr, w.rkey, flags),
         (Some(sge), true) => qp.post_read(wr, sge, w.addr, w.rkey, flags),
@@ -151,6 +161,36 @@ pub(super) fn remote_read(en: &Enabled, id: u32) -> Option<Owned> {
 /// The local memory of one range of an operation larger than a send buffer: its first
 /// element, and what keeps it registered.
 type Exposure = (sv::Sge, Arc<Exposed>);
+
+/// The bytes of the one element an atomic call takes (the device's word).
+const WORD: usize = 8;
+
+/// One `fi_atomic(3)` call's operation and operands.
+#[derive(Clone, Debug)]
+pub struct AtomicCall {
+    pub kind: AtomicKind,
+    pub datatype: Datatype,
+    pub op: AtomicOp,
+    /// Elements the call names (`count`, or the sum of its iov's counts).
+    pub count: usize,
+    /// The first element of the source buffer (none for `FI_ATOMIC_READ`).
+    pub operand: Option<[u8; 8]>,
+    /// The first element of the compare buffer (compare calls).
+    pub compare: Option<[u8; 8]>,
+    /// Where a fetching call's original value goes.
+    pub result: Option<RecvBuf>,
+}
+
+/// Atomics need `FI_ATOMIC` in the endpoint's caps.
+fn check_atomic_cap(caps: Flags) -> Result<()> {
+    if caps.contains(Flags::ATOMIC) {
+        return Ok(());
+    }
+    Err(Error::new(
+        errno::EOPNOTSUPP,
+        "the endpoint was opened without FI_ATOMIC in its info's caps: ask fi_getinfo for it",
+    ))
+}
 
 /// The remote range of a one-buffer call: `len` bytes at `addr` under `key`.
 fn whole(len: usize, addr: u64, key: u64) -> RmaIov {
@@ -463,6 +503,101 @@ impl RdmEndpoint {
         pieces.finish(user, flags)
     }
 
+    /// `fi_atomic(3)` on the peer at `dest`: the base (`fi_atomic*`), fetching
+    /// (`fi_fetch_atomic*`) or comparing (`fi_compare_atomic*`) call `a` on the remote word
+    /// `rma` names. The device does it: [`atomic::valid`] says which operations it takes.
+    /// A fetching call's original value is in `a.result` when it completes, which is
+    /// after the target's device has answered (`FI_DELIVERY_COMPLETE`, as fi_atomic(3)
+    /// says). An `fi_inject_atomic` call (`inject_call`) completes with nothing.
+    pub fn atomicmsg(
+        &self,
+        a: &AtomicCall,
+        dest: u64,
+        rma: &RmaIov,
+        context: u64,
+        flags: Flags,
+        inject_call: bool,
+    ) -> Result<()> {
+        check_atomic_cap(self.sh.info.caps)?;
+        wr_id::check(context)?;
+        check_send_flags(flags)?;
+        if flags.contains(Flags::REMOTE_CQ_DATA) {
+            return Err(Error::new(
+                errno::EINVAL,
+                "FI_REMOTE_CQ_DATA with an atomic: rverbs carries remote CQ data on writes and sends",
+            ));
+        }
+        let plan = atomic::plan(a.kind, a.datatype, a.op, a.count, a.operand, a.compare)?;
+        let fetch = a.kind != AtomicKind::Base;
+        let land = match (&a.result, fetch) {
+            (Some(r), true) if r.len() >= WORD && !matches!(r, RecvBuf::Scatter(_)) => {
+                Some(r.clone())
+            }
+            (_, true) => {
+                return Err(Error::new(
+                    errno::EINVAL,
+                    format!("a fetching atomic needs one result buffer of {WORD} bytes"),
+                ))
+            }
+            (_, false) => None,
+        };
+        let en = self.en()?;
+        let rkey = rma.check(WORD)?;
+        let g = en.inner.lock();
+        let mut pieces = Pieces::take(self, en, g, dest, 1, false)?;
+        let slot = pieces.slots[0];
+        let device = match plan {
+            DeviceAtomic::Write => {
+                // The operand goes in the send buffer, so the caller's is free at once.
+                let word = a.operand.unwrap_or_default();
+                if let Err(e) = en.tx_pool.write_at(slot as usize * en.slot, &word) {
+                    return Err(pieces.abandon(e));
+                }
+                None
+            }
+            DeviceAtomic::FetchAdd(v) => Some(sv::AtomicWr::FetchAdd(v)),
+            DeviceAtomic::CmpSwap(c, v) => Some(sv::AtomicWr::CmpSwap(c, v)),
+        };
+        pieces.push(
+            None,
+            WORD as u32,
+            rma.addr,
+            rkey,
+            device.is_some(),
+            land,
+            None,
+        );
+        if let Some(p) = pieces.g.tx_rma[slot as usize].as_mut() {
+            p.wr.atomic = device;
+        }
+        let dir = if fetch { Flags::READ } else { Flags::WRITE };
+        let user = TxMeta {
+            context,
+            flags: Flags::ATOMIC
+                | dir
+                | if inject_call {
+                    Flags::INJECT
+                } else {
+                    Flags::empty()
+                },
+            quiet: inject_call || self.rma_quiet(en, flags),
+            ..TxMeta::default()
+        };
+        if pieces.notice {
+            // The target counts what changed its memory as a remote write, a read as a read.
+            let hdr = match a.op {
+                AtomicOp::Read => Header::bare(Op::ReadEvent),
+                _ => Header {
+                    tag: WORD as u64,
+                    total: rkey,
+                    ..Header::bare(Op::WriteData)
+                },
+            };
+            pieces = pieces.stage_notice(&hdr, user)?;
+        }
+        pieces.finish(user, flags)
+    }
+
     /// What every RMA call checks: the caps, flags and context, the size, and the remote
     /// range (its rkey returned, with the enabled endpoint).
     fn rma_check(
@@ -623,6 +758,7 @@ impl<'a, 'e> Pieces<'a, 'e> {
                 rkey,
                 read,
                 fence: false,
+                atomic: None,
             },
             land,
             _hold: hold,
