@@ -198,6 +198,11 @@ fn c_program_writes_and_reads_remote_memory_over_rdm_endpoints() {
 }
 
 #[test]
+fn c_program_runs_the_devices_atomics_over_rdm_endpoints() {
+    run_capi_section("rdm-atomic");
+}
+
+#[test]
 fn c_program_counts_completions_with_fi_cntr() {
     run_capi_section("cntr");
 }

@@ -10,6 +10,7 @@ use std::mem::size_of;
 use rfabric_sys::fabric as fi;
 use rfabric_sys::verbs::MAX_IOV;
 
+use crate::capi::ep::region;
 use crate::capi::fid::{bytes, guarded, guarded_len};
 use crate::capi::rdm_ep::rdm;
 use crate::capi::rdm_rma::read_buf;
@@ -98,6 +99,12 @@ impl Elements {
     /// # Safety
     /// `addr` holds `count` readable elements of `dt`.
     unsafe fn word(&self, dt: Datatype) -> Result<Option<[u8; 8]>> {
+        if !self.desc.is_null() {
+            // Not needed (the operand is copied), but one given must be ours.
+            // SAFETY: the caller's contract: a descriptor from fi_mr_desc, or a bad pointer
+            // `region` proves is not one before reading it.
+            unsafe { region(self.addr, self.desc) }?;
+        }
         if self.addr.is_null() || self.count == 0 || dt.size() != 8 {
             return Ok(None);
         }

@@ -2812,6 +2812,189 @@ static void rdm_rma_section(void)
 	printf("ok rdm-rma\n");
 }
 
+/* fi_atomic(3) on an RDM pair, as fabtests' fi_rdm_atomic and Open MPI's btl ofi call it:
+ * what the valid calls and fi_query_atomic say, every offered operation in its plain, v,
+ * msg and inject forms with the target's word checked, refusals with nothing posted, and an
+ * access the target did not grant as an error completion with the word unchanged. */
+static void rdm_atomic_section(void)
+{
+	struct fi_info *h = fi_allocinfo(), *info;
+	struct rdm_pair p;
+	struct fid_cq **cq = p.cq;
+	struct fid_ep **ep = p.ep;
+	struct fi_cq_tagged_entry e;
+	struct fi_cq_err_entry err = {0};
+	struct fi_atomic_attr attr;
+	struct fid_mr *tmr, *romr, *rmr;
+	uint64_t *target = aligned_alloc(4096, 4096), *ro = aligned_alloc(4096, 4096);
+	uint64_t *res = aligned_alloc(4096, 4096);
+	uint64_t one = 1, v, cmpv, out = 0;
+	size_t count, posted = 0, done = 0;
+	fi_addr_t src;
+
+	TRUE(h && target && ro && res);
+	h->ep_attr->type = FI_EP_RDM;
+	h->caps = FI_MSG | FI_ATOMIC;
+	h->mode = FI_CONTEXT;
+	h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
+	h->fabric_attr->prov_name = strdup("rverbs");
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	TRUE(info->caps & FI_ATOMIC);
+	TRUE((info->tx_attr->caps & (FI_ATOMIC | FI_READ | FI_WRITE)) ==
+	     (FI_ATOMIC | FI_READ | FI_WRITE));
+	rdm_pair_open(info, &p, 0);
+
+	/* What is offered: the device's atomics on one 8-byte element. */
+	count = 0;
+	OK(fi_atomicvalid(ep[0], FI_UINT64, FI_SUM, &count));
+	EXPECT(count, 1);
+	OK(fi_fetch_atomicvalid(ep[0], FI_INT64, FI_SUM, &count));
+	OK(fi_fetch_atomicvalid(ep[0], FI_DOUBLE, FI_ATOMIC_READ, &count));
+	OK(fi_compare_atomicvalid(ep[0], FI_UINT64, FI_CSWAP, &count));
+	OK(fi_atomicvalid(ep[0], FI_DOUBLE, FI_ATOMIC_WRITE, &count));
+	EXPECT(fi_atomicvalid(ep[0], FI_UINT32, FI_SUM, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomicvalid(ep[0], FI_DOUBLE, FI_SUM, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomicvalid(ep[0], FI_UINT64, FI_BOR, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_fetch_atomicvalid(ep[0], FI_UINT64, FI_ATOMIC_WRITE, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_compare_atomicvalid(ep[0], FI_UINT64, FI_MSWAP, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomicvalid(ep[0], (enum fi_datatype)99, FI_SUM, &count), -FI_EINVAL);
+	EXPECT(fi_atomicvalid(ep[0], FI_UINT64, FI_SUM, NULL), -FI_EINVAL);
+	OK(fi_query_atomic(p.domain, FI_UINT64, FI_CSWAP, &attr, FI_COMPARE_ATOMIC));
+	TRUE(attr.count == 1 && attr.size == 8);
+	EXPECT(fi_query_atomic(p.domain, FI_UINT64, FI_CSWAP, &attr, 0), -FI_EOPNOTSUPP);
+	EXPECT(fi_query_atomic(p.domain, FI_UINT64, FI_SUM, &attr,
+			       FI_FETCH_ATOMIC | FI_COMPARE_ATOMIC), -FI_EBADFLAGS);
+	EXPECT(fi_query_atomic(p.domain, FI_UINT64, FI_SUM, &attr, FI_TAGGED), -FI_EOPNOTSUPP);
+
+	OK(fi_mr_reg(p.domain, target, 4096, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 0, 0, &tmr,
+		     NULL));
+	OK(fi_mr_reg(p.domain, res, 4096, FI_READ, 0, 0, 0, &rmr, NULL));
+	uint64_t key = fi_mr_key(tmr), t = (uintptr_t)target;
+	memset(target, 0, 4096);
+	target[0] = 100;
+
+	/* fi_fetch_atomic (FI_SUM): the original into unregistered memory; the first call
+	 * connects. */
+	v = 5;
+	RDM_POST(cq[0], cq[1],
+		 fi_fetch_atomic(ep[0], &v, 1, NULL, &out, NULL, 1, t, key, FI_UINT64, FI_SUM,
+				 (void *)1));
+	posted++;
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	done++;
+	TRUE(e.op_context == (void *)1 && e.flags == (FI_ATOMIC | FI_READ));
+	TRUE(out == 100 && target[0] == 105);
+	/* fi_atomic (FI_SUM), no result. */
+	v = 7;
+	RDM_POST(cq[0], cq[1],
+		 fi_atomic(ep[0], &v, 1, NULL, 1, t, key, FI_INT64, FI_SUM, (void *)2));
+	posted++;
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	done++;
+	TRUE(e.op_context == (void *)2 && e.flags == (FI_ATOMIC | FI_WRITE));
+	EXPECT(target[0], 112);
+	/* fi_compare_atomic (FI_CSWAP) into a registered result, by its descriptor. */
+	v = 9;
+	cmpv = 112;
+	RDM_POST(cq[0], cq[1],
+		 fi_compare_atomic(ep[0], &v, 1, NULL, &cmpv, NULL, res, fi_mr_desc(rmr), 1, t, key,
+				   FI_UINT64, FI_CSWAP, (void *)3));
+	posted++;
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	done++;
+	TRUE(e.op_context == (void *)3 && res[0] == 112 && target[0] == 9);
+	/* The v forms: a swap that does not match, then an atomic read. */
+	struct fi_ioc op_ioc = {&v, 1}, cmp_ioc = {&cmpv, 1}, res_ioc = {&res[1], 1};
+	v = 50;
+	RDM_POST(cq[0], cq[1],
+		 fi_compare_atomicv(ep[0], &op_ioc, NULL, 1, &cmp_ioc, NULL, 1, &res_ioc, NULL, 1,
+				    1, t, key, FI_INT64, FI_CSWAP, (void *)4));
+	posted++;
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	done++;
+	TRUE(e.op_context == (void *)4 && res[1] == 9 && target[0] == 9);
+	res_ioc.addr = &res[2];
+	RDM_POST(cq[0], cq[1],
+		 fi_fetch_atomicv(ep[0], NULL, NULL, 0, &res_ioc, NULL, 1, 1, t, key, FI_UINT64,
+				  FI_ATOMIC_READ, (void *)5));
+	posted++;
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	done++;
+	TRUE(e.op_context == (void *)5 && res[2] == 9);
+	/* The msg form (FI_ATOMIC_WRITE of a double) and inject (no completion). */
+	double d = 2.5;
+	struct fi_ioc d_ioc = {&d, 1};
+	struct fi_rma_ioc rio = {.addr = t + 8, .count = 1, .key = key};
+	struct fi_msg_atomic msg = {.msg_iov = &d_ioc, .iov_count = 1, .addr = 1,
+				    .rma_iov = &rio, .rma_iov_count = 1, .datatype = FI_DOUBLE,
+				    .op = FI_ATOMIC_WRITE, .context = (void *)6};
+	RDM_POST(cq[0], cq[1], fi_atomicmsg(ep[0], &msg, FI_COMPLETION));
+	posted++;
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	done++;
+	TRUE(e.op_context == (void *)6 && !memcmp(&target[1], &d, 8));
+	RDM_POST(cq[0], cq[1], fi_inject_atomic(ep[0], &one, 1, 1, t, key, FI_UINT64, FI_SUM));
+	posted++;
+	res_ioc.addr = &res[3];
+	msg.msg_iov = NULL;
+	msg.iov_count = 0;
+	msg.datatype = FI_UINT64;
+	msg.op = FI_ATOMIC_READ;
+	msg.context = (void *)7;
+	rio.addr = t;
+	rio.count = 0; /* FI_ATOMIC_READ: the remote count is the result's, 0 operands */
+	RDM_POST(cq[0], cq[1], fi_fetch_atomicmsg(ep[0], &msg, &res_ioc, NULL, 1, 0));
+	posted++;
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	done += 2; /* the inject completes with nothing: the read after it sees it */
+	TRUE(e.op_context == (void *)7 && res[3] == 10 && target[0] == 10);
+	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+	EXPECT(fi_cq_read(cq[1], &e, 1), -FI_EAGAIN); /* nothing at the target's CQ */
+	EXPECT(posted, 8);
+	EXPECT(done, 8);
+
+	/* Bad input: refused, nothing posted. */
+	EXPECT(fi_atomic(ep[0], &v, 2, NULL, 1, t, key, FI_UINT64, FI_SUM, NULL), -FI_EMSGSIZE);
+	EXPECT(fi_atomic(ep[0], &v, 0, NULL, 1, t, key, FI_UINT64, FI_SUM, NULL), -FI_EINVAL);
+	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t, key, FI_UINT32, FI_SUM, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t, key, FI_UINT64, FI_CSWAP, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t, key, (enum fi_datatype)77, FI_SUM, NULL),
+	       -FI_EINVAL);
+	EXPECT(fi_fetch_atomic(ep[0], &v, 1, NULL, NULL, NULL, 1, t, key, FI_UINT64, FI_SUM, NULL),
+	       -FI_EINVAL);
+	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t, 1ULL << 40, FI_UINT64, FI_SUM, NULL),
+	       -FI_EINVAL);
+	EXPECT(fi_atomic(ep[0], &v, 1, (void *)ro, 1, t, key, FI_UINT64, FI_SUM, NULL),
+	       -FI_EINVAL); /* not a descriptor */
+	msg.rma_iov_count = 2;
+	EXPECT(fi_fetch_atomicmsg(ep[0], &msg, &res_ioc, NULL, 1, 0), -FI_EINVAL);
+	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
+
+	/* A region registered for remote read only takes no atomic: an error completion, the
+	 * word unchanged. */
+	OK(fi_mr_reg(p.domain, ro, 4096, FI_REMOTE_READ, 0, 0, 0, &romr, NULL));
+	ro[0] = 3;
+	RDM_POST(cq[0], cq[1],
+		 fi_fetch_atomic(ep[0], &one, 1, NULL, &out, NULL, 1, (uintptr_t)ro,
+				 fi_mr_key(romr), FI_UINT64, FI_SUM, (void *)10));
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), -FI_EAVAIL);
+	EXPECT(fi_cq_readerr(cq[0], &err, 0), 1);
+	TRUE(err.op_context == (void *)10 && (err.flags & FI_ATOMIC));
+	EXPECT(err.err, FI_EACCES);
+	EXPECT(ro[0], 3);
+
+	EXPECT(fi_close(&romr->fid), 0);
+	EXPECT(fi_close(&rmr->fid), 0);
+	EXPECT(fi_close(&tmr->fid), 0);
+	rdm_pair_close(&p);
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	free(target);
+	free(ro);
+	free(res);
+	printf("ok rdm-atomic (%zu posted, %zu done)\n", posted, done);
+}
+
 /* The other end of the mutex/cond counter test: once the waiter sleeps (its mutex is
  * free), a value call. */
 static struct fid_cntr *late_cntr;
@@ -3027,6 +3210,8 @@ int main(int argc, char **argv)
 		rma_section();
 	if (!only || !strcmp(only, "rdm-rma"))
 		rdm_rma_section();
+	if (!only || !strcmp(only, "rdm-atomic"))
+		rdm_atomic_section();
 	if (!only || !strcmp(only, "cntr"))
 		cntr_section();
 	if (only && !strcmp(only, "peer"))
