@@ -4791,52 +4791,190 @@ fn rdm_atomics_are_the_devices_on_one_word_and_fetch_its_original_value() {
     quiet(&v, 0);
     assert_eq!((posted.get(), done.get()), (9, 9));
 
-    // What the device cannot do is refused at the call, nothing posted.
-    let e = |a: AtomicCall| v[0].ep.atomicmsg(&a, 1, &rma(0), 9, Flags::empty(), false);
+    // Operations on smaller elements and floating point, through their word: the
+    // neighbours' bytes stay.
+    target.write_at(0, &[0x11u8; 16]).unwrap();
+    let dt = |d: Datatype, op, x: &[u8], c: Option<&[u8]>, off: u64, ctx: u64, kind| {
+        let w = |b: &[u8]| {
+            let mut o = [0u8; 8];
+            o[..b.len()].copy_from_slice(b);
+            o
+        };
+        let a = AtomicCall {
+            kind,
+            datatype: d,
+            op,
+            count: 1,
+            operand: Some(w(x)),
+            compare: c.map(w),
+            result: (kind != base).then(|| RecvBuf::region(&results, 64, d.size()).unwrap()),
+        };
+        post(a, off, ctx);
+        rma_done(&v, 0, if kind == base { write } else { read }, ctx);
+    };
+    dt(
+        Datatype::Uint32,
+        AtomicOp::Sum,
+        &5u32.to_ne_bytes(),
+        None,
+        4,
+        10,
+        fetch,
+    );
+    assert_eq!(mr_bytes(&results, 64, 4), 0x11111111u32.to_ne_bytes());
+    let mut want = [0x11u8; 16];
+    want[4..8].copy_from_slice(&0x11111116u32.to_ne_bytes());
+    assert_eq!(mr_bytes(&target, 0, 16), want);
+    dt(Datatype::Int8, AtomicOp::Min, &[0xf0], None, 9, 11, base); // -16 < 17
+    want[9] = 0xf0;
+    assert_eq!(mr_bytes(&target, 0, 16), want);
+    dt(
+        Datatype::Uint16,
+        AtomicOp::Write,
+        &[0xaa, 0xbb],
+        None,
+        2,
+        12,
+        fetch,
+    ); // a swap
+    assert_eq!(mr_bytes(&results, 64, 2), [0x11, 0x11]);
+    want[2..4].copy_from_slice(&[0xaa, 0xbb]);
+    assert_eq!(mr_bytes(&target, 0, 16), want);
+    dt(
+        Datatype::Uint8,
+        AtomicOp::Mswap,
+        &[0xff],
+        Some(&[0x0f]),
+        0,
+        13,
+        cmp,
+    );
+    want[0] = 0x1f;
+    assert_eq!(mr_bytes(&target, 0, 16), want);
+    dt(
+        Datatype::Int16,
+        AtomicOp::CswapGt,
+        &[9, 0],
+        Some(&[0xff, 0x7f]),
+        12,
+        14,
+        cmp,
+    );
+    want[12..14].copy_from_slice(&[9, 0]); // 0x7fff > 0x1111: swapped
+    assert_eq!(mr_bytes(&target, 0, 16), want);
+    dt(
+        Datatype::Int16,
+        AtomicOp::CswapGt,
+        &[7, 0],
+        Some(&[1, 0]),
+        12,
+        15,
+        cmp,
+    );
+    assert_eq!(mr_bytes(&target, 0, 16), want, "1 > 9 is false: unchanged");
+    assert_eq!(
+        mr_bytes(&results, 64, 2),
+        [9, 0],
+        "the original comes back anyway"
+    );
+    target.write_at(16, &1.5f64.to_ne_bytes()).unwrap();
+    target.write_at(24, &[0u8; 8]).unwrap();
+    dt(
+        Datatype::Double,
+        AtomicOp::Sum,
+        &2.25f64.to_ne_bytes(),
+        None,
+        16,
+        16,
+        fetch,
+    );
+    assert_eq!(mr_bytes(&results, 64, 8), 1.5f64.to_ne_bytes());
+    assert_eq!(mr_bytes(&target, 16, 8), 3.75f64.to_ne_bytes());
+    dt(
+        Datatype::Float,
+        AtomicOp::Max,
+        &2.5f32.to_ne_bytes(),
+        None,
+        28,
+        17,
+        base,
+    );
+    assert_eq!(mr_bytes(&target, 24, 8)[..4], [0; 4]);
+    assert_eq!(mr_bytes(&target, 28, 4), 2.5f32.to_ne_bytes());
+    quiet(&v, 0);
+
+    // What is not offered or not well formed is refused at the call, nothing posted.
+    let at = |off: u64, len: usize| RmaIov {
+        addr: target.addr() + off,
+        len,
+        key: target.key(),
+    };
+    let e = |a: AtomicCall, r: RmaIov| v[0].ep.atomicmsg(&a, 1, &r, 9, Flags::empty(), false);
+    let one = |k, d, op, c: Option<u64>, r| atomic_call(k, d, op, Some(1), c, r);
     let refused = [
         (
-            atomic_call(base, Datatype::Int32, AtomicOp::Sum, Some(1), None, None),
+            one(base, Datatype::LongDouble, AtomicOp::Sum, None, None),
+            at(0, 16),
             errno::EOPNOTSUPP,
         ),
         (
-            atomic_call(base, Datatype::Double, AtomicOp::Sum, Some(1), None, None),
+            one(base, Datatype::FloatComplex, AtomicOp::Sum, None, None),
+            at(0, 8),
             errno::EOPNOTSUPP,
         ),
         (
-            atomic_call(base, Datatype::Uint64, AtomicOp::Max, Some(1), None, None),
+            one(base, Datatype::Double, AtomicOp::Bor, None, None),
+            at(0, 8),
             errno::EOPNOTSUPP,
         ),
         (
-            atomic_call(fetch, Datatype::Uint64, AtomicOp::Sum, Some(1), None, None),
+            one(base, Datatype::Uint64, AtomicOp::Read, None, None),
+            at(0, 8),
+            errno::EOPNOTSUPP,
+        ),
+        (
+            one(base, Datatype::Uint64, AtomicOp::Cswap, Some(1), None),
+            at(0, 8),
+            errno::EOPNOTSUPP,
+        ),
+        (
+            one(base, Datatype::Int32, AtomicOp::Sum, None, None),
+            at(2, 4),
             errno::EINVAL,
         ),
         (
-            atomic_call(
-                cmp,
-                Datatype::Uint64,
-                AtomicOp::Cswap,
-                Some(1),
-                None,
-                Some(res(5)),
-            ),
+            one(base, Datatype::Uint64, AtomicOp::Sum, None, None),
+            at(0, 4),
+            errno::EINVAL,
+        ),
+        (
+            one(fetch, Datatype::Uint64, AtomicOp::Sum, None, None),
+            at(0, 8),
+            errno::EINVAL,
+        ),
+        (
+            one(cmp, Datatype::Uint64, AtomicOp::Cswap, None, Some(res(5))),
+            at(0, 8),
             errno::EINVAL,
         ),
         (
             AtomicCall {
                 count: 2,
-                ..atomic_call(base, Datatype::Uint64, AtomicOp::Sum, Some(1), None, None)
+                ..one(base, Datatype::Uint64, AtomicOp::Sum, None, None)
             },
+            at(0, 16),
             errno::EMSGSIZE,
         ),
     ];
-    for (a, want) in refused {
+    let before = mr_bytes(&target, 0, 32);
+    for (a, r, want) in refused {
         let what = format!("{a:?}");
-        assert_eq!(e(a).unwrap_err().errno(), want, "{what}");
+        assert_eq!(e(a, r).unwrap_err().errno(), want, "{what}");
     }
     quiet(&v, 0);
     assert_eq!(
-        word_at(&target, 0),
-        42,
+        mr_bytes(&target, 0, 32),
+        before,
         "nothing refused reached the target"
     );
 
@@ -4883,37 +5021,39 @@ fn rdm_atomics_are_the_devices_on_one_word_and_fetch_its_original_value() {
     assert_eq!(err.errno(), errno::EOPNOTSUPP, "{err}");
 }
 
-#[test]
-fn atomic_fetch_adds_from_two_initiators_each_see_a_distinct_original_and_none_is_lost() {
-    let Some(info) = rdm_atomic_info() else {
-        return;
-    };
-    let v = nodes(&info, 3, false);
-    let remote = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
-    let target = MemoryRegion::alloc(&v[2].domain, 4096, remote).unwrap();
-    let per = 200usize;
+/// Fetch-adds of 1 from nodes 0 and 1 to the target of node 2, `per` each, up to 8 in
+/// flight: node `i`'s go to the `dt` element at `offs[i]`. Returns each node's originals.
+fn fetch_adds_from_two(
+    v: &[Node],
+    target: &MemoryRegion,
+    dt: Datatype,
+    offs: [u64; 2],
+    per: usize,
+) -> Vec<Vec<u64>> {
+    let size = dt.size();
     let results: Vec<_> = (0..2)
         .map(|i| MemoryRegion::alloc(&v[i].domain, 8 * per, Flags::READ).unwrap())
         .collect();
-    let rma = RmaIov {
-        addr: target.addr(),
-        len: 8,
-        key: target.key(),
-    };
     let mut posted = [0usize; 2];
     let mut done = [0usize; 2];
-    // Interleaved: each initiator keeps up to 8 in flight.
     while done.iter().sum::<usize>() < 2 * per {
         for i in 0..2 {
+            let rma = RmaIov {
+                addr: target.addr() + offs[i],
+                len: size,
+                key: target.key(),
+            };
             while posted[i] < per && posted[i] - done[i] < 8 {
+                let mut one = [0u8; 8];
+                one[0] = 1; // 1 in any integer width (little-endian)
                 let a = AtomicCall {
                     kind: AtomicKind::Fetch,
-                    datatype: Datatype::Uint64,
+                    datatype: dt,
                     op: AtomicOp::Sum,
                     count: 1,
-                    operand: Some(1u64.to_ne_bytes()),
+                    operand: Some(one),
                     compare: None,
-                    result: Some(RecvBuf::region(&results[i], 8 * posted[i], 8).unwrap()),
+                    result: Some(RecvBuf::region(&results[i], 8 * posted[i], size).unwrap()),
                 };
                 match v[i]
                     .ep
@@ -4939,15 +5079,112 @@ fn atomic_fetch_adds_from_two_initiators_each_see_a_distinct_original_and_none_i
         }
     }
     assert_eq!(posted, [per, per]);
-    assert_eq!(word_at(&target, 0), 2 * per as u64, "every add landed");
-    let mut seen: Vec<u64> = (0..2)
-        .flat_map(|i| (0..per).map(move |k| (i, k)))
-        .map(|(i, k)| word_at(&results[i], 8 * k))
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(
-        seen,
-        (0..2 * per as u64).collect::<Vec<_>>(),
-        "each add saw its own original"
+    (0..2)
+        .map(|i| {
+            (0..per)
+                .map(|k| {
+                    let mut b = [0u8; 8];
+                    b[..size].copy_from_slice(&mr_bytes(&results[i], 8 * k, size));
+                    u64::from_le_bytes(b)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn sorted(v: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    let mut v: Vec<u64> = v.into_iter().collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn atomic_fetch_adds_from_two_initiators_each_see_a_distinct_original_and_none_is_lost() {
+    let Some(info) = rdm_atomic_info() else {
+        return;
+    };
+    let v = nodes(&info, 3, false);
+    let remote = Flags::REMOTE_READ | Flags::REMOTE_WRITE;
+    let target = MemoryRegion::alloc(&v[2].domain, 4096, remote).unwrap();
+    let per = 200u64;
+    let word = |off: usize| u64::from_le_bytes(mr_bytes(&target, off, 8).try_into().unwrap());
+    // The device's own fetch-add, both on one word.
+    let got = fetch_adds_from_two(&v, &target, Datatype::Uint64, [0, 0], per as usize);
+    assert_eq!(word(0), 2 * per, "every add landed");
+    assert_eq!(sorted(got.concat()), (0..2 * per).collect::<Vec<_>>());
+    // By compare-and-swap, both on one 32-bit element: every add lands once.
+    let got = fetch_adds_from_two(&v, &target, Datatype::Uint32, [8, 8], per as usize);
+    assert_eq!(word(8), 2 * per, "the neighbour element stays 0");
+    assert_eq!(sorted(got.concat()), (0..2 * per).collect::<Vec<_>>());
+    // Two elements of one word, one per initiator: their swaps race, neither loses.
+    let got = fetch_adds_from_two(&v, &target, Datatype::Uint16, [16, 22], per as usize);
+    assert_eq!(word(16), per | (per << 48));
+    for g in got {
+        assert_eq!(sorted(g), (0..per).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn atomics_toward_an_fi_rma_event_endpoint_are_the_devices_own_and_counted_there() {
+    let Some(_) = rdm_atomic_info() else {
+        return;
+    };
+    let mut hints = Info::default();
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.caps = Flags::TAGGED | Flags::ATOMIC | Flags::RMA_EVENT;
+    let info = getinfo(None, None, Flags::empty(), Some(&hints))
+        .unwrap()
+        .remove(0);
+    assert!(info.caps.contains(Flags::ATOMIC | Flags::RMA_EVENT));
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let writes = Counter::open(&domain, &CntrAttr::default()).unwrap();
+    let v = nodes_built(&domain, &[&info, &info], false, WaitObj::None, |i, ep| {
+        if i == 1 {
+            ep.bind_cntr(&writes, Flags::REMOTE_WRITE).unwrap();
+        }
+    });
+    let target = MemoryRegion::alloc(&v[1].domain, 4096, Flags::REMOTE_WRITE).unwrap();
+    let rma = RmaIov {
+        addr: target.addr(),
+        len: 8,
+        key: target.key(),
+    };
+    let sum = atomic_call(
+        AtomicKind::Base,
+        Datatype::Uint64,
+        AtomicOp::Sum,
+        Some(3),
+        None,
+        None,
     );
+    retry(&v, || {
+        v[0].ep.atomicmsg(&sum, 1, &rma, 1, Flags::empty(), false)
+    });
+    rma_done(&v, 0, Flags::ATOMIC | Flags::WRITE, 1);
+    let t = Instant::now();
+    while writes.read() < 1 {
+        v[1].ep.progress();
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the target never counted it"
+        );
+    }
+    assert_eq!(word_at(&target, 0), 3);
+    // One done by compare-and-swap would be counted before its last step: refused.
+    let max = atomic_call(
+        AtomicKind::Base,
+        Datatype::Uint64,
+        AtomicOp::Max,
+        Some(9),
+        None,
+        None,
+    );
+    let e = v[0]
+        .ep
+        .atomicmsg(&max, 1, &rma, 2, Flags::empty(), false)
+        .unwrap_err();
+    assert_eq!(e.errno(), errno::EOPNOTSUPP, "{e}");
+    quiet(&v, 0);
+    assert_eq!((word_at(&target, 0), writes.read()), (3, 1));
 }

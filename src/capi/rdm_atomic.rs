@@ -94,7 +94,7 @@ impl Elements {
         Ok(e)
     }
 
-    /// The first element's 8 bytes, when the datatype's elements are that size.
+    /// The first element's bytes (elements of at most 8 bytes: wider ones are not offered).
     ///
     /// # Safety
     /// `addr` holds `count` readable elements of `dt`.
@@ -105,12 +105,15 @@ impl Elements {
             // `region` proves is not one before reading it.
             unsafe { region(self.addr, self.desc) }?;
         }
-        if self.addr.is_null() || self.count == 0 || dt.size() != 8 {
+        let n = dt.size();
+        if self.addr.is_null() || self.count == 0 || n > 8 {
             return Ok(None);
         }
-        // SAFETY: the caller's contract: at least one element of 8 bytes.
-        let b = unsafe { bytes(self.addr, 8, "buf") }?;
-        Ok(<[u8; 8]>::try_from(b).ok())
+        // SAFETY: the caller's contract: at least one element.
+        let b = unsafe { bytes(self.addr, n, "buf") }?;
+        let mut w = [0u8; 8];
+        w[..n].copy_from_slice(b);
+        Ok(Some(w))
     }
 
     /// Where the first element's result goes.

@@ -1,9 +1,13 @@
 //! `fi_atomic(3)`: which atomic operations rverbs carries, and how each maps onto what the
-//! device does. rverbs offers the operations verbs devices perform themselves on one 8-byte
-//! word (fetch-and-add and compare-and-swap), plus the atomic read (a fetch-and-add of 0)
-//! and write (an 8-byte RDMA write) that libfabric's verbs provider offers; every other
-//! operation and datatype is `-FI_EOPNOTSUPP`, which fi_atomic(3) tells applications to
-//! emulate. One element per call: the device's atomics take one word.
+//! device does. Verbs devices perform two atomics on one aligned 8-byte word:
+//! fetch-and-add and compare-and-swap. `FI_SUM` and `FI_CSWAP` on 64-bit integers are those
+//! directly. Every other operation on an element of 1, 2, 4 or 8 bytes (integers, `float`,
+//! `double`) is done on the aligned word that holds it: the initiator reads the word (a
+//! fetch-and-add of 0), computes the new word, and swaps it in with compare-and-swap,
+//! again from the value the swap found until one succeeds. Each step is the device's own
+//! atomic, so the operation is atomic with respect to every other atomic on that word.
+//! Complex and wider types are `-FI_EOPNOTSUPP`, which fi_atomic(3) tells applications to
+//! emulate. One element per call.
 
 use crate::core::error::{errno, Error, Result};
 
@@ -131,10 +135,6 @@ impl Datatype {
             Datatype::LongDoubleComplex => 32,
         }
     }
-
-    fn integer64(self) -> bool {
-        matches!(self, Datatype::Int64 | Datatype::Uint64)
-    }
 }
 
 /// The three families of atomic calls (and their valid calls): `fi_atomic*`,
@@ -149,12 +149,23 @@ pub enum AtomicKind {
 /// What the device does for a supported operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceAtomic {
-    /// An 8-byte RDMA write of the operand (`FI_ATOMIC_WRITE`, as libfabric's verbs does).
-    Write,
-    /// Fetch-and-add of this value (`FI_SUM`; `FI_ATOMIC_READ` adds 0).
+    /// Fetch-and-add of this value (`FI_SUM` on a 64-bit integer).
     FetchAdd(u64),
-    /// Compare-and-swap: `compare`, `swap`.
+    /// Compare-and-swap: `compare`, `swap` (`FI_CSWAP` on a 64-bit integer).
     CmpSwap(u64, u64),
+    /// Read, compute and swap on the word holding the element (`Emulated::next`).
+    Emulated(Emulated),
+}
+
+/// An operation done on the 8-byte word that holds its element, by compare-and-swap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Emulated {
+    pub datatype: Datatype,
+    pub op: AtomicOp,
+    /// The element's first byte in the word (its address modulo 8).
+    pub shift: u8,
+    pub operand: [u8; 8],
+    pub compare: [u8; 8],
 }
 
 /// `struct fi_atomic_attr`: elements per call and the datatype's size.
@@ -164,25 +175,45 @@ pub struct AtomicAttr {
     pub size: usize,
 }
 
+/// The numeric class of a datatype, which decides the operations it takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Int,
+    Float,
+    None,
+}
+
+fn class(dt: Datatype) -> Class {
+    match dt {
+        Datatype::Float | Datatype::Double => Class::Float,
+        d if d.size() <= 8 && d != Datatype::FloatComplex => Class::Int,
+        _ => Class::None,
+    }
+}
+
 /// Whether rverbs carries `op` on `dt` in calls of `kind` (`fi_atomicvalid`,
 /// `fi_fetch_atomicvalid`, `fi_compare_atomicvalid`, `fi_query_atomic`).
 pub fn valid(kind: AtomicKind, dt: Datatype, op: AtomicOp) -> Result<AtomicAttr> {
-    let eight = dt.size() == 8 && !matches!(dt, Datatype::FloatComplex);
-    let ok = match (kind, op) {
-        // Arithmetic is the device's, on 64-bit integers only (its add is an integer add).
-        (AtomicKind::Base | AtomicKind::Fetch, AtomicOp::Sum) => dt.integer64(),
-        (AtomicKind::Compare, AtomicOp::Cswap) => dt.integer64(),
-        // Reading or writing a word needs only its size.
-        (AtomicKind::Fetch, AtomicOp::Read) | (AtomicKind::Base, AtomicOp::Write) => eight,
-        _ => false,
-    };
+    use AtomicOp::*;
+    let c = class(dt);
+    let ok = c != Class::None
+        && match (kind, op) {
+            (AtomicKind::Base | AtomicKind::Fetch, Min | Max | Sum | Prod | Lor | Land | Lxor) => {
+                true
+            }
+            (AtomicKind::Base | AtomicKind::Fetch, Write) => true,
+            (AtomicKind::Base | AtomicKind::Fetch, Bor | Band | Bxor) => c == Class::Int,
+            (AtomicKind::Fetch, Read) => true,
+            (AtomicKind::Compare, Cswap | CswapNe | CswapLe | CswapLt | CswapGe | CswapGt) => true,
+            (AtomicKind::Compare, Mswap) => c == Class::Int,
+            _ => false,
+        };
     if !ok {
         return Err(Error::new(
             errno::EOPNOTSUPP,
             format!(
-                "{kind:?} atomic {op:?} on {dt:?}: rverbs carries the device's atomics only \
-                 (FI_SUM on 64-bit integers, FI_CSWAP on 64-bit integers, FI_ATOMIC_READ and \
-                 FI_ATOMIC_WRITE of 8-byte types)"
+                "{kind:?} atomic {op:?} on {dt:?}: not offered (fi_atomic(3)'s operations on \
+                 integers, float and double; complex and 16-byte types are not)"
             ),
         ));
     }
@@ -192,9 +223,10 @@ pub fn valid(kind: AtomicKind, dt: Datatype, op: AtomicOp) -> Result<AtomicAttr>
     })
 }
 
-/// The device operation for a call of `kind` with `count` elements: the operand and the
-/// compare value are the first 8 bytes of `operand` and `compare` (little-endian, as the
-/// host stores them). Checks what [`valid`] does, and the count.
+/// The device operation for a call of `kind` with `count` elements at remote address
+/// `addr`, and the address of the word it works on: the operand and the compare value are
+/// the first element of `operand` and `compare` (host byte order). Checks what [`valid`]
+/// does, the count and the element's alignment.
 pub fn plan(
     kind: AtomicKind,
     dt: Datatype,
@@ -202,7 +234,8 @@ pub fn plan(
     count: usize,
     operand: Option<[u8; 8]>,
     compare: Option<[u8; 8]>,
-) -> Result<DeviceAtomic> {
+    addr: u64,
+) -> Result<(DeviceAtomic, u64)> {
     let attr = valid(kind, dt, op)?;
     if count != attr.count {
         return Err(Error::new(
@@ -214,20 +247,242 @@ pub fn plan(
             format!("an atomic of {count} elements: rverbs takes exactly 1 per call"),
         ));
     }
-    let word = |b: Option<[u8; 8]>, what: &str| {
-        b.map(u64::from_ne_bytes).ok_or_else(|| {
+    let size = attr.size as u64;
+    if addr % size != 0 {
+        return Err(Error::new(
+            errno::EINVAL,
+            format!("an atomic on a {size}-byte element at {addr:#x}: elements are aligned"),
+        ));
+    }
+    let need = |b: Option<[u8; 8]>, what: &str| {
+        b.ok_or_else(|| {
             Error::new(
                 errno::EINVAL,
                 format!("an atomic {op:?} without its {what} buffer"),
             )
         })
     };
+    let operand = match op {
+        AtomicOp::Read => [0; 8],
+        _ => need(operand, "operand")?,
+    };
+    let compare = match kind {
+        AtomicKind::Compare => need(compare, "compare")?,
+        _ => [0; 8],
+    };
+    let word = u64::from_ne_bytes;
+    let int64 = matches!(dt, Datatype::Int64 | Datatype::Uint64);
     Ok(match op {
-        AtomicOp::Read => DeviceAtomic::FetchAdd(0),
-        AtomicOp::Write => DeviceAtomic::Write,
-        AtomicOp::Sum => DeviceAtomic::FetchAdd(word(operand, "operand")?),
-        _ => DeviceAtomic::CmpSwap(word(compare, "compare")?, word(operand, "operand")?),
+        AtomicOp::Sum if int64 => (DeviceAtomic::FetchAdd(word(operand)), addr),
+        AtomicOp::Cswap if int64 => (DeviceAtomic::CmpSwap(word(compare), word(operand)), addr),
+        _ => (
+            DeviceAtomic::Emulated(Emulated {
+                datatype: dt,
+                op,
+                shift: (addr % 8) as u8,
+                operand,
+                compare,
+            }),
+            addr - addr % 8,
+        ),
     })
+}
+
+impl Emulated {
+    /// The element's bytes in `word` (the word's memory image, host byte order).
+    pub fn element(&self, word: u64) -> [u8; 8] {
+        let b = word.to_ne_bytes();
+        let (at, n) = (self.shift as usize, self.datatype.size());
+        let mut e = [0u8; 8];
+        e[..n].copy_from_slice(&b[at..at + n]);
+        e
+    }
+
+    /// The word to swap in for `word`, or `None` when the operation leaves it as it is
+    /// (a read, a compare that fails, a minimum already smaller): then reading it was the
+    /// whole operation.
+    pub fn next(&self, word: u64) -> Option<u64> {
+        let cur = self.element(word);
+        let new = apply(self.datatype, self.op, cur, self.operand, self.compare)?;
+        let n = self.datatype.size();
+        if new[..n] == cur[..n] {
+            return None;
+        }
+        let mut b = word.to_ne_bytes();
+        let at = self.shift as usize;
+        b[at..at + n].copy_from_slice(&new[..n]);
+        Some(u64::from_ne_bytes(b))
+    }
+}
+
+/// `op` on element `cur` with `operand` and `compare` (fi_atomic(3)'s definitions), as
+/// `dt`: the new element, or `None` for a read.
+fn apply(
+    dt: Datatype,
+    op: AtomicOp,
+    cur: [u8; 8],
+    operand: [u8; 8],
+    compare: [u8; 8],
+) -> Option<[u8; 8]> {
+    macro_rules! int {
+        ($t:ty) => {{
+            const N: usize = std::mem::size_of::<$t>();
+            let get = |b: [u8; 8]| <$t>::from_ne_bytes(b[..N].try_into().unwrap_or_default());
+            let (a, x, c) = (get(cur), get(operand), get(compare));
+            let v: $t = match op {
+                AtomicOp::Min => a.min(x),
+                AtomicOp::Max => a.max(x),
+                AtomicOp::Sum => a.wrapping_add(x),
+                AtomicOp::Prod => a.wrapping_mul(x),
+                AtomicOp::Lor => <$t>::from(a != 0 || x != 0),
+                AtomicOp::Land => <$t>::from(a != 0 && x != 0),
+                AtomicOp::Lxor => <$t>::from((a != 0) != (x != 0)),
+                AtomicOp::Bor => a | x,
+                AtomicOp::Band => a & x,
+                AtomicOp::Bxor => a ^ x,
+                AtomicOp::Read => return None,
+                AtomicOp::Write => x,
+                AtomicOp::Cswap => {
+                    if c == a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapNe => {
+                    if c != a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapLe => {
+                    if c <= a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapLt => {
+                    if c < a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapGe => {
+                    if c >= a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapGt => {
+                    if c > a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::Mswap => (x & c) | (a & !c),
+            };
+            let mut out = [0u8; 8];
+            out[..N].copy_from_slice(&v.to_ne_bytes());
+            Some(out)
+        }};
+    }
+    macro_rules! float {
+        ($t:ty) => {{
+            const N: usize = std::mem::size_of::<$t>();
+            let get = |b: [u8; 8]| <$t>::from_ne_bytes(b[..N].try_into().unwrap_or_default());
+            let (a, x, c) = (get(cur), get(operand), get(compare));
+            let truth = |t: bool| if t { 1.0 } else { 0.0 };
+            let v: $t = match op {
+                AtomicOp::Min => {
+                    if x < a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::Max => {
+                    if x > a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::Sum => a + x,
+                AtomicOp::Prod => a * x,
+                AtomicOp::Lor => truth(a != 0.0 || x != 0.0),
+                AtomicOp::Land => truth(a != 0.0 && x != 0.0),
+                AtomicOp::Lxor => truth((a != 0.0) != (x != 0.0)),
+                AtomicOp::Read => return None,
+                AtomicOp::Write => x,
+                AtomicOp::Cswap => {
+                    if c == a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapNe => {
+                    if c != a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapLe => {
+                    if c <= a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapLt => {
+                    if c < a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapGe => {
+                    if c >= a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                AtomicOp::CswapGt => {
+                    if c > a {
+                        x
+                    } else {
+                        a
+                    }
+                }
+                // Bitwise operations are not offered on floating point (`valid`).
+                AtomicOp::Bor | AtomicOp::Band | AtomicOp::Bxor | AtomicOp::Mswap => a,
+            };
+            let mut out = [0u8; 8];
+            out[..N].copy_from_slice(&v.to_ne_bytes());
+            Some(out)
+        }};
+    }
+    match dt {
+        Datatype::Int8 => int!(i8),
+        Datatype::Uint8 => int!(u8),
+        Datatype::Int16 => int!(i16),
+        Datatype::Uint16 => int!(u16),
+        Datatype::Int32 => int!(i32),
+        Datatype::Uint32 => int!(u32),
+        Datatype::Int64 => int!(i64),
+        Datatype::Uint64 => int!(u64),
+        Datatype::Float => float!(f32),
+        Datatype::Double => float!(f64),
+        // Not offered (`valid`): left as it is.
+        _ => Some(cur),
+    }
 }
 
 #[cfg(test)]
@@ -247,115 +502,232 @@ mod tests {
     }
 
     #[test]
-    fn only_the_devices_atomics_are_valid() {
-        let mut ok = Vec::new();
-        for kind in [AtomicKind::Base, AtomicKind::Fetch, AtomicKind::Compare] {
+    fn integers_float_and_double_take_their_operations_wider_types_none() {
+        use AtomicKind::*;
+        use AtomicOp::*;
+        let mut n = 0;
+        for kind in [Base, Fetch, Compare] {
             for dt in Datatype::ALL {
                 for op in AtomicOp::ALL {
-                    match valid(kind, dt, op) {
+                    let r = valid(kind, dt, op);
+                    let float = matches!(dt, Datatype::Float | Datatype::Double);
+                    let int = dt.size() <= 8 && !float && dt != Datatype::FloatComplex;
+                    let want = (int || float)
+                        && match (kind, op) {
+                            (Compare, Cswap | CswapNe | CswapLe | CswapLt | CswapGe | CswapGt) => {
+                                true
+                            }
+                            (Compare, Mswap) => int,
+                            (Compare, _) | (Base, Read) => false,
+                            (_, Bor | Band | Bxor) => int,
+                            (
+                                _,
+                                Mswap | Cswap | CswapNe | CswapLe | CswapLt | CswapGe | CswapGt,
+                            ) => false,
+                            _ => true,
+                        };
+                    match r {
                         Ok(a) => {
-                            assert_eq!(a, AtomicAttr { count: 1, size: 8 });
-                            ok.push((kind, dt, op));
+                            assert!(want, "{kind:?} {dt:?} {op:?}");
+                            assert_eq!(
+                                a,
+                                AtomicAttr {
+                                    count: 1,
+                                    size: dt.size()
+                                }
+                            );
+                            n += 1;
                         }
-                        Err(e) => assert_eq!(e.errno(), errno::EOPNOTSUPP),
+                        Err(e) => {
+                            assert!(!want, "{kind:?} {dt:?} {op:?}");
+                            assert_eq!(e.errno(), errno::EOPNOTSUPP);
+                        }
                     }
                 }
             }
         }
-        use AtomicKind::*;
-        use AtomicOp::*;
-        use Datatype::*;
-        let want = vec![
-            (Base, Int64, Sum),
-            (Base, Int64, Write),
-            (Base, Uint64, Sum),
-            (Base, Uint64, Write),
-            (Base, Double, Write),
-            (Fetch, Int64, Sum),
-            (Fetch, Int64, Read),
-            (Fetch, Uint64, Sum),
-            (Fetch, Uint64, Read),
-            (Fetch, Double, Read),
-            (Compare, Int64, Cswap),
-            (Compare, Uint64, Cswap),
-        ];
-        assert_eq!(ok, want);
+        // 8 integer types and 2 floating: base 11 and 8 ops, fetch 12 and 9, compare 7 and 6.
+        assert_eq!(n, 8 * (11 + 12 + 7) + 2 * (8 + 9 + 6));
+    }
+
+    fn w(v: u64) -> Option<[u8; 8]> {
+        Some(v.to_ne_bytes())
     }
 
     #[test]
-    fn plans_take_one_element_and_their_operands() {
-        let w = |v: u64| Some(v.to_ne_bytes());
-        let p = plan(
-            AtomicKind::Fetch,
-            Datatype::Uint64,
-            AtomicOp::Sum,
-            1,
-            w(5),
-            None,
+    fn sixty_four_bit_sums_and_swaps_are_the_devices_the_rest_work_on_their_word() {
+        let p = |k, dt, op, o, c, addr| plan(k, dt, op, 1, o, c, addr).unwrap();
+        use AtomicKind::*;
+        assert_eq!(
+            p(Fetch, Datatype::Uint64, AtomicOp::Sum, w(5), None, 64),
+            (DeviceAtomic::FetchAdd(5), 64)
         );
-        assert_eq!(p.unwrap(), DeviceAtomic::FetchAdd(5));
-        let p = plan(
-            AtomicKind::Fetch,
-            Datatype::Double,
-            AtomicOp::Read,
-            1,
-            None,
-            None,
+        assert_eq!(
+            p(Compare, Datatype::Int64, AtomicOp::Cswap, w(9), w(3), 8),
+            (DeviceAtomic::CmpSwap(3, 9), 8)
         );
-        assert_eq!(p.unwrap(), DeviceAtomic::FetchAdd(0));
-        let p = plan(
-            AtomicKind::Compare,
-            Datatype::Int64,
-            AtomicOp::Cswap,
-            1,
-            w(9),
-            w(3),
+        let (d, at) = p(Base, Datatype::Uint32, AtomicOp::Sum, w(1), None, 0x1004);
+        assert_eq!(at, 0x1000);
+        let DeviceAtomic::Emulated(e) = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(e.shift, 4);
+        // The word holds two u32s: the low one at shift 0, the one we add to at 4.
+        let word = u64::from_ne_bytes([7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+        let next = e.next(word).unwrap();
+        assert_eq!(
+            next.to_ne_bytes(),
+            [7, 0, 0, 0, 0, 0, 0, 0],
+            "wraps within its element"
         );
-        assert_eq!(p.unwrap(), DeviceAtomic::CmpSwap(3, 9));
-        let p = plan(
-            AtomicKind::Base,
-            Datatype::Int64,
-            AtomicOp::Write,
-            1,
-            w(1),
-            None,
+        assert_eq!(e.element(word)[..4], [0xff; 4]);
+        let e = |k, r: Result<(DeviceAtomic, u64)>| assert_eq!(r.unwrap_err().errno(), k);
+        let base = Base;
+        e(
+            errno::EMSGSIZE,
+            plan(base, Datatype::Int64, AtomicOp::Sum, 2, w(1), None, 0),
         );
-        assert_eq!(p.unwrap(), DeviceAtomic::Write);
-        let e = plan(
-            AtomicKind::Base,
-            Datatype::Int64,
-            AtomicOp::Sum,
-            2,
-            w(1),
-            None,
+        e(
+            errno::EINVAL,
+            plan(base, Datatype::Int64, AtomicOp::Sum, 0, w(1), None, 0),
         );
-        assert_eq!(e.unwrap_err().errno(), errno::EMSGSIZE);
-        let e = plan(
-            AtomicKind::Base,
-            Datatype::Int64,
-            AtomicOp::Sum,
-            0,
-            w(1),
-            None,
+        e(
+            errno::EINVAL,
+            plan(base, Datatype::Int64, AtomicOp::Sum, 1, None, None, 0),
         );
-        assert_eq!(e.unwrap_err().errno(), errno::EINVAL);
-        let e = plan(
-            AtomicKind::Base,
-            Datatype::Int64,
-            AtomicOp::Sum,
-            1,
-            None,
-            None,
+        e(
+            errno::EINVAL,
+            plan(Compare, Datatype::Int64, AtomicOp::Cswap, 1, w(1), None, 0),
         );
-        assert_eq!(e.unwrap_err().errno(), errno::EINVAL);
-        let e = plan(
-            AtomicKind::Base,
-            Datatype::Int32,
-            AtomicOp::Sum,
-            1,
-            w(1),
-            None,
+        e(
+            errno::EINVAL,
+            plan(base, Datatype::Int32, AtomicOp::Sum, 1, w(1), None, 2),
         );
-        assert_eq!(e.unwrap_err().errno(), errno::EOPNOTSUPP);
+        e(
+            errno::EOPNOTSUPP,
+            plan(base, Datatype::LongDouble, AtomicOp::Sum, 1, w(1), None, 0),
+        );
+        assert!(plan(Fetch, Datatype::Int8, AtomicOp::Read, 1, None, None, 3).is_ok());
+    }
+
+    /// One operation on one element through the word that holds it.
+    fn run(dt: Datatype, op: AtomicOp, cur: [u8; 8], x: [u8; 8], c: [u8; 8]) -> [u8; 8] {
+        let kind = match op {
+            AtomicOp::Cswap
+            | AtomicOp::CswapNe
+            | AtomicOp::CswapLe
+            | AtomicOp::CswapLt
+            | AtomicOp::CswapGe
+            | AtomicOp::CswapGt
+            | AtomicOp::Mswap => AtomicKind::Compare,
+            _ => AtomicKind::Fetch,
+        };
+        let e = Emulated {
+            datatype: dt,
+            op,
+            shift: 0,
+            operand: x,
+            compare: c,
+        };
+        assert!(valid(kind, dt, op).is_ok());
+        let word = u64::from_ne_bytes(cur);
+        e.element(e.next(word).unwrap_or(word))
+    }
+
+    fn b<T: Copy, const N: usize>(v: T, f: impl Fn(T) -> [u8; N]) -> [u8; 8] {
+        let mut o = [0u8; 8];
+        o[..N].copy_from_slice(&f(v));
+        o
+    }
+
+    #[test]
+    fn every_operation_does_what_fi_atomic_3_says() {
+        use AtomicOp::*;
+        let i = |v: i16| b(v, i16::to_ne_bytes);
+        let t = Datatype::Int16;
+        let cases = [
+            (Min, -3, 5, 0, -3),
+            (Min, 9, 5, 0, 5),
+            (Max, -3, 5, 0, 5),
+            (Sum, i16::MAX, 1, 0, i16::MIN),
+            (Prod, -3, 5, 0, -15),
+            (Lor, 0, 0, 0, 0),
+            (Lor, 0, 7, 0, 1),
+            (Land, 2, 7, 0, 1),
+            (Land, 2, 0, 0, 0),
+            (Lxor, 2, 7, 0, 0),
+            (Lxor, 0, 7, 0, 1),
+            (Bor, 0b1010, 0b0110, 0, 0b1110),
+            (Band, 0b1010, 0b0110, 0, 0b0010),
+            (Bxor, 0b1010, 0b0110, 0, 0b1100),
+            (Read, 42, 0, 0, 42),
+            (Write, 42, 7, 0, 7),
+            (Cswap, 42, 7, 42, 7),
+            (Cswap, 42, 7, 41, 42),
+            (CswapNe, 42, 7, 41, 7),
+            (CswapNe, 42, 7, 42, 42),
+            (CswapLe, 42, 7, 42, 7),
+            (CswapLe, 42, 7, 43, 42),
+            (CswapLt, 42, 7, 41, 7),
+            (CswapLt, 42, 7, 42, 42),
+            (CswapGe, 42, 7, 42, 7),
+            (CswapGe, 42, 7, 41, 42),
+            (CswapGt, 42, 7, 43, 7),
+            (CswapGt, 42, 7, 42, 42),
+            (Mswap, 0b1100, 0b1010, 0b0110, 0b1010),
+        ];
+        for (op, cur, x, c, want) in cases {
+            assert_eq!(
+                run(t, op, i(cur), i(x), i(c)),
+                i(want),
+                "{op:?} {cur} {x} {c}"
+            );
+        }
+        let f = |v: f64| b(v, f64::to_ne_bytes);
+        let d = Datatype::Double;
+        assert_eq!(run(d, Sum, f(1.5), f(2.25), f(0.0)), f(3.75));
+        assert_eq!(run(d, Prod, f(1.5), f(-2.0), f(0.0)), f(-3.0));
+        assert_eq!(run(d, Min, f(1.5), f(-2.0), f(0.0)), f(-2.0));
+        assert_eq!(run(d, Lor, f(0.0), f(-2.0), f(0.0)), f(1.0));
+        assert_eq!(run(d, CswapLt, f(3.0), f(9.0), f(2.5)), f(9.0));
+        let g = |v: f32| b(v, f32::to_ne_bytes);
+        assert_eq!(run(Datatype::Float, Max, g(1.5), g(2.5), g(0.0)), g(2.5));
+        let u = |v: u8| b(v, |x: u8| [x]);
+        assert_eq!(run(Datatype::Uint8, Sum, u(250), u(10), u(0)), u(4));
+        assert_eq!(run(Datatype::Uint8, Min, u(250), u(10), u(0)), u(10));
+        let s = |v: i8| b(v, i8::to_ne_bytes);
+        assert_eq!(
+            run(Datatype::Int8, Max, s(-5), s(-9), s(0)),
+            s(-5),
+            "signed compare"
+        );
+    }
+
+    #[test]
+    fn an_element_changes_only_its_own_bytes_of_the_word() {
+        for shift in 0..8u8 {
+            let e = Emulated {
+                datatype: Datatype::Uint8,
+                op: AtomicOp::Write,
+                shift,
+                operand: [0xab; 8],
+                compare: [0; 8],
+            };
+            let word = u64::from_ne_bytes([1, 2, 3, 4, 5, 6, 7, 8]);
+            let mut want = [1, 2, 3, 4, 5, 6, 7, 8];
+            want[shift as usize] = 0xab;
+            assert_eq!(e.next(word).unwrap().to_ne_bytes(), want);
+            assert_eq!(e.element(word)[0], shift + 1);
+        }
+        // A write of what is there already changes nothing: reading was the operation.
+        let e = Emulated {
+            datatype: Datatype::Uint64,
+            op: AtomicOp::Write,
+            shift: 0,
+            operand: 5u64.to_ne_bytes(),
+            compare: [0; 8],
+        };
+        assert_eq!(e.next(5), None);
+        assert_eq!(e.next(4), Some(5));
     }
 }

@@ -4551,6 +4551,24 @@ fn send_completion(en: &Enabled, id: u32, status: u32) -> Option<Owned> {
     let m = g.tx[id as usize];
     retire_unsignaled(&mut g, m.conn, m.seq);
     let qp_failed = !ok && status != sv::wc_status::IBV_WC_WR_FLUSH_ERR;
+    // An atomic done by compare-and-swap takes its next step in the same buffer.
+    let status = match m.rma && ok {
+        true => match rma::atomic_step(en, &mut g, id, m.conn) {
+            Some(Ok(())) => {
+                let gone = conn_done(&mut g, m.conn);
+                drop(g);
+                drop(gone);
+                return None;
+            }
+            Some(Err(e)) => {
+                crate::fi_info!("rdm", "an atomic's next step was not posted: {e}");
+                sv::wc_status::IBV_WC_GENERAL_ERR
+            }
+            None => status,
+        },
+        false => status,
+    };
+    let ok = status == sv::wc_status::IBV_WC_SUCCESS;
     // A read that landed in the buffer is copied out before the buffer is free again.
     let status = match m.rma && ok {
         true => rma::land(en, &mut g, id),

@@ -2852,11 +2852,20 @@ static void rdm_atomic_section(void)
 	OK(fi_fetch_atomicvalid(ep[0], FI_DOUBLE, FI_ATOMIC_READ, &count));
 	OK(fi_compare_atomicvalid(ep[0], FI_UINT64, FI_CSWAP, &count));
 	OK(fi_atomicvalid(ep[0], FI_DOUBLE, FI_ATOMIC_WRITE, &count));
-	EXPECT(fi_atomicvalid(ep[0], FI_UINT32, FI_SUM, &count), -FI_EOPNOTSUPP);
-	EXPECT(fi_atomicvalid(ep[0], FI_DOUBLE, FI_SUM, &count), -FI_EOPNOTSUPP);
-	EXPECT(fi_atomicvalid(ep[0], FI_UINT64, FI_BOR, &count), -FI_EOPNOTSUPP);
-	EXPECT(fi_fetch_atomicvalid(ep[0], FI_UINT64, FI_ATOMIC_WRITE, &count), -FI_EOPNOTSUPP);
-	EXPECT(fi_compare_atomicvalid(ep[0], FI_UINT64, FI_MSWAP, &count), -FI_EOPNOTSUPP);
+	/* Open MPI's btl ofi: add, swap and compare-and-swap, 32-bit too. */
+	OK(fi_fetch_atomicvalid(ep[0], FI_INT32, FI_SUM, &count));
+	OK(fi_fetch_atomicvalid(ep[0], FI_INT32, FI_ATOMIC_WRITE, &count));
+	OK(fi_compare_atomicvalid(ep[0], FI_INT32, FI_CSWAP, &count));
+	OK(fi_atomicvalid(ep[0], FI_DOUBLE, FI_SUM, &count));
+	OK(fi_atomicvalid(ep[0], FI_UINT8, FI_BOR, &count));
+	OK(fi_compare_atomicvalid(ep[0], FI_UINT16, FI_MSWAP, &count));
+	EXPECT(count, 1);
+	EXPECT(fi_atomicvalid(ep[0], FI_LONG_DOUBLE, FI_SUM, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomicvalid(ep[0], FI_FLOAT_COMPLEX, FI_SUM, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomicvalid(ep[0], FI_DOUBLE, FI_BOR, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomicvalid(ep[0], FI_UINT64, FI_ATOMIC_READ, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_compare_atomicvalid(ep[0], FI_UINT64, FI_SUM, &count), -FI_EOPNOTSUPP);
+	EXPECT(fi_compare_atomicvalid(ep[0], FI_FLOAT, FI_MSWAP, &count), -FI_EOPNOTSUPP);
 	EXPECT(fi_atomicvalid(ep[0], (enum fi_datatype)99, FI_SUM, &count), -FI_EINVAL);
 	EXPECT(fi_atomicvalid(ep[0], FI_UINT64, FI_SUM, NULL), -FI_EINVAL);
 	OK(fi_query_atomic(p.domain, FI_UINT64, FI_CSWAP, &attr, FI_COMPARE_ATOMIC));
@@ -2948,15 +2957,31 @@ static void rdm_atomic_section(void)
 	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
 	done += 2; /* the inject completes with nothing: the read after it sees it */
 	TRUE(e.op_context == (void *)7 && res[3] == 10 && target[0] == 10);
+	/* A 32-bit swap (fetching FI_ATOMIC_WRITE) in the upper half of a word, by
+	 * compare-and-swap on the word: the lower half stays. */
+	uint32_t *halves = (uint32_t *)&target[4], sw = 0xabcd, old32 = 0;
+	halves[0] = 0x1111;
+	halves[1] = 0x2222;
+	RDM_POST(cq[0], cq[1],
+		 fi_fetch_atomic(ep[0], &sw, 1, NULL, &old32, NULL, 1, t + 36, key, FI_INT32,
+				 FI_ATOMIC_WRITE, (void *)11));
+	posted++;
+	EXPECT(rdm_next(cq[0], cq[1], &e, &src), 1);
+	done++;
+	TRUE(e.op_context == (void *)11 && old32 == 0x2222);
+	TRUE(halves[0] == 0x1111 && halves[1] == 0xabcd);
 	EXPECT(fi_cq_read(cq[0], &e, 1), -FI_EAGAIN);
 	EXPECT(fi_cq_read(cq[1], &e, 1), -FI_EAGAIN); /* nothing at the target's CQ */
-	EXPECT(posted, 8);
-	EXPECT(done, 8);
+	EXPECT(posted, 9);
+	EXPECT(done, 9);
 
 	/* Bad input: refused, nothing posted. */
 	EXPECT(fi_atomic(ep[0], &v, 2, NULL, 1, t, key, FI_UINT64, FI_SUM, NULL), -FI_EMSGSIZE);
 	EXPECT(fi_atomic(ep[0], &v, 0, NULL, 1, t, key, FI_UINT64, FI_SUM, NULL), -FI_EINVAL);
-	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t, key, FI_UINT32, FI_SUM, NULL), -FI_EOPNOTSUPP);
+	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t, key, FI_LONG_DOUBLE, FI_SUM, NULL),
+	       -FI_EOPNOTSUPP);
+	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t + 2, key, FI_INT32, FI_SUM, NULL),
+	       -FI_EINVAL); /* misaligned */
 	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t, key, FI_UINT64, FI_CSWAP, NULL), -FI_EOPNOTSUPP);
 	EXPECT(fi_atomic(ep[0], &v, 1, NULL, 1, t, key, (enum fi_datatype)77, FI_SUM, NULL),
 	       -FI_EINVAL);

@@ -16,7 +16,7 @@ use super::{
     check_send_flags, peer_of, release_tx, to_owned, Enabled, Exposed, Inner, RdmEndpoint, RecvBuf,
     Src, TxMeta, MAX_SEGS, NONE,
 };
-use crate::core::atomic::{self, AtomicKind, AtomicOp, Datatype, DeviceAtomic};
+use crate::core::atomic::{self, AtomicKind, AtomicOp, Datatype, DeviceAtomic, Emulated};
 use crate::core::cq::CqEntry;
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::Flags;
@@ -36,6 +36,9 @@ pub(super) struct RmaPiece {
     /// A part before the operation's last work request: one more than that one's send
     /// buffer, which reports the operation (and this part's failure); 0 for the last.
     last: u32,
+    /// An atomic done on its element's word by compare-and-swap (`core::atomic::Emulated`),
+    /// and the word its last swap expected (none: the first step read it).
+    emul: Option<(Emulated, Option<u64>)>,
 }
 
 impl RmaPiece {
@@ -120,11 +123,39 @@ pub(super) fn land(en: &Enabled, g: &mut Inner, slot: u32) -> u32 {
     let Some(to) = p.land.as_ref() else {
         return sv::wc_status::IBV_WC_SUCCESS;
     };
-    let from = Place::Region(en.tx_pool.sys(), slot as usize * en.slot);
-    match copy(from, to.target(0), p.wr.len as usize) {
+    // An emulated atomic's element lies at its place in the word that landed.
+    let (at, len) = match p.emul {
+        Some((e, _)) => (e.shift as usize, e.datatype.size()),
+        None => (0, p.wr.len as usize),
+    };
+    let from = Place::Region(en.tx_pool.sys(), slot as usize * en.slot + at);
+    match copy(from, to.target(0), len) {
         Ok(()) => sv::wc_status::IBV_WC_SUCCESS,
         Err(_) => sv::wc_status::IBV_WC_LOC_PROT_ERR,
     }
+}
+
+/// An emulated atomic's step in send buffer `slot` completed (the word it found landed in
+/// the buffer): when the word must change and the last swap did not find what it expected,
+/// swaps again, from the word found, on connection `conn` (`Some(Ok)`: posted again, the
+/// operation goes on). `None`: the operation is done (its element lands as a read's does).
+pub(super) fn atomic_step(en: &Enabled, g: &mut Inner, slot: u32, conn: u32) -> Option<Result<()>> {
+    let (e, expected) = g.tx_rma[slot as usize].as_ref()?.emul?;
+    let mut b = [0u8; WORD];
+    if let Err(err) = en.tx_pool.read_at(slot as usize * en.slot, &mut b) {
+        return Some(Err(err));
+    }
+    let found = u64::from_ne_bytes(b);
+    if expected == Some(found) {
+        return None;
+    }
+    let new = e.next(found)?;
+    if let Some(p) = g.tx_rma[slot as usize].as_mut() {
+        p.wr.atomic = Some(sv::AtomicWr::CmpSwap(found, new));
+        p.wr.fence = false;
+        p.emul = Some((e, Some(found)));
+    }
+    Some(super::post_on(en, g, conn, slot))
 }
 
 /// A write's notice (`Op::WriteData` in bounce buffer `id`, from `src`): the write is in
@@ -527,48 +558,49 @@ impl RdmEndpoint {
                 "FI_REMOTE_CQ_DATA with an atomic: rverbs carries remote CQ data on writes and sends",
             ));
         }
-        let plan = atomic::plan(a.kind, a.datatype, a.op, a.count, a.operand, a.compare)?;
+        let (plan, word) = atomic::plan(
+            a.kind, a.datatype, a.op, a.count, a.operand, a.compare, rma.addr,
+        )?;
         let fetch = a.kind != AtomicKind::Base;
+        let size = a.datatype.size();
         let land = match (&a.result, fetch) {
-            (Some(r), true) if r.len() >= WORD && !matches!(r, RecvBuf::Scatter(_)) => {
+            (Some(r), true) if r.len() >= size && !matches!(r, RecvBuf::Scatter(_)) => {
                 Some(r.clone())
             }
             (_, true) => {
                 return Err(Error::new(
                     errno::EINVAL,
-                    format!("a fetching atomic needs one result buffer of {WORD} bytes"),
+                    format!("a fetching atomic needs one result buffer of {size} bytes"),
                 ))
             }
             (_, false) => None,
         };
         let en = self.en()?;
-        let rkey = rma.check(WORD)?;
+        let rkey = rma.check(size)?;
         let g = en.inner.lock();
         let mut pieces = Pieces::take(self, en, g, dest, 1, false)?;
-        let slot = pieces.slots[0];
-        let device = match plan {
-            DeviceAtomic::Write => {
-                // The operand goes in the send buffer, so the caller's is free at once.
-                let word = a.operand.unwrap_or_default();
-                if let Err(e) = en.tx_pool.write_at(slot as usize * en.slot, &word) {
-                    return Err(pieces.abandon(e));
-                }
-                None
-            }
-            DeviceAtomic::FetchAdd(v) => Some(sv::AtomicWr::FetchAdd(v)),
-            DeviceAtomic::CmpSwap(c, v) => Some(sv::AtomicWr::CmpSwap(c, v)),
+        let (device, emul) = match plan {
+            DeviceAtomic::FetchAdd(v) => (sv::AtomicWr::FetchAdd(v), None),
+            DeviceAtomic::CmpSwap(c, v) => (sv::AtomicWr::CmpSwap(c, v), None),
+            // The first step reads the word (adding 0); `atomic_step` swaps.
+            DeviceAtomic::Emulated(e) => (sv::AtomicWr::FetchAdd(0), Some((e, None))),
         };
-        pieces.push(
-            None,
-            WORD as u32,
-            rma.addr,
-            rkey,
-            device.is_some(),
-            land,
-            None,
-        );
+        if pieces.notice && emul.is_some() {
+            // The target's notice would count the operation before its last step.
+            return Err(pieces.abandon(Error::new(
+                errno::EOPNOTSUPP,
+                format!(
+                    "{:?} on {:?} toward an endpoint with FI_RMA_EVENT: only FI_SUM and \
+                     FI_CSWAP on 64-bit integers are counted there",
+                    a.op, a.datatype
+                ),
+            )));
+        }
+        let slot = pieces.slots[0];
+        pieces.push(None, WORD as u32, word, rkey, true, land, None);
         if let Some(p) = pieces.g.tx_rma[slot as usize].as_mut() {
-            p.wr.atomic = device;
+            p.wr.atomic = Some(device);
+            p.emul = emul;
         }
         let dir = if fetch { Flags::READ } else { Flags::WRITE };
         let user = TxMeta {
@@ -584,14 +616,11 @@ impl RdmEndpoint {
             ..TxMeta::default()
         };
         if pieces.notice {
-            // The target counts what changed its memory as a remote write, a read as a read.
-            let hdr = match a.op {
-                AtomicOp::Read => Header::bare(Op::ReadEvent),
-                _ => Header {
-                    tag: WORD as u64,
-                    total: rkey,
-                    ..Header::bare(Op::WriteData)
-                },
+            // The target counts what changed its memory as a remote write.
+            let hdr = Header {
+                tag: WORD as u64,
+                total: rkey,
+                ..Header::bare(Op::WriteData)
             };
             pieces = pieces.stage_notice(&hdr, user)?;
         }
@@ -763,6 +792,7 @@ impl<'a, 'e> Pieces<'a, 'e> {
             land,
             _hold: hold,
             last: 0,
+            emul: None,
         });
         self.n += 1;
     }
