@@ -148,7 +148,17 @@ struct Call {
 }
 
 impl Call {
-    fn new(kind: AtomicKind, datatype: fi::fi_datatype, op: fi::fi_op) -> Call {
+    /// A call of `kind` on the remote element at `addr` under `key` of peer `dest`.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        kind: AtomicKind,
+        datatype: fi::fi_datatype,
+        op: fi::fi_op,
+        dest: fi::fi_addr_t,
+        addr: u64,
+        key: u64,
+        context: *mut c_void,
+    ) -> Call {
         Call {
             kind,
             datatype,
@@ -156,10 +166,10 @@ impl Call {
             buf: Elements::NONE,
             compare: Elements::NONE,
             result: Elements::NONE,
-            dest: 0,
-            addr: 0,
-            key: 0,
-            context: std::ptr::null_mut(),
+            dest,
+            addr,
+            key,
+            context,
             flags: None,
             inject: false,
         }
@@ -183,10 +193,9 @@ impl Call {
         }
         // SAFETY: one element, per the caller's contract.
         let r = unsafe { *m.rma_iov };
-        let mut c = Call::new(kind, m.datatype, m.op);
+        let mut c = Call::new(kind, m.datatype, m.op, m.addr, r.addr, r.key, m.context);
         // SAFETY: the caller's contract.
         c.buf = unsafe { Elements::ioc(m.msg_iov, m.desc, m.iov_count) }?;
-        (c.dest, c.addr, c.key, c.context) = (m.addr, r.addr, r.key, m.context);
         c.flags = Some(Flags::from_bits_retain(flags));
         if r.count != c.buf.count && !(c.op == fi::FI_ATOMIC_READ && c.buf.count == 0) {
             return Err(Error::new(
@@ -323,9 +332,8 @@ unsafe extern "C" fn rdm_atomic(
     context: *mut c_void,
 ) -> isize {
     guarded_len("fi_atomic", || {
-        let mut c = Call::new(AtomicKind::Base, datatype, op);
+        let mut c = Call::new(AtomicKind::Base, datatype, op, dest, addr, key, context);
         c.buf = Elements::one(buf, count, desc);
-        (c.dest, c.addr, c.key, c.context) = (dest, addr, key, context);
         // SAFETY: the application's handle and buffer (fi_atomic(3)).
         unsafe { c.post(ep) }
     })
@@ -345,11 +353,10 @@ unsafe extern "C" fn rdm_atomicv(
     context: *mut c_void,
 ) -> isize {
     guarded_len("fi_atomicv", || {
-        let mut c = Call::new(AtomicKind::Base, datatype, op);
+        let mut c = Call::new(AtomicKind::Base, datatype, op, dest, addr, key, context);
         // SAFETY: the application's handle and arrays (fi_atomic(3)).
         unsafe {
             c.buf = Elements::ioc(iov, desc, count)?;
-            (c.dest, c.addr, c.key, c.context) = (dest, addr, key, context);
             c.post(ep)
         }
     })
@@ -378,9 +385,10 @@ unsafe extern "C" fn rdm_inject_atomic(
     op: fi::fi_op,
 ) -> isize {
     guarded_len("fi_inject_atomic", || {
-        let mut c = Call::new(AtomicKind::Base, datatype, op);
-        c.buf = Elements::one(buf, count, std::ptr::null_mut());
-        (c.dest, c.addr, c.key, c.inject) = (dest, addr, key, true);
+        let none = std::ptr::null_mut();
+        let mut c = Call::new(AtomicKind::Base, datatype, op, dest, addr, key, none);
+        c.buf = Elements::one(buf, count, none);
+        c.inject = true;
         // SAFETY: the application's handle and buffer (fi_atomic(3)).
         unsafe { c.post(ep) }
     })
@@ -402,10 +410,9 @@ unsafe extern "C" fn rdm_fetch_atomic(
     context: *mut c_void,
 ) -> isize {
     guarded_len("fi_fetch_atomic", || {
-        let mut c = Call::new(AtomicKind::Fetch, datatype, op);
+        let mut c = Call::new(AtomicKind::Fetch, datatype, op, dest, addr, key, context);
         c.buf = Elements::one(buf, count, desc);
         c.result = Elements::one(result, count, result_desc);
-        (c.dest, c.addr, c.key, c.context) = (dest, addr, key, context);
         // SAFETY: the application's handle and buffers (fi_atomic(3)).
         unsafe { c.post(ep) }
     })
@@ -428,12 +435,11 @@ unsafe extern "C" fn rdm_fetch_atomicv(
     context: *mut c_void,
 ) -> isize {
     guarded_len("fi_fetch_atomicv", || {
-        let mut c = Call::new(AtomicKind::Fetch, datatype, op);
+        let mut c = Call::new(AtomicKind::Fetch, datatype, op, dest, addr, key, context);
         // SAFETY: the application's handle and arrays (fi_atomic(3)).
         unsafe {
             c.buf = Elements::ioc(iov, desc, count)?;
             c.result = Elements::ioc(resultv, result_desc, result_count)?;
-            (c.dest, c.addr, c.key, c.context) = (dest, addr, key, context);
             c.post(ep)
         }
     })
@@ -475,11 +481,10 @@ unsafe extern "C" fn rdm_compare_atomic(
     context: *mut c_void,
 ) -> isize {
     guarded_len("fi_compare_atomic", || {
-        let mut c = Call::new(AtomicKind::Compare, datatype, op);
+        let mut c = Call::new(AtomicKind::Compare, datatype, op, dest, addr, key, context);
         c.buf = Elements::one(buf, count, desc);
         c.compare = Elements::one(compare, count, compare_desc);
         c.result = Elements::one(result, count, result_desc);
-        (c.dest, c.addr, c.key, c.context) = (dest, addr, key, context);
         // SAFETY: the application's handle and buffers (fi_atomic(3)).
         unsafe { c.post(ep) }
     })
@@ -505,13 +510,12 @@ unsafe extern "C" fn rdm_compare_atomicv(
     context: *mut c_void,
 ) -> isize {
     guarded_len("fi_compare_atomicv", || {
-        let mut c = Call::new(AtomicKind::Compare, datatype, op);
+        let mut c = Call::new(AtomicKind::Compare, datatype, op, dest, addr, key, context);
         // SAFETY: the application's handle and arrays (fi_atomic(3)).
         unsafe {
             c.buf = Elements::ioc(iov, desc, count)?;
             c.compare = Elements::ioc(comparev, compare_desc, compare_count)?;
             c.result = Elements::ioc(resultv, result_desc, result_count)?;
-            (c.dest, c.addr, c.key, c.context) = (dest, addr, key, context);
             c.post(ep)
         }
     })

@@ -315,6 +315,89 @@ impl Emulated {
     }
 }
 
+/// An element type the operations work on: its arithmetic (wrapping for integers) and
+/// its bitwise operations (none for floating point, where `valid` offers none).
+trait Elem: Copy + PartialOrd + Sized {
+    const N: usize;
+    const ZERO: Self;
+    const ONE: Self;
+    fn get(b: [u8; 8]) -> Self;
+    fn put(self) -> [u8; 8];
+    fn sum(self, x: Self) -> Self;
+    fn prod(self, x: Self) -> Self;
+    /// `FI_BOR`, `FI_BAND`, `FI_BXOR`, `FI_MSWAP` (with `c` as the mask).
+    fn bits(op: AtomicOp, a: Self, x: Self, c: Self) -> Self;
+}
+
+macro_rules! elem {
+    ($t:ty, $zero:expr, $one:expr, $sum:ident, $prod:ident, |$op:ident, $a:ident, $x:ident, $c:ident| $bits:expr) => {
+        impl Elem for $t {
+            const N: usize = std::mem::size_of::<$t>();
+            const ZERO: Self = $zero;
+            const ONE: Self = $one;
+            fn get(b: [u8; 8]) -> Self {
+                <$t>::from_ne_bytes(b[..Self::N].try_into().unwrap_or_default())
+            }
+            fn put(self) -> [u8; 8] {
+                let mut out = [0u8; 8];
+                out[..Self::N].copy_from_slice(&self.to_ne_bytes());
+                out
+            }
+            fn sum(self, x: Self) -> Self {
+                self.$sum(x)
+            }
+            fn prod(self, x: Self) -> Self {
+                self.$prod(x)
+            }
+            fn bits($op: AtomicOp, $a: Self, $x: Self, $c: Self) -> Self {
+                $bits
+            }
+        }
+    };
+    (int $($t:ty),*) => {$(
+        elem!($t, 0, 1, wrapping_add, wrapping_mul, |op, a, x, c| match op {
+            AtomicOp::Bor => a | x,
+            AtomicOp::Band => a & x,
+            AtomicOp::Bxor => a ^ x,
+            AtomicOp::Mswap => (x & c) | (a & !c),
+            _ => a,
+        });
+    )*};
+    (float $($t:ty),*) => {$(
+        elem!($t, 0.0, 1.0, add, mul, |_op, a, _x, _c| a);
+    )*};
+}
+
+use std::ops::{Add, Mul};
+elem!(int i8, u8, i16, u16, i32, u32, i64, u64);
+elem!(float f32, f64);
+
+/// `op` on element `a` with operand `x` and compare value `c`, as fi_atomic(3) defines it;
+/// `None` for a read.
+fn apply_elem<T: Elem>(op: AtomicOp, a: T, x: T, c: T) -> Option<T> {
+    let truth = |t: bool| if t { T::ONE } else { T::ZERO };
+    let on = |v: T| v != T::ZERO;
+    let swap_if = |hold: bool| if hold { x } else { a };
+    Some(match op {
+        AtomicOp::Min => swap_if(x < a),
+        AtomicOp::Max => swap_if(x > a),
+        AtomicOp::Sum => a.sum(x),
+        AtomicOp::Prod => a.prod(x),
+        AtomicOp::Lor => truth(on(a) || on(x)),
+        AtomicOp::Land => truth(on(a) && on(x)),
+        AtomicOp::Lxor => truth(on(a) != on(x)),
+        AtomicOp::Bor | AtomicOp::Band | AtomicOp::Bxor | AtomicOp::Mswap => T::bits(op, a, x, c),
+        AtomicOp::Read => return None,
+        AtomicOp::Write => x,
+        AtomicOp::Cswap => swap_if(c == a),
+        AtomicOp::CswapNe => swap_if(c != a),
+        AtomicOp::CswapLe => swap_if(c <= a),
+        AtomicOp::CswapLt => swap_if(c < a),
+        AtomicOp::CswapGe => swap_if(c >= a),
+        AtomicOp::CswapGt => swap_if(c > a),
+    })
+}
+
 /// `op` on element `cur` with `operand` and `compare` (fi_atomic(3)'s definitions), as
 /// `dt`: the new element, or `None` for a read.
 fn apply(
@@ -324,162 +407,20 @@ fn apply(
     operand: [u8; 8],
     compare: [u8; 8],
 ) -> Option<[u8; 8]> {
-    macro_rules! int {
-        ($t:ty) => {{
-            const N: usize = std::mem::size_of::<$t>();
-            let get = |b: [u8; 8]| <$t>::from_ne_bytes(b[..N].try_into().unwrap_or_default());
-            let (a, x, c) = (get(cur), get(operand), get(compare));
-            let v: $t = match op {
-                AtomicOp::Min => a.min(x),
-                AtomicOp::Max => a.max(x),
-                AtomicOp::Sum => a.wrapping_add(x),
-                AtomicOp::Prod => a.wrapping_mul(x),
-                AtomicOp::Lor => <$t>::from(a != 0 || x != 0),
-                AtomicOp::Land => <$t>::from(a != 0 && x != 0),
-                AtomicOp::Lxor => <$t>::from((a != 0) != (x != 0)),
-                AtomicOp::Bor => a | x,
-                AtomicOp::Band => a & x,
-                AtomicOp::Bxor => a ^ x,
-                AtomicOp::Read => return None,
-                AtomicOp::Write => x,
-                AtomicOp::Cswap => {
-                    if c == a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapNe => {
-                    if c != a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapLe => {
-                    if c <= a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapLt => {
-                    if c < a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapGe => {
-                    if c >= a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapGt => {
-                    if c > a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::Mswap => (x & c) | (a & !c),
-            };
-            let mut out = [0u8; 8];
-            out[..N].copy_from_slice(&v.to_ne_bytes());
-            Some(out)
-        }};
-    }
-    macro_rules! float {
-        ($t:ty) => {{
-            const N: usize = std::mem::size_of::<$t>();
-            let get = |b: [u8; 8]| <$t>::from_ne_bytes(b[..N].try_into().unwrap_or_default());
-            let (a, x, c) = (get(cur), get(operand), get(compare));
-            let truth = |t: bool| if t { 1.0 } else { 0.0 };
-            let v: $t = match op {
-                AtomicOp::Min => {
-                    if x < a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::Max => {
-                    if x > a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::Sum => a + x,
-                AtomicOp::Prod => a * x,
-                AtomicOp::Lor => truth(a != 0.0 || x != 0.0),
-                AtomicOp::Land => truth(a != 0.0 && x != 0.0),
-                AtomicOp::Lxor => truth((a != 0.0) != (x != 0.0)),
-                AtomicOp::Read => return None,
-                AtomicOp::Write => x,
-                AtomicOp::Cswap => {
-                    if c == a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapNe => {
-                    if c != a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapLe => {
-                    if c <= a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapLt => {
-                    if c < a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapGe => {
-                    if c >= a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                AtomicOp::CswapGt => {
-                    if c > a {
-                        x
-                    } else {
-                        a
-                    }
-                }
-                // Bitwise operations are not offered on floating point (`valid`).
-                AtomicOp::Bor | AtomicOp::Band | AtomicOp::Bxor | AtomicOp::Mswap => a,
-            };
-            let mut out = [0u8; 8];
-            out[..N].copy_from_slice(&v.to_ne_bytes());
-            Some(out)
-        }};
+    fn on<T: Elem>(op: AtomicOp, cur: [u8; 8], x: [u8; 8], c: [u8; 8]) -> Option<[u8; 8]> {
+        apply_elem(op, T::get(cur), T::get(x), T::get(c)).map(T::put)
     }
     match dt {
-        Datatype::Int8 => int!(i8),
-        Datatype::Uint8 => int!(u8),
-        Datatype::Int16 => int!(i16),
-        Datatype::Uint16 => int!(u16),
-        Datatype::Int32 => int!(i32),
-        Datatype::Uint32 => int!(u32),
-        Datatype::Int64 => int!(i64),
-        Datatype::Uint64 => int!(u64),
-        Datatype::Float => float!(f32),
-        Datatype::Double => float!(f64),
+        Datatype::Int8 => on::<i8>(op, cur, operand, compare),
+        Datatype::Uint8 => on::<u8>(op, cur, operand, compare),
+        Datatype::Int16 => on::<i16>(op, cur, operand, compare),
+        Datatype::Uint16 => on::<u16>(op, cur, operand, compare),
+        Datatype::Int32 => on::<i32>(op, cur, operand, compare),
+        Datatype::Uint32 => on::<u32>(op, cur, operand, compare),
+        Datatype::Int64 => on::<i64>(op, cur, operand, compare),
+        Datatype::Uint64 => on::<u64>(op, cur, operand, compare),
+        Datatype::Float => on::<f32>(op, cur, operand, compare),
+        Datatype::Double => on::<f64>(op, cur, operand, compare),
         // Not offered (`valid`): left as it is.
         _ => Some(cur),
     }
