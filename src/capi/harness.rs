@@ -293,6 +293,7 @@ pub fn documented(rc: i64) -> bool {
         ENOEQ,
         ENOAV,
         EMSGSIZE,
+        EOPNOTSUPP,
         EAVAIL,
         ENOMSG,
         ECANCELED,
@@ -422,6 +423,29 @@ fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
                     6 => slot!(t, reject)(h.cast(), p.handle(c).cast(), a1, l1) as i64,
                     7 => slot!(t, shutdown)(he, flags) as i64,
                     _ => slot!(t, join)(he, a1, flags, a2.cast(), ctx) as i64,
+                }
+            }
+            3 | 4 if c.pick(4) == 0 => {
+                // RDM atomics (their handle proved before use): operation and datatype
+                // values in range and past it.
+                let t = &rdm_atomic::RDM_EP_ATOMIC;
+                let d = p.handle(c);
+                let (dt, op) = (c.pick(18) as u32, c.pick(21) as u32);
+                let (r, ioc) = (a2, iov.cast::<fi::fi_ioc>());
+                let w = c.word();
+                match c.pick(8) {
+                    0 => slot!(t, write)(he, a1, count, d, w, w, w, dt, op, ctx) as i64,
+                    1 => slot!(t, writev)(he, ioc, desc, count, w, w, w, dt, op, ctx) as i64,
+                    2 => slot!(t, writemsg)(he, a1.cast(), flags) as i64,
+                    3 => slot!(t, inject)(he, a1, count, w, w, w, dt, op) as i64,
+                    4 => slot!(t, readwrite)(he, a1, count, d, r, d, w, w, w, dt, op, ctx) as i64,
+                    5 => slot!(t, readwritemsg)(he, a1.cast(), ioc, desc, count, flags) as i64,
+                    6 => slot!(t, compwrite)(he, a1, count, d, a3, d, r, d, w, w, w, dt, op, ctx)
+                        as i64,
+                    _ => {
+                        let mut n = 0usize;
+                        slot!(t, writevalid)(he, dt, op, &mut n) as i64
+                    }
                 }
             }
             3 | 4 => {
