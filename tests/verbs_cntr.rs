@@ -183,6 +183,11 @@ fn a_blocked_wait_wakes_for_a_completion_and_for_another_threads_add() {
         &info,
         &PairOpts {
             cntr: Some((Flags::SEND, Flags::RECV)),
+            // CQs with a descriptor: the counter's nests them.
+            cq_attr: CqAttr {
+                wait_obj: WaitObj::Unspec,
+                ..Default::default()
+            },
             ..Default::default()
         },
         b"",
@@ -194,15 +199,19 @@ fn a_blocked_wait_wakes_for_a_completion_and_for_another_threads_add() {
     p.server.recv(&mr, 0, 64, 1).unwrap();
     let took = std::thread::scope(|s| {
         s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(300));
             p.client.inject(b"wake up").unwrap();
         });
         let t = Instant::now();
         rx.wait(1, 20_000).unwrap();
         t.elapsed()
     });
-    assert!(took >= Duration::from_millis(90), "{took:?}");
+    assert!(took >= Duration::from_millis(290), "{took:?}");
     assert!(took < Duration::from_secs(10), "{took:?}");
+    // It slept on the counter's descriptor until the completion woke it, where 1 ms
+    // slices would have looked 300 times.
+    let woke = rx.wakeups();
+    assert!((1..=20).contains(&woke), "the wait woke {woke} times");
     assert_eq!(rx.read(), 1);
     assert_eq!(wait_one(&p.server_cq).op_context, 1);
 
@@ -216,6 +225,8 @@ fn a_blocked_wait_wakes_for_a_completion_and_for_another_threads_add() {
         t.elapsed()
     });
     assert!(took < Duration::from_secs(10), "{took:?}");
+    let woke = rx.wakeups() - woke;
+    assert!(woke <= 20, "the add woke the wait: {woke} looks");
     let t = Instant::now();
     assert_eq!(rx.wait(4, 50).unwrap_err().errno(), errno::ETIMEDOUT);
     assert!(t.elapsed() >= Duration::from_millis(50));

@@ -871,6 +871,14 @@ fn a_peer_that_closes_is_no_error_and_a_later_send_reconnects_or_fails_cleanly()
 
 /// Endpoints whose sends and receives complete on two different CQs.
 fn split_nodes(info: &Info) -> (Vec<Node>, Vec<Arc<CompletionQueue>>, Arc<Domain>) {
+    split_nodes_waiting_on(info, CqAttr::default().wait_obj)
+}
+
+/// [`split_nodes`] with CQs that wait on `wait_obj`.
+fn split_nodes_waiting_on(
+    info: &Info,
+    wait_obj: WaitObj,
+) -> (Vec<Node>, Vec<Arc<CompletionQueue>>, Arc<Domain>) {
     let fabric = Fabric::open(&info.fabric_attr).unwrap();
     let domain = Domain::open(&fabric, info).unwrap();
     let mut txs = vec![];
@@ -881,6 +889,7 @@ fn split_nodes(info: &Info) -> (Vec<Node>, Vec<Arc<CompletionQueue>>, Arc<Domain
                     &domain,
                     &CqAttr {
                         format: CqFormat::Tagged,
+                        wait_obj,
                         ..Default::default()
                     },
                 )
@@ -3233,6 +3242,171 @@ fn a_blocked_read_sleeps_until_a_local_sender_rings_its_bell() {
         assert_eq!(next_ok(&v, 0).0.op_context, 20 + round);
     }
     assert_eq!((posted, completed), (4, 4), "every receive completed");
+    assert_eq!(v[1].ep.connections_opened(), 0, "over shm, not verbs");
+}
+
+/// How an application waiting on a CQ's descriptor spent its waits: `fi_trywait`
+/// answers that let it block, and those blocks that ended at their 20 s limit unwoken.
+#[derive(Default, Debug)]
+struct FdWaits {
+    blocked: u32,
+    unwoken: u32,
+}
+
+/// One look by an application that waits on `cq`'s descriptor (fabtests' `-c fd`): a
+/// read, else `fi_trywait` and, if it allows, `poll` on the descriptor for up to 20 s.
+fn fd_look(cq: &CompletionQueue, w: &mut FdWaits) -> Option<TaggedEntry> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut e = [TaggedEntry::default(); 1];
+    match cq.read(&mut e) {
+        Ok(1) => return Some(e[0]),
+        Err(err) if !err.is_again() => panic!("read: {err}"),
+        _ => {}
+    }
+    match cq.trywait() {
+        Ok(()) => {
+            let mut p = [PollFd::new(cq.wait_fd().unwrap(), PollFlags::POLLIN)];
+            w.blocked += 1;
+            if poll(&mut p, PollTimeout::from(20_000u16)).unwrap() == 0 {
+                w.unwoken += 1;
+            }
+        }
+        Err(err) if err.is_again() => {}
+        Err(err) => panic!("trywait: {err}"),
+    }
+    None
+}
+
+/// [`fd_look`] until an entry comes, or a block ends unwoken (the descriptor missed it).
+fn fd_wait(cq: &CompletionQueue, w: &mut FdWaits) -> TaggedEntry {
+    loop {
+        if let Some(e) = fd_look(cq, w) {
+            return e;
+        }
+        assert_eq!(
+            w.unwoken, 0,
+            "a block on the descriptor was never woken: {w:?}"
+        );
+    }
+}
+
+#[test]
+fn an_application_waiting_on_split_cqs_descriptors_sees_a_new_peer_and_a_large_message() {
+    let Some(info) = rdm_info() else { return };
+    let (v, txs, _domain) = split_nodes_waiting_on(&info, WaitObj::Fd);
+    // Past the eager size: the receiver reads it, and that read completes on its send CQ
+    // while the application waits on its receive CQ.
+    let len = 60_000;
+    let data = pattern(len, 9);
+    v[1].ep
+        .trecv(recv_buf(&v[1], 0, len), ANY, 5, 0, 71)
+        .unwrap();
+    let (got, sender) = std::thread::scope(|sc| {
+        // Each side alone on its own descriptors, as two processes of fabtests are: the
+        // receiver blocked before the sender's first message opens the connection.
+        let rx = sc.spawn(|| {
+            let mut w = FdWaits::default();
+            (fd_wait(&v[1].cq, &mut w), w)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let mut w = FdWaits::default();
+        loop {
+            match v[0].ep.tsend(&data, 5, 1, 72) {
+                Ok(()) => break,
+                Err(e) if e.is_again() => assert!(fd_look(&txs[0], &mut w).is_none()),
+                Err(e) => panic!("tsend: {e}"),
+            }
+            assert_eq!(w.unwoken, 0, "{w:?}");
+        }
+        let sent = fd_wait(&txs[0], &mut w);
+        (rx.join().unwrap(), (sent, w))
+    });
+    let ((entry, rw), (sent, sw)) = (got, sender);
+    eprintln!("receiver {rw:?}, sender {sw:?}");
+    assert_eq!((entry.op_context, entry.len as usize), (71, len));
+    assert_eq!(sent.op_context, 72);
+    assert!(read(&v[1], 0, len) == pattern(len, 9));
+    assert!(v[0].ep.connections_opened() >= 1, "over verbs");
+}
+
+#[test]
+fn an_application_waiting_on_the_descriptor_sleeps_until_a_local_sender_rings() {
+    let Some(info) = rdm_info() else { return };
+    let v = local_nodes_on_fd(&info);
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 1).unwrap();
+    retry(&v, || v[0].ep.tsend(b"first", 3, 1, 2));
+    assert_eq!(next_ok(&v, 1).0.op_context, 1);
+    assert_eq!(next_ok(&v, 0).0.op_context, 2);
+    let (mut posted, mut completed) = (1u64, 1u64);
+    for round in 0..3u64 {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 10 + round)
+            .unwrap();
+        posted += 1;
+        let mut w = FdWaits::default();
+        std::thread::scope(|sc| {
+            let sender = sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(600));
+                retry(&v[..1], || v[0].ep.tsend(b"rung", 3, 1, 20 + round));
+            });
+            assert_eq!(fd_wait(&v[1].cq, &mut w).op_context, 10 + round);
+            completed += 1;
+            sender.join().unwrap();
+        });
+        // Told by fi_trywait that the application sleeps, the sender rings: the
+        // descriptor wakes for it, and between, every 50 ms for a look (12 in 600 ms),
+        // where polling would wake it every millisecond (600 times).
+        assert!(w.blocked <= 30, "round {round}: {w:?}");
+        assert_eq!(read(&v[1], 0, 4), b"rung");
+        assert_eq!(next_ok(&v, 0).0.op_context, 20 + round);
+    }
+    assert_eq!((posted, completed), (4, 4), "every receive completed");
+    assert_eq!(v[1].ep.connections_opened(), 0, "over shm, not verbs");
+}
+
+#[test]
+fn a_counter_wait_sleeps_until_a_local_sender_rings() {
+    let Some(info) = rdm_info() else { return };
+    let fabric = Fabric::open(&info.fabric_attr).unwrap();
+    let domain = Domain::open(&fabric, &info).unwrap();
+    let attr = CntrAttr {
+        wait_obj: WaitObj::Unspec,
+        ..Default::default()
+    };
+    let rx = Counter::open(&domain, &attr).unwrap();
+    let v = nodes_built(&domain, &[&info, &info], false, WaitObj::Fd, |i, ep| {
+        if i == 1 {
+            ep.bind_cntr(&rx, Flags::RECV).unwrap();
+        }
+    });
+    for x in &v {
+        assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
+    }
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 1).unwrap();
+    retry(&v, || v[0].ep.tsend(b"first", 3, 1, 2));
+    assert_eq!(next_ok(&v, 1).0.op_context, 1);
+    assert_eq!(next_ok(&v, 0).0.op_context, 2);
+    assert_eq!(rx.read(), 1);
+    for round in 0..3u64 {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 10 + round)
+            .unwrap();
+        let before = rx.wakeups();
+        std::thread::scope(|sc| {
+            let sender = sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(600));
+                retry(&v[..1], || v[0].ep.tsend(b"rung", 3, 1, 20 + round));
+            });
+            rx.wait(2 + round, 20_000).unwrap();
+            sender.join().unwrap();
+        });
+        let woke = rx.wakeups() - before;
+        // As the CQ's descriptor: the bell, and a look every 50 ms between.
+        assert!(woke <= 30, "round {round}: the wait woke {woke} times");
+        assert_eq!(next_ok(&v, 1).0.op_context, 10 + round);
+        assert_eq!(next_ok(&v, 0).0.op_context, 20 + round);
+    }
+    assert_eq!(rx.read(), 4);
     assert_eq!(v[1].ep.connections_opened(), 0, "over shm, not verbs");
 }
 

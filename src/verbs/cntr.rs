@@ -8,11 +8,11 @@
 //! uncounted; the CQ drops the entries selective completion did not ask for.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use rfabric_sys::verbs::{wc_opcode as op, wc_status as st, WorkCompletion};
@@ -47,7 +47,8 @@ pub struct Counter {
     /// Endpoint bindings (a direction each); `close` refuses while any remain.
     bound: AtomicUsize,
     closed: AtomicBool,
-    /// `FI_WAIT_FD`: what `fi_control(FI_GETWAIT)` hands out.
+    /// `FI_WAIT_FD`: what `fi_control(FI_GETWAIT)` hands out. `FI_WAIT_UNSPEC`: what
+    /// `fi_cntr_wait` sleeps on, woken by any feeding CQ.
     fd: Option<CntrFd>,
     /// `FI_WAIT_MUTEX_COND`: the pair `fi_control(FI_GETWAIT)` hands out, broadcast
     /// whenever a count changes (progress in any thread, or a value call).
@@ -65,6 +66,11 @@ struct CntrFd {
     /// A feeding CQ has no descriptor to nest (`FI_WAIT_NONE`, `FI_WAIT_MUTEX_COND`): its
     /// completions would never wake the descriptor, so `trywait` always says `EAGAIN`.
     blind: AtomicBool,
+    /// Threads in `fi_cntr_wait` asleep on `epoll`: a count made by another thread's
+    /// progress wakes them (one made by the device's completion wakes them through its CQ).
+    sleepers: AtomicU32,
+    /// Times a wait came back from `epoll` (`Counter::wakeups`).
+    wakeups: AtomicU64,
 }
 
 impl CntrFd {
@@ -81,6 +87,8 @@ impl CntrFd {
             epoll,
             event,
             blind: AtomicBool::new(false),
+            sleepers: AtomicU32::new(0),
+            wakeups: AtomicU64::new(0),
         })
     }
 
@@ -123,7 +131,7 @@ impl Counter {
             bound: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             fd: match attr.wait_obj {
-                WaitObj::Fd => Some(CntrFd::new()?),
+                WaitObj::Fd | WaitObj::Unspec => Some(CntrFd::new()?),
                 _ => None,
             },
             mc: match attr.wait_obj {
@@ -193,7 +201,14 @@ impl Counter {
     #[inline]
     pub(crate) fn count(&self, ok: bool) {
         let n = if ok { &self.value } else { &self.err };
-        n.fetch_add(1, Ordering::AcqRel);
+        // SeqCst with the sleeper's count and its look at the values: one of the two sees
+        // the other (on x86 both are the instructions AcqRel would give).
+        n.fetch_add(1, Ordering::SeqCst);
+        if let Some(f) = &self.fd {
+            if f.sleepers.load(Ordering::SeqCst) != 0 {
+                f.wake();
+            }
+        }
         self.broadcast();
     }
 
@@ -231,8 +246,8 @@ impl Counter {
     /// Call [`Self::trywait`] before blocking on it, and read the counter after.
     pub fn wait_fd(&self) -> Result<BorrowedFd<'_>> {
         match &self.fd {
-            Some(f) => Ok(f.epoll.0.as_fd()),
-            None => Err(Error::new(
+            Some(f) if self.wait_obj == WaitObj::Fd => Ok(f.epoll.0.as_fd()),
+            _ => Err(Error::new(
                 errno::EINVAL,
                 format!(
                     "FI_GETWAIT needs a counter opened with FI_WAIT_FD or FI_WAIT_MUTEX_COND; this one has {:?}",
@@ -246,12 +261,17 @@ impl Counter {
     /// when that changed the counts (read them instead of blocking) or when a CQ it counts
     /// from has no descriptor to wake it.
     pub fn trywait(&self) -> Result<()> {
-        let Some(f) = &self.fd else {
-            return Err(Error::new(
+        match &self.fd {
+            Some(f) if self.wait_obj == WaitObj::Fd => self.prepare_sleep(f),
+            _ => Err(Error::new(
                 errno::EINVAL,
                 "fi_trywait on a counter needs FI_WAIT_FD",
-            ));
-        };
+            )),
+        }
+    }
+
+    /// [`Self::trywait`] on the counter's descriptor `f`.
+    fn prepare_sleep(&self, f: &CntrFd) -> Result<()> {
         let _ = f.event.read(); // EAGAIN when not written: nothing to consume.
         let before = (
             self.value.load(Ordering::Acquire),
@@ -300,9 +320,9 @@ impl Counter {
                 ));
             }
             let left = match deadline {
-                None => WAIT_SLICE,
+                None => None,
                 Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(l) if !l.is_zero() => l.min(WAIT_SLICE),
+                    Some(l) if !l.is_zero() => Some(l),
                     _ => {
                         return Err(Error::new(
                             errno::ETIMEDOUT,
@@ -311,13 +331,46 @@ impl Counter {
                     }
                 },
             };
-            self.sleep(left)?;
+            self.sleep(left, || {
+                self.value.load(Ordering::SeqCst) >= threshold
+                    || self.err.load(Ordering::SeqCst) != err0
+            })?;
         }
     }
 
-    /// Sleeps up to `left` on the first feeding CQ that has a wait object (a completion
-    /// wakes it), else yields.
-    fn sleep(&self, left: Duration) -> Result<()> {
+    /// Sleeps up to `left` (`None`: until woken) unless `done`: on the counter's descriptor,
+    /// which any feeding CQ and any count wakes; else a slice of it on the first feeding CQ
+    /// that has a wait object, else yields.
+    fn sleep(&self, left: Option<Duration>, done: impl Fn() -> bool) -> Result<()> {
+        if let Some(f) = self
+            .fd
+            .as_ref()
+            .filter(|f| !f.blind.load(Ordering::Acquire))
+        {
+            // Counted first: a count from now on either wakes the descriptor after
+            // `prepare_sleep` consumed its wake-ups, or is seen by `done` after it.
+            f.sleepers.fetch_add(1, Ordering::SeqCst);
+            let r = match self.prepare_sleep(f) {
+                Ok(()) if done() => Ok(()),
+                Ok(()) => {
+                    let t = left.map_or(EpollTimeout::NONE, |l| {
+                        EpollTimeout::try_from(l).unwrap_or(EpollTimeout::MAX)
+                    });
+                    let r = f.epoll.wait(&mut [EpollEvent::empty(); 4], t);
+                    f.wakeups.fetch_add(1, Ordering::Relaxed);
+                    match r {
+                        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+                        Err(e) => Err(Error::os(e as i32, "epoll_wait on the counter")),
+                    }
+                }
+                // The counts moved while it readied: the caller looks again.
+                Err(e) if e.errno() == errno::EAGAIN => Ok(()),
+                Err(e) => Err(e),
+            };
+            f.sleepers.fetch_sub(1, Ordering::SeqCst);
+            return r;
+        }
+        let left = left.map_or(WAIT_SLICE, |l| l.min(WAIT_SLICE));
         let cq = self
             .feeds()
             .iter()
@@ -333,6 +386,14 @@ impl Counter {
             return Ok(());
         }
         cq.sleep_for_device(left)
+    }
+
+    /// How many times `fi_cntr_wait` came back from sleeping on the counter's descriptor,
+    /// woken or timed out: a diagnostic of how often a waiter looks.
+    pub fn wakeups(&self) -> u64 {
+        self.fd
+            .as_ref()
+            .map_or(0, |f| f.wakeups.load(Ordering::Relaxed))
     }
 
     /// `fi_close`: `EBUSY` while endpoints are bound to it.

@@ -18,6 +18,8 @@ use std::time::Duration;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use rfabric_sys::fabric::FI_ADDR_NOTAVAIL;
 use rfabric_sys::lock::{Lock, LockGuard};
 use rfabric_sys::verbs::{
@@ -67,6 +69,9 @@ mod feature {
     /// The device dropped completions (`device_events`): reads report the overrun once
     /// they have taken what it kept.
     pub(super) const OVERRUN: u8 = 16;
+    /// The application prepared to sleep on the descriptor (`fi_trywait`) and told the
+    /// peers so: its next read tells them it woke (`CompletionQueue::fd_sleep`).
+    pub(super) const FD_ASLEEP: u8 = 32;
 }
 
 /// The value of `CompletionQueue::gate` that lets a read in `format` take the plain path.
@@ -89,6 +94,9 @@ enum Waiter {
         /// `FI_WAIT_FD`: the application may wait on `epoll` itself, so software
         /// completions always write `event` (otherwise only when a thread sleeps in `sread`).
         external: bool,
+        /// Made by the first `fi_trywait` with peers that need driving: a one-shot timer in
+        /// `epoll` that wakes the application as `sread`'s timeout wakes its sleeper.
+        timer: std::sync::OnceLock<TimerFd>,
     },
     /// `FI_WAIT_MUTEX_COND`: a pthread pair, broadcast by a notifier thread that watches
     /// the completion channel, and by software completions and `fi_cq_signal`.
@@ -233,6 +241,10 @@ pub struct CompletionQueue {
     bells: AtomicU32,
     /// Times a blocked read came back from its wait object (`wakeups`).
     wakeups: AtomicU64,
+    /// While the application sleeps on the descriptor (from `fi_trywait` to its next read):
+    /// whether the peers were told (`peers_sleeping`, balanced by the read) and how many
+    /// said their bell will wake it.
+    fd_sleep: Mutex<Option<(bool, u32)>>,
     /// Where the completions of peers' transfers go, by queue pair number.
     transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
     /// The counters of endpoints that bound some, by queue pair number: each polled
@@ -261,6 +273,9 @@ pub(crate) fn new_owner_key() -> u32 {
 
 /// The epoll token of peers' descriptors (`add_wait_fd`).
 const PEER_FD_TOKEN: u64 = 2;
+
+/// The epoll token of the timer `fi_trywait` sets while peers need driving.
+const TIMER_TOKEN: u64 = 3;
 
 /// Peer providers and RDM endpoints one CQ's reads drive, at most.
 const MAX_PEERS: usize = 16;
@@ -604,6 +619,7 @@ impl CompletionQueue {
                         epoll,
                         event,
                         external: attr.wait_obj == WaitObj::Fd,
+                        timer: std::sync::OnceLock::new(),
                     }),
                 )
             }
@@ -671,14 +687,19 @@ impl CompletionQueue {
             peer_fds: AtomicU32::new(0),
             bells: AtomicU32::new(0),
             wakeups: AtomicU64::new(0),
+            fd_sleep: Mutex::new(None),
             transfers: RwLock::new(Vec::new()),
             counters: RwLock::new(HashMap::default()),
             features: AtomicU8::new(0),
             gate: AtomicU32::new(gate_for(attr.format)),
             plain_mask: if serial {
-                feature::PEERS | feature::COUNTERS | feature::OVERRUN
+                feature::PEERS | feature::COUNTERS | feature::OVERRUN | feature::FD_ASLEEP
             } else {
-                feature::PEERS | feature::COUNTERS | feature::OWNERS | feature::OVERRUN
+                feature::PEERS
+                    | feature::COUNTERS
+                    | feature::OWNERS
+                    | feature::OVERRUN
+                    | feature::FD_ASLEEP
             },
             overran: AtomicBool::new(false),
             _domain: domain.clone(),
@@ -971,6 +992,9 @@ impl CompletionQueue {
         mut src: Option<&mut [u64]>,
         drive: bool,
     ) -> Result<usize> {
+        if self.has(feature::FD_ASLEEP) {
+            self.fd_woke();
+        }
         if drive && self.has(feature::PEERS) && self.peers_due() {
             let n = self.drive_peers_for(out, src.as_deref_mut());
             if n > 0 {
@@ -1375,13 +1399,10 @@ impl CompletionQueue {
         }
     }
 
-    /// Before a counter's application blocks on its descriptor: the wake-ups seen so far
-    /// are consumed and the CQ is armed for the next device completion.
+    /// Before a counter's application blocks on its descriptor: as `fi_trywait` on the
+    /// CQ, the counter checking what moved.
     pub(crate) fn arm_for_counter(&self) -> Result<()> {
-        if let Some(w) = &self.waiter {
-            self.drain_wakeups(w);
-        }
-        self.arm()
+        self.prepare_fd_wait()
     }
 
     /// A blocked read also wakes when a peer's bell (`rfabric_sys::bell`) rings, and
@@ -1833,11 +1854,13 @@ impl CompletionQueue {
                 "this CQ has no wait object to wait on",
             ));
         };
-        self.drain_wakeups(w);
-        self.cq.req_notify().map_err(os_err("ibv_req_notify_cq"))?;
-        // Completions that came before the arm would never notify: move them to the
-        // software queue, which keeps their order, and tell the caller not to wait.
-        self.stage_device(None)?;
+        if matches!(w, Waiter::MutexCond { .. }) {
+            self.drain_wakeups(w);
+            self.cq.req_notify().map_err(os_err("ibv_req_notify_cq"))?;
+            self.stage_device(None)?;
+        } else {
+            self.prepare_fd_wait()?;
+        }
         if self.staged.load(Ordering::SeqCst) != 0 {
             return Err(Error::new(
                 errno::EAGAIN,
@@ -1847,13 +1870,102 @@ impl CompletionQueue {
         Ok(())
     }
 
+    /// Readies the descriptor for an application about to block on it (`fi_trywait`, a
+    /// counter's): consumes the wake-ups seen so far, arms the device, tells the peers
+    /// (their bells ring from now on) and drives them once, moves completions that came
+    /// before the arm to the software queue (they would never notify), and sets the timer
+    /// that wakes it to drive peers with no descriptor here, as `sread`'s sleeper wakes.
+    fn prepare_fd_wait(&self) -> Result<()> {
+        let Some(w @ Waiter::Fd { epoll, timer, .. }) = &self.waiter else {
+            return self.arm();
+        };
+        self.drain_wakeups(w);
+        self.cq.req_notify().map_err(os_err("ibv_req_notify_cq"))?;
+        let mut poll = None;
+        if self.has(feature::PEERS) {
+            let belled = {
+                let mut asleep = self.fd_sleep.lock().unwrap_or_else(|p| p.into_inner());
+                let (told, n) = match *asleep {
+                    Some(t) => t,
+                    None if self.bells.load(Ordering::Relaxed) != 0 => {
+                        (true, self.peers_sleeping(true))
+                    }
+                    None => (false, 0),
+                };
+                *asleep = Some((told, n));
+                self.set(feature::FD_ASLEEP, true);
+                n
+            };
+            // Events already on a peer's descriptor (a connection request) are taken now.
+            self.for_each_peer(|p| p.fd_woke());
+            self.progress_peers();
+            poll = self.peer_poll(belled);
+        }
+        self.stage_device(None)?;
+        if let Some(d) = poll {
+            let t = match timer.get() {
+                Some(t) => t,
+                None => {
+                    let t = TimerFd::new(
+                        ClockId::CLOCK_MONOTONIC,
+                        TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+                    )
+                    .map_err(nix_err("timerfd_create"))?;
+                    epoll
+                        .add(&t, EpollEvent::new(EpollFlags::EPOLLIN, TIMER_TOKEN))
+                        .map_err(nix_err("epoll_ctl"))?;
+                    timer.get_or_init(|| t)
+                }
+            };
+            t.set(
+                Expiration::OneShot(TimeSpec::from_duration(d)),
+                TimerSetTimeFlags::empty(),
+            )
+            .map_err(nix_err("timerfd_settime"))?;
+        }
+        Ok(())
+    }
+
+    /// The application's first read after `fi_trywait`: the peers hear it woke (a local
+    /// sender stops ringing).
+    #[cold]
+    #[inline(never)]
+    fn fd_woke(&self) {
+        let mut asleep = self.fd_sleep.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((true, _)) = asleep.take() {
+            self.peers_sleeping(false);
+        }
+        self.set(feature::FD_ASLEEP, false);
+    }
+
+    /// How long a sleeper may wait before it must drive the peers (`None`: until woken),
+    /// `belled` of them having said their bell wakes it.
+    fn peer_poll(&self, belled: u32) -> Option<Duration> {
+        // Peers progress only when driven and have no wait object here: wake to drive them.
+        const PEER_POLL: Duration = Duration::from_millis(1);
+        // With bells, a slow look still: a sender that cannot reach the bell (another
+        // network namespace) delays a message by this at most, never holds it.
+        const BELL_POLL: Duration = Duration::from_millis(50);
+        if self.peers_need_polling(belled) {
+            Some(PEER_POLL)
+        } else if belled != 0 {
+            Some(BELL_POLL)
+        } else {
+            None
+        }
+    }
+
     fn drain_wakeups(&self, w: &Waiter) {
         if let Some(ch) = self.cq.channel() {
             ch.drain();
         }
         match w {
-            Waiter::Fd { event, .. } => {
+            Waiter::Fd { event, timer, .. } => {
                 let _ = event.read(); // EAGAIN when not written: nothing to drain.
+                if let Some(t) = timer.get() {
+                    // Disarming also clears an expiry not read yet (timerfd_settime).
+                    let _ = t.unset();
+                }
             }
             Waiter::MutexCond { pending, .. } => pending.store(false, Ordering::SeqCst),
         }
@@ -1932,8 +2044,6 @@ impl Waitable for CompletionQueue {
     }
 
     fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
-        // Peers progress only when driven and have no wait object here: wake to drive them.
-        const PEER_POLL: Duration = Duration::from_millis(1);
         // Peers with a bell here hear from now on that we sleep, then are driven once more:
         // what came before they knew is seen now, what comes after rings.
         let belling = self.bells.load(Ordering::Relaxed) != 0 && self.has(feature::PEERS);
@@ -1944,16 +2054,7 @@ impl Waitable for CompletionQueue {
         } else {
             0
         };
-        // With bells, a slow look still: a sender that cannot reach the bell (another
-        // network namespace) delays a message by this at most, never holds it.
-        const BELL_POLL: Duration = Duration::from_millis(50);
-        let poll = if self.peers_need_polling(belled) {
-            Some(PEER_POLL)
-        } else if belled != 0 {
-            Some(BELL_POLL)
-        } else {
-            None
-        };
+        let poll = self.peer_poll(belled);
         let timeout = match (timeout, poll) {
             (Some(t), Some(p)) => Some(t.min(p)),
             (t, p) => t.or(p),
