@@ -3323,7 +3323,7 @@ fn an_application_waiting_on_split_cqs_descriptors_sees_a_new_peer_and_a_large_m
     });
     let ((entry, rw), (sent, sw)) = (got, sender);
     eprintln!("receiver {rw:?}, sender {sw:?}");
-    assert_eq!((entry.op_context, entry.len as usize), (71, len));
+    assert_eq!((entry.op_context, entry.len), (71, len));
     assert_eq!(sent.op_context, 72);
     assert!(read(&v[1], 0, len) == pattern(len, 9));
     assert!(v[0].ep.connections_opened() >= 1, "over verbs");
