@@ -3277,12 +3277,18 @@ fn fd_look(cq: &CompletionQueue, w: &mut FdWaits) -> Option<TaggedEntry> {
     None
 }
 
-/// [`fd_look`] until an entry comes, or a block ends unwoken (the descriptor missed it).
+/// [`fd_look`] until an entry comes, or a block ends unwoken (the descriptor missed it),
+/// or 60 s pass.
 fn fd_wait(cq: &CompletionQueue, w: &mut FdWaits) -> TaggedEntry {
+    let t = Instant::now();
     loop {
         if let Some(e) = fd_look(cq, w) {
             return e;
         }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "nothing in 60 s: {w:?}"
+        );
         assert_eq!(
             w.unwoken, 0,
             "a block on the descriptor was never woken: {w:?}"
@@ -3293,13 +3299,16 @@ fn fd_wait(cq: &CompletionQueue, w: &mut FdWaits) -> TaggedEntry {
 #[test]
 fn an_application_waiting_on_split_cqs_descriptors_sees_a_new_peer_and_a_large_message() {
     let Some(info) = rdm_info() else { return };
-    let (v, txs, _domain) = split_nodes_waiting_on(&info, WaitObj::Fd);
-    // Past the eager size: the receiver reads it, and that read completes on its send CQ
-    // while the application waits on its receive CQ.
-    let len = 60_000;
+    let (v, txs, domain) = split_nodes_waiting_on(&info, WaitObj::Fd);
+    // Past the segmented size: the receiver reads it, and that read completes on its send
+    // CQ while the application waits on its receive CQ.
+    let len = 100_000;
     let data = pattern(len, 9);
+    let src = MemoryRegion::alloc(&domain, len, Flags::SEND).unwrap();
+    src.write_at(0, &data).unwrap();
+    let dst = MemoryRegion::alloc(&domain, len, Flags::RECV).unwrap();
     v[1].ep
-        .trecv(recv_buf(&v[1], 0, len), ANY, 5, 0, 71)
+        .trecv(RecvBuf::region(&dst, 0, len).unwrap(), ANY, 5, 0, 71)
         .unwrap();
     let (got, sender) = std::thread::scope(|sc| {
         // Each side alone on its own descriptors, as two processes of fabtests are: the
@@ -3308,10 +3317,13 @@ fn an_application_waiting_on_split_cqs_descriptors_sees_a_new_peer_and_a_large_m
             let mut w = FdWaits::default();
             (fd_wait(&v[1].cq, &mut w), w)
         });
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(300));
         let mut w = FdWaits::default();
         loop {
-            match v[0].ep.tsend(&data, 5, 1, 72) {
+            match v[0]
+                .ep
+                .send_region(&src, 0, len, 1, Some(5), 72, Flags::empty())
+            {
                 Ok(()) => break,
                 Err(e) if e.is_again() => assert!(fd_look(&txs[0], &mut w).is_none()),
                 Err(e) => panic!("tsend: {e}"),
@@ -3325,8 +3337,114 @@ fn an_application_waiting_on_split_cqs_descriptors_sees_a_new_peer_and_a_large_m
     eprintln!("receiver {rw:?}, sender {sw:?}");
     assert_eq!((entry.op_context, entry.len), (71, len));
     assert_eq!(sent.op_context, 72);
-    assert!(read(&v[1], 0, len) == pattern(len, 9));
+    let mut got = vec![0u8; len];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got == data);
     assert!(v[0].ep.connections_opened() >= 1, "over verbs");
+    // The receiver blocked 300 ms before the first message: each CQ's descriptor holds the
+    // connection events and the other CQ's channel, so it slept (a look every 50 ms), where
+    // a millisecond's timer would have woken it 300 times.
+    assert!(rw.blocked <= 60, "{rw:?}");
+}
+
+#[test]
+fn a_blocked_read_on_split_cqs_sleeps_until_a_large_message_is_read() {
+    let Some(info) = rdm_info() else { return };
+    let (v, txs, domain) = split_nodes_waiting_on(&info, WaitObj::Unspec);
+    connect_first(&v, &txs);
+    let len = 100_000;
+    let src = MemoryRegion::alloc(&domain, len, Flags::SEND).unwrap();
+    let dst = MemoryRegion::alloc(&domain, len, Flags::RECV).unwrap();
+    let (mut posted, mut completed) = (0u64, 0u64);
+    for round in 0..3u64 {
+        let data = pattern(len, round as u8);
+        src.write_at(0, &data).unwrap();
+        v[1].ep
+            .trecv(
+                RecvBuf::region(&dst, 0, len).unwrap(),
+                ANY,
+                5,
+                0,
+                30 + round,
+            )
+            .unwrap();
+        posted += 1;
+        let before = v[1].cq.wakeups();
+        std::thread::scope(|sc| {
+            let sender = sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                v[0].ep
+                    .send_region(&src, 0, len, 1, Some(5), 40 + round, Flags::empty())
+                    .unwrap();
+                // It completes at the receiver's notice, read from its own receive CQ.
+                next_on(&v[..1], &txs[0]).unwrap()
+            });
+            // Blocked on the receive CQ; the read of the message completes on the send CQ.
+            let mut e = [TaggedEntry::default(); 1];
+            assert_eq!(v[1].cq.sread(&mut e, 0, 20_000).unwrap(), 1);
+            assert_eq!((e[0].op_context, e[0].len), (30 + round, len));
+            completed += 1;
+            assert_eq!(sender.join().unwrap().op_context, 40 + round);
+        });
+        let woke = v[1].cq.wakeups() - before;
+        // Polling would look about 300 times in those 300 ms; the announcement and the
+        // read's completion wake it, and a look every 50 ms between.
+        assert!(
+            woke <= 30,
+            "round {round}: the blocked read woke {woke} times"
+        );
+        let mut got = vec![0u8; len];
+        dst.read_at(0, &mut got).unwrap();
+        assert!(got == data, "round {round}");
+    }
+    assert_eq!((posted, completed), (3, 3), "every receive completed");
+}
+
+#[test]
+fn a_blocked_read_on_split_cqs_sleeps_until_a_local_sender_rings() {
+    let Some(info) = rdm_info() else { return };
+    let (v, txs, _domain) = split_nodes_waiting_on(&info, WaitObj::Unspec);
+    for x in &v {
+        assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
+    }
+    // A first message: shm's handshake done, the sender has the receiver's bell.
+    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 1).unwrap();
+    retry(&v, || v[0].ep.tsend(b"first", 3, 1, 2));
+    assert_eq!(next_on(&v, &v[1].cq).unwrap().op_context, 1);
+    assert_eq!(next_on(&v, &txs[0]).unwrap().op_context, 2);
+    for round in 0..3u64 {
+        v[1].ep
+            .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 10 + round)
+            .unwrap();
+        let (before_rx, before_tx) = (v[1].cq.wakeups(), txs[1].wakeups());
+        std::thread::scope(|sc| {
+            let sender = sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                retry(&v[..1], || v[0].ep.tsend(b"rung", 3, 1, 20 + round));
+            });
+            // One thread blocked on each CQ of the receiver: the bell is in both sets.
+            let tx_sleeper = sc.spawn(|| {
+                let mut e = [TaggedEntry::default(); 1];
+                txs[1].sread(&mut e, 0, 600).unwrap_err()
+            });
+            let mut e = [TaggedEntry::default(); 1];
+            assert_eq!(v[1].cq.sread(&mut e, 0, 20_000).unwrap(), 1);
+            assert_eq!(e[0].op_context, 10 + round);
+            assert!(
+                tx_sleeper.join().unwrap().is_again(),
+                "nothing for the send CQ"
+            );
+            sender.join().unwrap();
+        });
+        let woke = (v[1].cq.wakeups() - before_rx, txs[1].wakeups() - before_tx);
+        assert!(
+            woke.0 <= 30 && woke.1 <= 40,
+            "round {round}: woke {woke:?} times"
+        );
+        assert_eq!(read(&v[1], 0, 4), b"rung");
+        assert_eq!(next_on(&v[..1], &txs[0]).unwrap().op_context, 20 + round);
+    }
+    assert_eq!(v[1].ep.connections_opened(), 0, "over shm, not verbs");
 }
 
 #[test]

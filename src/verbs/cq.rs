@@ -372,10 +372,10 @@ pub(crate) trait PeerProgress: Send + Sync {
     /// Called from a read of `cq`; what it completes on `cq` may go to the reader's
     /// `sink` (see [`CompletionQueue::write_via`]).
     fn progress(&self, cq: &CompletionQueue, sink: Option<&mut ReadSink<'_>>);
-    /// A thread is about to sleep on a CQ that holds this peer's bell (`on`), or woke
+    /// A thread is about to sleep on `cq`, which holds this peer's bell (`on`), or woke
     /// (`!on`, once after each `true`). True when the bell will wake the sleeper for all
     /// the peer waits for, so the CQ need not wake to drive it.
-    fn sleeping(&self, _on: bool) -> bool {
+    fn sleeping(&self, _cq: &CompletionQueue, _on: bool) -> bool {
         false
     }
     /// A descriptor the peer put in the CQ's wait set (`add_wait_fd`) woke a sleeping
@@ -1405,9 +1405,10 @@ impl CompletionQueue {
         self.prepare_fd_wait()
     }
 
-    /// A blocked read also wakes when a peer's bell (`rfabric_sys::bell`) rings, and
-    /// then drives the peers; such a peer says, each time a thread goes to sleep, whether
-    /// its bell is enough (`PeerProgress::sleeping`). False without a descriptor to wait on.
+    /// A blocked read also wakes when a peer's bell (`rfabric_sys::bell`, or another CQ's
+    /// completion channel that the peer arms) is readable, and then drives the peers; such a
+    /// peer says, each time a thread goes to sleep, whether its bells are enough
+    /// (`PeerProgress::sleeping`). False without a descriptor to wait on.
     pub(crate) fn add_bell_fd(&self, fd: BorrowedFd<'_>) -> Result<bool> {
         self.watch_fd(fd, &self.bells)
     }
@@ -1423,7 +1424,7 @@ impl CompletionQueue {
         peers
             .iter()
             .filter_map(Weak::upgrade)
-            .map(|p| u32::from(p.sleeping(on)))
+            .map(|p| u32::from(p.sleeping(self, on)))
             .sum()
     }
 
@@ -1579,9 +1580,23 @@ impl CompletionQueue {
     /// completions: an endpoint bound to this CQ and another drives this one from reads of
     /// the other (its operations complete here, but their work may be needed there).
     pub(crate) fn drive(&self) {
-        if let Err(e) = self.stage_device(None) {
-            crate::fi_warn!("cq", "{e}");
+        match self.stage_device(None) {
+            // What it staged wakes this CQ's own sleeper (whose device event another
+            // CQ's sleeper may have consumed: `rearm`).
+            Ok(true) if self.staged.load(Ordering::SeqCst) != 0 => self.wake(false),
+            Ok(_) => {}
+            Err(e) => crate::fi_warn!("cq", "{e}"),
         }
+    }
+
+    /// Consumes its completion channel's events and arms it for the next completion: a
+    /// sleeper on another CQ whose wait set holds this channel (an RDM endpoint's other CQ)
+    /// wakes then, and drives this one.
+    pub(crate) fn rearm(&self) -> Result<()> {
+        if let Some(ch) = self.cq.channel() {
+            ch.drain();
+        }
+        self.arm()
     }
 
     /// Counts polled completions into the counters of the endpoints they belong to.

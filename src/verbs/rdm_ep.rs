@@ -1123,8 +1123,12 @@ struct Enabled {
     polls: AtomicU32,
     /// When the next look at connection events may be (`rfabric_sys::clock::cycles`).
     cm_next: AtomicU64,
-    /// Its connection events' descriptor is in its CQ's wait set (`add_wait_fd`).
-    cm_wakes: bool,
+    /// Its connection events' descriptor is in its CQs' wait sets (`add_wait_fd`): the
+    /// receive CQ's, and with two CQs the send CQ's.
+    cm_wakes: [bool; 2],
+    /// With two CQs, each one's completion channel is in the other's wait set
+    /// (`add_bell_fd`): the send CQ's in the receive CQ's, the receive CQ's in the send CQ's.
+    other_wakes: [bool; 2],
     /// What its work request ids carry for its CQs to find it (`wr_id::keyed`).
     key: u32,
     /// `FI_DIRECTED_RECV` in its caps: receives filter by source.
@@ -1550,7 +1554,8 @@ impl RdmEndpoint {
                 retrying: AtomicU32::new(0),
                 polls: AtomicU32::new(0),
                 cm_next: AtomicU64::new(0),
-                cm_wakes: false,
+                cm_wakes: [false; 2],
+                other_wakes: [false; 2],
                 key: crate::verbs::cq::new_owner_key(),
                 directed: (info.caps | info.rx_attr.caps).contains(Flags::DIRECTED_RECV),
                 multi_recv_default: info.rx_attr.op_flags.contains(Flags::MULTI_RECV),
@@ -1604,14 +1609,8 @@ impl RdmEndpoint {
             cntr.feed_from(&en.rx_cq);
         }
         en.domain.add_write_target(&en.rx_cq);
-        // With one CQ, a read blocked on it also wakes for a new peer's connection request.
         let mut en = en;
-        if !split {
-            match en.rx_cq.add_wait_fd(en.eq.channel().borrow_fd()) {
-                Ok(w) => en.cm_wakes = w,
-                Err(e) => crate::fi_info!("rdm", "{e}: blocked reads poll for connections"),
-            }
-        }
+        (en.cm_wakes, en.other_wakes) = watch_for_sleepers(&en, split);
         let _ = self.sh.on.set(en);
         let Some(en) = self.sh.on.get() else {
             unreachable!()
@@ -2593,36 +2592,42 @@ impl RdmEndpoint {
                 "a local path is already attached",
             ));
         }
-        // A blocked read of its CQ wakes when a local sender rings (one CQ for both
-        // directions: with two, each keeps polling, as it must for the other's work).
-        let bell = if Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
-            match rfabric_sys::bell::Bell::create(&local::bell_name(&en.name)) {
-                Ok(b) => match en.rx_cq.add_bell_fd(b.fd()) {
-                    Ok(true) => Some(b),
-                    Ok(false) => None,
-                    Err(e) => {
-                        crate::fi_info!("rdm", "a blocked read polls local peers: {e}");
-                        None
+        // A blocked read of either CQ wakes when a local sender rings: the bell is in
+        // both wait sets, or in none (a sleeper trusts it to wake it).
+        let bell = match rfabric_sys::bell::Bell::create(&local::bell_name(&en.name)) {
+            Ok(b) => {
+                let mut all = true;
+                for cq in en.cqs() {
+                    match cq.add_bell_fd(b.fd()) {
+                        Ok(w) => all &= w,
+                        Err(e) => {
+                            crate::fi_info!("rdm", "a blocked read polls local peers: {e}");
+                            all = false;
+                        }
                     }
-                },
-                Err(e) => {
-                    crate::fi_info!(
-                        "rdm",
-                        "no bell for local senders ({}): a blocked read polls them",
-                        std::io::Error::from_raw_os_error(e)
-                    );
+                }
+                if all {
+                    Some(b)
+                } else {
+                    en.cqs().for_each(|cq| cq.remove_bell_fd(b.fd()));
                     None
                 }
             }
-        } else {
-            None
+            Err(e) => {
+                crate::fi_info!(
+                    "rdm",
+                    "no bell for local senders ({}): a blocked read polls them",
+                    std::io::Error::from_raw_os_error(e)
+                );
+                None
+            }
         };
         if let Err(l) = en
             .local
             .set(LocalLink::new(path, self.max_msg_size(), bell))
         {
             if let Some(b) = &l.bell {
-                en.rx_cq.remove_bell_fd(b.fd());
+                en.cqs().for_each(|cq| cq.remove_bell_fd(b.fd()));
             }
             return Err(Error::new(
                 errno::EALREADY,
@@ -5148,6 +5153,59 @@ fn reap(g: &mut Inner, c: u32) -> Option<MsgEndpoint> {
     Some(conn.ep)
 }
 
+impl Enabled {
+    /// Its CQs: the receive CQ, and the send CQ when it is another.
+    fn cqs(&self) -> impl Iterator<Item = &Arc<CompletionQueue>> {
+        let split = !Arc::ptr_eq(&self.rx_cq, &self.tx_cq);
+        std::iter::once(&self.rx_cq).chain(split.then_some(&self.tx_cq))
+    }
+}
+
+/// Puts what a blocked read of the endpoint's CQs must wake for in their wait sets: its
+/// connection events, and with two CQs each one's completion channel in the other's set
+/// (reads complete on the send CQ, notices arrive on the receive CQ). Whether each went in.
+fn watch_for_sleepers(en: &Enabled, split: bool) -> ([bool; 2], [bool; 2]) {
+    let watch = |what: &str, r: Result<bool>| {
+        r.unwrap_or_else(|e| {
+            crate::fi_info!("rdm", "{e}: blocked reads poll for {what}");
+            false
+        })
+    };
+    let cm = en.eq.channel().borrow_fd();
+    let mut cm_wakes = [watch("connections", en.rx_cq.add_wait_fd(cm)), false];
+    let mut other = [false; 2];
+    if split {
+        cm_wakes[1] = watch("connections", en.tx_cq.add_wait_fd(cm));
+        if let Some(ch) = en.tx_cq.raw().channel() {
+            other[0] = watch("the send CQ", en.rx_cq.add_bell_fd(ch.borrow_fd()));
+        }
+        if let Some(ch) = en.rx_cq.raw().channel() {
+            other[1] = watch("the receive CQ", en.tx_cq.add_bell_fd(ch.borrow_fd()));
+        }
+    }
+    (cm_wakes, other)
+}
+
+/// Undoes [`watch_for_sleepers`], and takes the local path's bell out of the wait sets.
+fn unwatch_for_sleepers(en: &Enabled) {
+    let cm = en.eq.channel().borrow_fd();
+    if en.cm_wakes[0] {
+        en.rx_cq.remove_wait_fd(cm);
+    }
+    if en.cm_wakes[1] {
+        en.tx_cq.remove_wait_fd(cm);
+    }
+    if let (true, Some(ch)) = (en.other_wakes[0], en.tx_cq.raw().channel()) {
+        en.rx_cq.remove_bell_fd(ch.borrow_fd());
+    }
+    if let (true, Some(ch)) = (en.other_wakes[1], en.rx_cq.raw().channel()) {
+        en.tx_cq.remove_bell_fd(ch.borrow_fd());
+    }
+    if let Some(b) = en.local.get().and_then(|l| l.bell.as_ref()) {
+        en.cqs().for_each(|cq| cq.remove_bell_fd(b.fd()));
+    }
+}
+
 impl RecvOwner for Shared {
     fn recv_completion(&self, wc: &WorkCompletion) -> Option<Owned> {
         let en = self.on.get()?;
@@ -5163,11 +5221,32 @@ impl PeerProgress for Shared {
         }
     }
 
-    fn sleeping(&self, on: bool) -> bool {
-        self.on
-            .get()
-            .and_then(|en| en.local.get())
-            .is_some_and(|l| l.sleeping(on))
+    fn sleeping(&self, cq: &CompletionQueue, on: bool) -> bool {
+        let Some(en) = self.on.get() else {
+            return false;
+        };
+        // The local path's bell wakes the sleeper for it; without one it must be polled.
+        let local = en.local.get().map(|l| l.sleeping(on));
+        if Arc::ptr_eq(&en.rx_cq, &en.tx_cq) {
+            return local.unwrap_or(false);
+        }
+        // With two CQs the sleeper also waits for the other one, armed now: its
+        // completions wake the sleeper, whose next progress drives them.
+        let (other, wakes) = if std::ptr::eq(cq, &*en.rx_cq) {
+            (&en.tx_cq, en.other_wakes[0])
+        } else {
+            (&en.rx_cq, en.other_wakes[1])
+        };
+        let armed = wakes
+            && (!on
+                || other.rearm().map_or_else(
+                    |e| {
+                        crate::fi_warn!("rdm", "{e}: a blocked read polls the other CQ");
+                        false
+                    },
+                    |()| true,
+                ));
+        armed && local.unwrap_or(true)
     }
 
     fn progress(&self, cq: &CompletionQueue, sink: Option<&mut ReadSink<'_>>) {
@@ -5270,12 +5349,7 @@ impl Drop for RdmEndpoint {
                     ..Default::default()
                 });
             }
-            if en.cm_wakes {
-                en.rx_cq.remove_wait_fd(en.eq.channel().borrow_fd());
-            }
-            if let Some(b) = en.local.get().and_then(|l| l.bell.as_ref()) {
-                en.rx_cq.remove_bell_fd(b.fd());
-            }
+            unwatch_for_sleepers(en);
             let me: Weak<dyn PeerProgress> = self.sh.me.clone();
             en.rx_cq.remove_peer(&me);
             en.tx_cq.remove_peer(&me);
