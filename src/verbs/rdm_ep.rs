@@ -5176,11 +5176,17 @@ fn watch_for_sleepers(en: &Enabled, split: bool) -> ([bool; 2], [bool; 2]) {
     let mut other = [false; 2];
     if split {
         cm_wakes[1] = watch("connections", en.tx_cq.add_wait_fd(cm));
-        if let Some(ch) = en.tx_cq.raw().channel() {
-            other[0] = watch("the send CQ", en.rx_cq.add_bell_fd(ch.borrow_fd()));
+        // Only a channel no notifier thread reads (a CQ that waits on a descriptor): the
+        // sleeper consumes its events as it arms it.
+        fn channel(cq: &CompletionQueue) -> Option<std::os::fd::BorrowedFd<'_>> {
+            cq.epoll_fd()
+                .and_then(|_| cq.raw().channel().map(|ch| ch.borrow_fd()))
         }
-        if let Some(ch) = en.rx_cq.raw().channel() {
-            other[1] = watch("the receive CQ", en.tx_cq.add_bell_fd(ch.borrow_fd()));
+        if let Some(ch) = channel(&en.tx_cq) {
+            other[0] = watch("the send CQ", en.rx_cq.add_bell_fd(ch));
+        }
+        if let Some(ch) = channel(&en.rx_cq) {
+            other[1] = watch("the receive CQ", en.tx_cq.add_bell_fd(ch));
         }
     }
     (cm_wakes, other)
