@@ -3207,39 +3207,48 @@ fn a_blocked_read_wakes_for_a_local_message_within_milliseconds() {
 fn a_blocked_read_sleeps_until_a_local_sender_rings_its_bell() {
     let Some(info) = rdm_info() else { return };
     let v = local_nodes_on_fd(&info);
-    // A first message: shm's handshake done (it needs the receiver's progress), the
-    // sender has opened the receiver's bell.
+    // Polling would look about 300 times in those 300 ms; the bell wakes it once (a few
+    // more for the device's or the connection events' wake-ups).
+    local_bell_rounds(&v, 300, 20, |round| {
+        let before = v[1].cq.wakeups();
+        let mut e = [TaggedEntry::default(); 1];
+        assert_eq!(v[1].cq.sread(&mut e, 0, 20_000).unwrap(), 1);
+        assert_eq!(e[0].op_context, 10 + round);
+        v[1].cq.wakeups() - before
+    });
+}
+
+/// After a first message (shm's handshake done, which needs the receiver's progress, and
+/// the sender holding the receiver's bell), three rounds of a local message sent `delay_ms`
+/// after `block(round)` blocks for the receive of context `10 + round` to complete; each
+/// block returns how many times it looked, at most `max`.
+fn local_bell_rounds(v: &[Node], delay_ms: u64, max: u64, block: impl Fn(u64) -> u64 + Sync) {
     v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 1).unwrap();
-    retry(&v, || v[0].ep.tsend(b"first", 3, 1, 2));
-    assert_eq!(next_ok(&v, 1).0.op_context, 1);
-    assert_eq!(next_ok(&v, 0).0.op_context, 2);
+    retry(v, || v[0].ep.tsend(b"first", 3, 1, 2));
+    assert_eq!(next_ok(v, 1).0.op_context, 1);
+    assert_eq!(next_ok(v, 0).0.op_context, 2);
     let (mut posted, mut completed) = (1u64, 1u64);
     for round in 0..3u64 {
         v[1].ep
             .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 10 + round)
             .unwrap();
         posted += 1;
-        let before = v[1].cq.wakeups();
-        std::thread::scope(|sc| {
+        let looked = std::thread::scope(|sc| {
             let sender = sc.spawn(|| {
-                std::thread::sleep(Duration::from_millis(300));
+                std::thread::sleep(Duration::from_millis(delay_ms));
                 retry(&v[..1], || v[0].ep.tsend(b"rung", 3, 1, 20 + round));
             });
-            let mut e = [TaggedEntry::default(); 1];
-            assert_eq!(v[1].cq.sread(&mut e, 0, 20_000).unwrap(), 1);
-            assert_eq!(e[0].op_context, 10 + round);
-            completed += 1;
+            let looked = block(round);
             sender.join().unwrap();
+            looked
         });
-        let woke = v[1].cq.wakeups() - before;
-        // Polling would look about 300 times in those 300 ms; the bell wakes it once (a
-        // few more for the device's or the connection events' wake-ups).
+        completed += 1;
         assert!(
-            woke <= 20,
-            "round {round}: the blocked read woke {woke} times"
+            looked <= max,
+            "round {round}: the blocked wait looked {looked} times"
         );
         assert_eq!(read(&v[1], 0, 4), b"rung");
-        assert_eq!(next_ok(&v, 0).0.op_context, 20 + round);
+        assert_eq!(next_ok(v, 0).0.op_context, 20 + round);
     }
     assert_eq!((posted, completed), (4, 4), "every receive completed");
     assert_eq!(v[1].ep.connections_opened(), 0, "over shm, not verbs");
@@ -3451,35 +3460,14 @@ fn a_blocked_read_on_split_cqs_sleeps_until_a_local_sender_rings() {
 fn an_application_waiting_on_the_descriptor_sleeps_until_a_local_sender_rings() {
     let Some(info) = rdm_info() else { return };
     let v = local_nodes_on_fd(&info);
-    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 1).unwrap();
-    retry(&v, || v[0].ep.tsend(b"first", 3, 1, 2));
-    assert_eq!(next_ok(&v, 1).0.op_context, 1);
-    assert_eq!(next_ok(&v, 0).0.op_context, 2);
-    let (mut posted, mut completed) = (1u64, 1u64);
-    for round in 0..3u64 {
-        v[1].ep
-            .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 10 + round)
-            .unwrap();
-        posted += 1;
+    // Told by fi_trywait that the application sleeps, the sender rings: the descriptor
+    // wakes for it, and between, every 50 ms for a look (12 in 600 ms), where polling
+    // would wake it every millisecond (600 times).
+    local_bell_rounds(&v, 600, 30, |round| {
         let mut w = FdWaits::default();
-        std::thread::scope(|sc| {
-            let sender = sc.spawn(|| {
-                std::thread::sleep(Duration::from_millis(600));
-                retry(&v[..1], || v[0].ep.tsend(b"rung", 3, 1, 20 + round));
-            });
-            assert_eq!(fd_wait(&v[1].cq, &mut w).op_context, 10 + round);
-            completed += 1;
-            sender.join().unwrap();
-        });
-        // Told by fi_trywait that the application sleeps, the sender rings: the
-        // descriptor wakes for it, and between, every 50 ms for a look (12 in 600 ms),
-        // where polling would wake it every millisecond (600 times).
-        assert!(w.blocked <= 30, "round {round}: {w:?}");
-        assert_eq!(read(&v[1], 0, 4), b"rung");
-        assert_eq!(next_ok(&v, 0).0.op_context, 20 + round);
-    }
-    assert_eq!((posted, completed), (4, 4), "every receive completed");
-    assert_eq!(v[1].ep.connections_opened(), 0, "over shm, not verbs");
+        assert_eq!(fd_wait(&v[1].cq, &mut w).op_context, 10 + round);
+        u64::from(w.blocked)
+    });
 }
 
 #[test]
@@ -3500,32 +3488,14 @@ fn a_counter_wait_sleeps_until_a_local_sender_rings() {
     for x in &v {
         assert!(rfabric::capi::ext::local::import_shm(&x.ep).unwrap());
     }
-    v[1].ep.trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 1).unwrap();
-    retry(&v, || v[0].ep.tsend(b"first", 3, 1, 2));
-    assert_eq!(next_ok(&v, 1).0.op_context, 1);
-    assert_eq!(next_ok(&v, 0).0.op_context, 2);
-    assert_eq!(rx.read(), 1);
-    for round in 0..3u64 {
-        v[1].ep
-            .trecv(recv_buf(&v[1], 0, 64), ANY, 3, 0, 10 + round)
-            .unwrap();
+    // As the CQ's descriptor: the bell, and a look every 50 ms between.
+    local_bell_rounds(&v, 600, 30, |round| {
         let before = rx.wakeups();
-        std::thread::scope(|sc| {
-            let sender = sc.spawn(|| {
-                std::thread::sleep(Duration::from_millis(600));
-                retry(&v[..1], || v[0].ep.tsend(b"rung", 3, 1, 20 + round));
-            });
-            rx.wait(2 + round, 20_000).unwrap();
-            sender.join().unwrap();
-        });
-        let woke = rx.wakeups() - before;
-        // As the CQ's descriptor: the bell, and a look every 50 ms between.
-        assert!(woke <= 30, "round {round}: the wait woke {woke} times");
+        rx.wait(2 + round, 20_000).unwrap();
         assert_eq!(next_ok(&v, 1).0.op_context, 10 + round);
-        assert_eq!(next_ok(&v, 0).0.op_context, 20 + round);
-    }
+        rx.wakeups() - before
+    });
     assert_eq!(rx.read(), 4);
-    assert_eq!(v[1].ep.connections_opened(), 0, "over shm, not verbs");
 }
 
 /// A local path that only counts how often the endpoint drives it.
