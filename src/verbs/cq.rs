@@ -245,6 +245,8 @@ pub struct CompletionQueue {
     /// whether the peers were told (`peers_sleeping`, balanced by the read) and how many
     /// said their bell will wake it.
     fd_sleep: Mutex<Option<(bool, u32)>>,
+    /// Another CQ's sleeper consumed this one's completion-channel events (`rearm`).
+    events_taken: AtomicBool,
     /// Where the completions of peers' transfers go, by queue pair number.
     transfers: RwLock<Vec<(u32, Weak<dyn PeerTransferSink>)>>,
     /// The counters of endpoints that bound some, by queue pair number: each polled
@@ -688,6 +690,7 @@ impl CompletionQueue {
             bells: AtomicU32::new(0),
             wakeups: AtomicU64::new(0),
             fd_sleep: Mutex::new(None),
+            events_taken: AtomicBool::new(false),
             transfers: RwLock::new(Vec::new()),
             counters: RwLock::new(HashMap::default()),
             features: AtomicU8::new(0),
@@ -1581,9 +1584,15 @@ impl CompletionQueue {
     /// the other (its operations complete here, but their work may be needed there).
     pub(crate) fn drive(&self) {
         match self.stage_device(None) {
-            // What it staged wakes this CQ's own sleeper (whose device event another
-            // CQ's sleeper may have consumed: `rearm`).
-            Ok(true) if self.staged.load(Ordering::SeqCst) != 0 => self.wake(false),
+            // What it staged wakes this CQ's own sleeper if another CQ's sleeper consumed
+            // the device's events (`rearm`); else those events wake it.
+            Ok(true)
+                if self.staged.load(Ordering::SeqCst) != 0
+                    && (self.sleepers.load(Ordering::SeqCst) != 0
+                        || self.events_taken.swap(false, Ordering::SeqCst)) =>
+            {
+                self.wake(false)
+            }
             Ok(_) => {}
             Err(e) => crate::fi_warn!("cq", "{e}"),
         }
@@ -1594,7 +1603,14 @@ impl CompletionQueue {
     /// wakes then, and drives this one.
     pub(crate) fn rearm(&self) -> Result<()> {
         if let Some(ch) = self.cq.channel() {
-            ch.drain();
+            if ch.drain() > 0 {
+                // This CQ's own waiter may have missed them: what is staged wakes it, now
+                // and at the next `drive`.
+                self.events_taken.store(true, Ordering::SeqCst);
+                if self.staged.load(Ordering::SeqCst) != 0 {
+                    self.wake(false);
+                }
+            }
         }
         self.arm()
     }
