@@ -4384,6 +4384,11 @@ impl Shared {
             }
             EqEvent::Shutdown { fid } => {
                 let c = fid as u32;
+                // What the peer sent before it went is in the CQ already: taken first,
+                // while its route stands, so that a segmented message it left short has
+                // its assembly (its first segments may not have been read yet) and only
+                // what never comes fails.
+                en.rx_cq.drive();
                 let mut g = en.inner.lock();
                 let Some(conn) = open_conn_mut(&mut g, c) else {
                     return;
@@ -4412,9 +4417,7 @@ impl Shared {
                     write_tx_err(en, x);
                 }
                 if let Some(q) = torn {
-                    // A segmented message the peer left short. What it sent before going is
-                    // in the CQ already: taken first, so that only what never comes fails.
-                    en.rx_cq.drive();
+                    // A segmented message the peer left short.
                     let mut g = en.inner.lock();
                     if let Some(a) = g.asm.remove(&q) {
                         crate::fi_info!(
