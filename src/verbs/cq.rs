@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Duration;
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::time::TimeSpec;
@@ -99,12 +98,18 @@ enum Waiter {
         timer: std::sync::OnceLock<TimerFd>,
     },
     /// `FI_WAIT_MUTEX_COND`: a pthread pair, broadcast by a notifier thread that watches
-    /// the completion channel, and by software completions and `fi_cq_signal`.
+    /// the completion channel and peers' descriptors (an RDM endpoint's connection events,
+    /// the local path's bell), and by software completions and `fi_cq_signal`.
     MutexCond {
         mc: Arc<MutexCond>,
         /// Set under the mutex by every wake-up and checked under it before waiting, so no
         /// wake-up falls between a sleeper's last check and its wait.
         pending: Arc<AtomicBool>,
+        /// What the notifier watches: the completion channel, its stop, and peers'
+        /// descriptors (edge-triggered: the woken sleeper, not the notifier, reads them).
+        epoll: Arc<Epoll>,
+        /// A peer's descriptor fired: the sleeper drives the peers when it wakes.
+        peer_event: Arc<AtomicBool>,
         _notifier: Notifier,
     },
 }
@@ -118,36 +123,51 @@ struct Notifier {
 }
 
 impl Notifier {
-    fn spawn(ch: Arc<CompChannel>, mc: Arc<MutexCond>, pending: Arc<AtomicBool>) -> Result<Self> {
+    /// Starts the thread over `epoll`, which gets the channel and the stop descriptor.
+    fn spawn(
+        ch: Arc<CompChannel>,
+        mc: Arc<MutexCond>,
+        pending: Arc<AtomicBool>,
+        epoll: Arc<Epoll>,
+        peer_event: Arc<AtomicBool>,
+    ) -> Result<Self> {
         let stop = Arc::new(
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
                 .map_err(nix_err("eventfd"))?,
         );
-        let stop2 = stop.clone();
+        epoll
+            .add(ch.borrow_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))
+            .map_err(nix_err("epoll_ctl"))?;
+        epoll
+            .add(stop.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 1))
+            .map_err(nix_err("epoll_ctl"))?;
         let thread = std::thread::Builder::new()
             .name("rverbs-cq-notify".into())
             .spawn(move || loop {
-                let mut fds = [
-                    PollFd::new(ch.borrow_fd(), PollFlags::POLLIN),
-                    PollFd::new(stop2.as_fd(), PollFlags::POLLIN),
-                ];
-                match poll(&mut fds, PollTimeout::NONE) {
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                let mut events = [EpollEvent::empty(); 8];
+                let n = match epoll.wait(&mut events, EpollTimeout::NONE) {
+                    Ok(n) => n,
+                    Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => {
                         crate::fi_warn!(
                             "cq",
-                            "notifier poll failed, FI_WAIT_MUTEX_COND waiters will time out: {e}"
+                            "notifier epoll_wait failed, FI_WAIT_MUTEX_COND waiters will time out: {e}"
                         );
                         return;
                     }
+                };
+                let mut wake = false;
+                for e in &events[..n] {
+                    match e.data() {
+                        1 => return,
+                        PEER_FD_TOKEN => {
+                            peer_event.store(true, Ordering::SeqCst);
+                            wake = true;
+                        }
+                        _ => wake |= ch.drain() > 0,
+                    }
                 }
-                if fds[1]
-                    .revents()
-                    .is_some_and(|r| r.contains(PollFlags::POLLIN))
-                {
-                    return;
-                }
-                if ch.drain() > 0 {
+                if wake {
                     let _g = mc.lock();
                     pending.store(true, Ordering::SeqCst);
                     mc.broadcast();
@@ -630,12 +650,24 @@ impl CompletionQueue {
                     CompChannel::new(dev.context).map_err(os_err("ibv_create_comp_channel"))?;
                 let mc = Arc::new(MutexCond::new().map_err(|e| Error::os(e, "pthread_cond_init"))?);
                 let pending = Arc::new(AtomicBool::new(false));
-                let notifier = Notifier::spawn(ch.clone(), mc.clone(), pending.clone())?;
+                let epoll = Arc::new(
+                    Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(nix_err("epoll_create"))?,
+                );
+                let peer_event = Arc::new(AtomicBool::new(false));
+                let notifier = Notifier::spawn(
+                    ch.clone(),
+                    mc.clone(),
+                    pending.clone(),
+                    epoll.clone(),
+                    peer_event.clone(),
+                )?;
                 (
                     Some(ch),
                     Some(Waiter::MutexCond {
                         mc,
                         pending,
+                        epoll,
+                        peer_event,
                         _notifier: notifier,
                     }),
                 )
@@ -1373,11 +1405,17 @@ impl CompletionQueue {
     /// Puts a peer's `fd` in the wait set (a readable one drives the peers), counted in
     /// `count`; false when the CQ has no descriptor to wait on.
     fn watch_fd(&self, fd: BorrowedFd<'_>, count: &AtomicU32) -> Result<bool> {
-        let Some(Waiter::Fd { epoll, .. }) = &self.waiter else {
-            return Ok(false);
+        let (epoll, flags) = match &self.waiter {
+            Some(Waiter::Fd { epoll, .. }) => (epoll, EpollFlags::EPOLLIN),
+            // The notifier thread only signals: edge-triggered, it wakes once per event
+            // and leaves the reading to the sleeper it woke.
+            Some(Waiter::MutexCond { epoll, .. }) => {
+                (&**epoll, EpollFlags::EPOLLIN | EpollFlags::EPOLLET)
+            }
+            None => return Ok(false),
         };
         epoll
-            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, PEER_FD_TOKEN))
+            .add(fd, EpollEvent::new(flags, PEER_FD_TOKEN))
             .map_err(nix_err("epoll_ctl"))?;
         count.fetch_add(1, Ordering::SeqCst);
         Ok(true)
@@ -1385,7 +1423,12 @@ impl CompletionQueue {
 
     /// Undoes [`Self::watch_fd`].
     fn unwatch_fd(&self, fd: BorrowedFd<'_>, count: &AtomicU32) {
-        if let Some(Waiter::Fd { epoll, .. }) = &self.waiter {
+        let epoll = match &self.waiter {
+            Some(Waiter::Fd { epoll, .. }) => Some(epoll),
+            Some(Waiter::MutexCond { epoll, .. }) => Some(&**epoll),
+            None => None,
+        };
+        if let Some(epoll) = epoll {
             if epoll.delete(fd).is_ok() {
                 let _ =
                     count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
@@ -1885,9 +1928,16 @@ impl CompletionQueue {
                 "this CQ has no wait object to wait on",
             ));
         };
-        if matches!(w, Waiter::MutexCond { .. }) {
+        if let Waiter::MutexCond { peer_event, .. } = w {
             self.drain_wakeups(w);
             self.cq.req_notify().map_err(os_err("ibv_req_notify_cq"))?;
+            if self.has(feature::PEERS) {
+                // Its notifier watches the peers' descriptors and bells: they are told,
+                // as for a descriptor's sleeper (the application times its own wait), and
+                // driven, which takes what their descriptors said.
+                peer_event.store(false, Ordering::SeqCst);
+                self.peers_to_sleep();
+            }
             self.stage_device(None)?;
         } else {
             self.prepare_fd_wait()?;
@@ -1914,22 +1964,7 @@ impl CompletionQueue {
         self.cq.req_notify().map_err(os_err("ibv_req_notify_cq"))?;
         let mut poll = None;
         if self.has(feature::PEERS) {
-            let belled = {
-                let mut asleep = self.fd_sleep.lock().unwrap_or_else(|p| p.into_inner());
-                let (told, n) = match *asleep {
-                    Some(t) => t,
-                    None if self.bells.load(Ordering::Relaxed) != 0 => {
-                        (true, self.peers_sleeping(true))
-                    }
-                    None => (false, 0),
-                };
-                *asleep = Some((told, n));
-                self.set(feature::FD_ASLEEP, true);
-                n
-            };
-            // Events already on a peer's descriptor (a connection request) are taken now.
-            self.for_each_peer(|p| p.fd_woke());
-            self.progress_peers();
+            let belled = self.peers_to_sleep();
             poll = self.peer_poll(belled);
         }
         self.stage_device(None)?;
@@ -1955,6 +1990,28 @@ impl CompletionQueue {
             .map_err(nix_err("timerfd_settime"))?;
         }
         Ok(())
+    }
+
+    /// The application is about to sleep on the wait object itself (`fi_trywait`): the
+    /// peers with a bell hear it (once until its next read, `fd_woke`), and are driven
+    /// once, taking events already on their descriptors. How many said their bell wakes it.
+    fn peers_to_sleep(&self) -> u32 {
+        let belled = {
+            let mut asleep = self.fd_sleep.lock().unwrap_or_else(|p| p.into_inner());
+            let (told, n) = match *asleep {
+                Some(t) => t,
+                None if self.bells.load(Ordering::Relaxed) != 0 => {
+                    (true, self.peers_sleeping(true))
+                }
+                None => (false, 0),
+            };
+            *asleep = Some((told, n));
+            self.set(feature::FD_ASLEEP, true);
+            n
+        };
+        self.for_each_peer(|p| p.fd_woke());
+        self.progress_peers();
+        belled
     }
 
     /// The application's first read after `fi_trywait`: the peers hear it woke (a local
@@ -2134,10 +2191,25 @@ impl CompletionQueue {
                     Err(e) => Err(Error::os(e as i32, "epoll_wait on the CQ")),
                 }
             }
-            Waiter::MutexCond { mc, pending, .. } => {
-                let mut g = mc.lock();
-                if !pending.swap(false, Ordering::SeqCst) && idle() {
-                    g.wait(timeout);
+            Waiter::MutexCond {
+                mc,
+                pending,
+                peer_event,
+                ..
+            } => {
+                {
+                    let mut g = mc.lock();
+                    if !pending.swap(false, Ordering::SeqCst)
+                        && !peer_event.load(Ordering::SeqCst)
+                        && idle()
+                    {
+                        g.wait(timeout);
+                    }
+                }
+                // As the descriptor's sleeper: a peer's event is taken now.
+                if peer_event.swap(false, Ordering::SeqCst) {
+                    self.for_each_peer(|p| p.fd_woke());
+                    self.progress_peers();
                 }
                 Ok(())
             }
