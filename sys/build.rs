@@ -151,6 +151,9 @@ const LAYOUT: &[(&str, &[&str])] = &[
         ],
     ),
     ("fid_cntr", &["fid", "ops"]),
+    ("fi_poll_attr", &["flags"]),
+    ("fi_ops_poll", &["size", "poll", "poll_add", "poll_del"]),
+    ("fid_poll", &["fid", "ops"]),
     (
         "fi_cq_tagged_entry",
         &["op_context", "flags", "len", "buf", "data", "tag"],

@@ -208,6 +208,11 @@ fn c_program_counts_completions_with_fi_cntr() {
 }
 
 #[test]
+fn c_program_drives_cqs_and_counters_through_a_poll_set() {
+    run_capi_section("poll");
+}
+
+#[test]
 fn c_program_gets_answers_that_honour_its_hints() {
     run_capi_section("hints");
 }

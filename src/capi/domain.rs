@@ -9,7 +9,7 @@ use rfabric_sys::fabric as fi;
 use crate::capi::fid::{
     enosys, fi_ops_of, fid, from_c_nonnull, guarded, no_control, ops, put, unshared, Class, Obj,
 };
-use crate::capi::nosys::{n3i, n4i};
+use crate::capi::nosys::n4i;
 use crate::capi::{av, cq, dgram_ep, mr, msg_ep, pep, rdm_ep, soft_srx, srx};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::EpType;
@@ -35,7 +35,7 @@ pub(crate) static DOMAIN_OPS: fi::fi_ops_domain = fi::fi_ops_domain {
     endpoint: Some(endpoint_open),
     scalable_ep: Some(n4i),
     cntr_open: Some(cntr_open),
-    poll_open: Some(n3i),
+    poll_open: Some(poll_open),
     stx_ctx: Some(n4i),
     srx_ctx: Some(srx_open),
     query_atomic: Some(query_atomic),
@@ -255,6 +255,19 @@ unsafe extern "C" fn cntr_open(
         // SAFETY: forwarded as received.
         Ok(d) => unsafe { crate::capi::cntr::open(&d.inner, attr, cntr, context) },
         Err(e) => guarded("fi_cntr_open", || Err(e)),
+    }
+}
+
+unsafe extern "C" fn poll_open(
+    domain: *mut fi::fid_domain,
+    attr: *mut fi::fi_poll_attr,
+    pollset: *mut *mut fi::fid_poll,
+) -> i32 {
+    // SAFETY: the application's domain handle (its ops are checked).
+    match unsafe { CDomain::from_c(domain, "domain") } {
+        // SAFETY: forwarded as received.
+        Ok(d) => unsafe { crate::capi::poll::open(&d.inner, attr, pollset) },
+        Err(e) => guarded("fi_poll_open", || Err(e)),
     }
 }
 

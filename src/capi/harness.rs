@@ -334,7 +334,7 @@ fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
     let (l1, l2) = (p.len(c), p.len(c));
     let flags = c.word();
     let ctx = c.word() as *mut c_void; // the top byte set as often as not
-    let fid_ops: [&fi::fi_ops; 24] = [
+    let fid_ops: [&fi::fi_ops; 25] = [
         &fabric::FABRIC_FI_OPS,
         &domain::DOMAIN_FI_OPS,
         &mr::MR_FI_OPS,
@@ -355,6 +355,7 @@ fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
         &peer::cq::PEER_CQ_FI_OPS,
         &peer::av::PEER_AV_FI_OPS,
         &peer::av_set::PEER_AV_SET_FI_OPS,
+        &poll::POLL_FI_OPS,
         &crate::capi::fid::CLOSED_FI_OPS,
         &FOREIGN_FI_OPS,
         &fabric::FABRIC_FI_OPS,
@@ -531,11 +532,18 @@ fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
             10 => {
                 let t = &domain::DOMAIN_OPS;
                 let hd = h.cast::<fi::fid_domain>();
-                match c.pick(5) {
+                // A poll set's own ops, on any handle of the pool.
+                let tp = &poll::POLL_OPS;
+                let hp = h.cast::<fi::fid_poll>();
+                match c.pick(9) {
                     0 => slot!(t, av_open)(hd, a1.cast(), a2.cast(), ctx) as i64,
                     1 => slot!(t, cq_open)(hd, a1.cast(), a2.cast(), ctx) as i64,
                     2 => slot!(t, endpoint)(hd, a1.cast(), a2.cast(), ctx) as i64,
                     3 => slot!(t, srx_ctx)(hd, a1.cast(), a2.cast(), ctx) as i64,
+                    4 => slot!(t, poll_open)(hd, a1.cast(), a2.cast()) as i64,
+                    5 => slot!(tp, poll_add)(hp, p.handle(c).cast(), flags) as i64,
+                    6 => slot!(tp, poll_del)(hp, p.handle(c).cast(), flags) as i64,
+                    7 => slot!(tp, poll)(hp, a1.cast(), count as i32 - 5) as i64,
                     _ => slot!(t, endpoint2)(hd, a1.cast(), a2.cast(), flags, ctx) as i64,
                 }
             }

@@ -34,6 +34,7 @@ pub(crate) mod msg_ep;
 pub(crate) mod nosys;
 pub(crate) mod peer;
 pub(crate) mod pep;
+pub(crate) mod poll;
 pub mod provider;
 pub(crate) mod rdm_atomic;
 pub(crate) mod rdm_ep;

@@ -403,7 +403,7 @@ impl Counter {
             return Err(Error::new(
                 errno::EBUSY,
                 format!(
-                    "{n} bindings (endpoints, regions) still use this counter: close them first"
+                    "{n} bindings (endpoints, regions, poll sets) still use this counter: close them (fi_poll_del) first"
                 ),
             ));
         }
@@ -563,6 +563,14 @@ impl EpCounters {
             return;
         };
         if let Some(c) = cntr {
+            c.count(ok);
+        }
+    }
+
+    /// `done` for a receive: one test on an RDM endpoint's arrival path.
+    #[inline(always)]
+    pub(crate) fn recv_done(&self, ok: bool) {
+        if let Some(c) = &self.recv {
             c.count(ok);
         }
     }

@@ -1692,6 +1692,16 @@ impl CompletionQueue {
         self.stage_device(None)
     }
 
+    /// Whether a read would find something now (`fi_poll`): the peers driven, and what
+    /// the device holds moved to the software queue, so that the read finds it there.
+    pub(crate) fn has_events(&self) -> Result<bool> {
+        if self.has(feature::PEERS) {
+            self.progress_peers();
+        }
+        self.stage_device(None)?;
+        Ok(self.staged.load(Ordering::SeqCst) != 0 || self.overran.load(Ordering::SeqCst))
+    }
+
     /// Whether blocking waits can sleep on this CQ (it has a wait object other than
     /// `FI_WAIT_YIELD`).
     pub(crate) fn has_wait_object(&self) -> bool {
@@ -2066,7 +2076,7 @@ impl CompletionQueue {
         if n > 0 {
             return Err(Error::new(
                 errno::EBUSY,
-                format!("{n} endpoint bindings still use this CQ: close the endpoints first"),
+                format!("{n} bindings (endpoints, poll sets) still use this CQ: close the endpoints and fi_poll_del it first"),
             ));
         }
         self.closed.store(true, Ordering::Release);

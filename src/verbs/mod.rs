@@ -20,6 +20,7 @@ pub(crate) mod mr_cache;
 pub mod msg_ep;
 pub(crate) mod multi_recv;
 pub mod pep;
+pub mod poll;
 pub mod rdm_ep;
 pub mod srx;
 pub(crate) mod wr_id;
@@ -36,6 +37,7 @@ pub use info::{devices, getinfo, Device};
 pub use mr::MemoryRegion;
 pub use msg_ep::{MsgEndpoint, RmaIov};
 pub use pep::{PassiveEndpoint, ReservedAddress};
+pub use poll::{PollSet, Pollable};
 pub use rdm_ep::{AtomicCall, RdmEndpoint, RecvBuf};
 pub use srx::SharedRxContext;
 

@@ -3136,7 +3136,7 @@ type Done = std::result::Result<(CqEntry, u64), Box<CqErrEntry>>;
 #[inline]
 fn counted_rx(en: &Enabled, peer: bool, d: Option<Done>) -> Option<Done> {
     if !peer {
-        en.cntrs.done(Flags::RECV, !matches!(d, Some(Err(_))));
+        en.cntrs.recv_done(!matches!(d, Some(Err(_))));
     }
     d
 }

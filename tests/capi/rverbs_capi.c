@@ -1809,6 +1809,8 @@ struct rdm_pair {
 static void (*rdm_pair_setup)(struct rdm_pair *p, int i);
 /* The wait object of the next pair's CQs. */
 static enum fi_wait_obj rdm_cq_wait = FI_WAIT_NONE;
+/* The contexts of the next pair's CQs. */
+static void *rdm_cq_context[2];
 
 static void rdm_pair_open(struct fi_info *info, struct rdm_pair *p, int checks)
 {
@@ -1821,7 +1823,7 @@ static void rdm_pair_open(struct fi_info *info, struct rdm_pair *p, int checks)
 	OK(fi_fabric(info->fabric_attr, &p->fabric, NULL));
 	OK(fi_domain(p->fabric, info, &p->domain, NULL));
 	for (int i = 0; i < 2; i++) {
-		OK(fi_cq_open(p->domain, &ca, &p->cq[i], NULL));
+		OK(fi_cq_open(p->domain, &ca, &p->cq[i], rdm_cq_context[i]));
 		OK(fi_av_open(p->domain, &aa, &p->av[i], NULL));
 		OK(fi_endpoint(p->domain, info, &p->ep[i], NULL));
 		if (checks)
@@ -3206,6 +3208,151 @@ static void cntr_section(void)
 	printf("ok cntr\n");
 }
 
+/* Poll sets (fi_poll(3)) as fabtests' fi_poll uses them, over an RDM pair: a CQ is
+ * reported while it holds an unread entry, a counter when its count moved since the set
+ * last reported it; members stay busy until fi_poll_del. */
+static struct fid_cntr *poll_cntr[2];
+
+static void poll_pair_setup(struct rdm_pair *p, int i)
+{
+	struct fi_cntr_attr ca = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_NONE};
+
+	OK(fi_cntr_open(p->domain, &ca, &poll_cntr[i], &poll_cntr[i]));
+	OK(fi_ep_bind(p->ep[i], &poll_cntr[i]->fid, i == 0 ? FI_SEND : FI_RECV));
+}
+
+/* fi_poll until it reports something, within 10 s: how many contexts. */
+static int poll_until(struct fid_poll *set, void **ctx, int count)
+{
+	time_t end = time(NULL) + 10;
+	int n;
+
+	while ((n = fi_poll(set, ctx, count)) == 0 && time(NULL) <= end)
+		;
+	if (n <= 0)
+		FAIL("fi_poll = %d (%s)", n, n ? fi_strerror(-n) : "nothing within 10 s");
+	return n;
+}
+
+static void poll_section(void)
+{
+	struct fi_info *h = rdm_hints(FI_MSG | FI_TAGGED), *info;
+	struct fi_cq_attr qa = {.format = FI_CQ_FORMAT_TAGGED};
+	struct fi_poll_attr pa = {0};
+	struct fi_cq_tagged_entry e;
+	struct fid_poll *set, *bad;
+	struct fid_cq *spare;
+	struct rdm_pair p;
+	uint8_t sbuf[64], rbuf[64];
+	void *ctx[8];
+	int n, posted = 0, completed = 0;
+
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	rdm_cq_context[0] = &p.cq[0];
+	rdm_cq_context[1] = &p.cq[1];
+	rdm_pair_setup = poll_pair_setup;
+	rdm_pair_open(info, &p, 0);
+	rdm_pair_setup = NULL;
+	rdm_cq_context[0] = rdm_cq_context[1] = NULL;
+
+	pa.flags = 1;
+	EXPECT(fi_poll_open(p.domain, &pa, &bad), -FI_EINVAL);
+	pa.flags = 0;
+	OK(fi_poll_open(p.domain, &pa, &set));
+	OK(fi_poll_add(set, &p.cq[0]->fid, 0));
+	OK(fi_poll_add(set, &p.cq[1]->fid, 0));
+	OK(fi_poll_add(set, &p.cq[1]->fid, 0)); /* twice: no change (libfabric's util) */
+	OK(fi_poll_add(set, &poll_cntr[0]->fid, 0));
+	OK(fi_poll_add(set, &poll_cntr[1]->fid, 0));
+	EXPECT(fi_poll_add(set, &p.av[0]->fid, 0), -FI_EINVAL); /* not a CQ or a counter */
+	EXPECT(fi_poll_add(set, &p.cq[0]->fid, 1), -FI_EINVAL); /* no flags are defined */
+	EXPECT(fi_poll_add(set, NULL, 0), -FI_EINVAL);
+	EXPECT(fi_poll(set, ctx, 0), -FI_EINVAL);
+	EXPECT(fi_poll(set, NULL, 4), -FI_EINVAL);
+	EXPECT(fi_poll(set, ctx, 8), 0); /* nothing happened yet */
+
+	/* A member is busy until it leaves the set. */
+	OK(fi_cq_open(p.domain, &qa, &spare, &spare));
+	OK(fi_poll_add(set, &spare->fid, 0));
+	EXPECT(fi_close(&spare->fid), -FI_EBUSY);
+	OK(fi_poll_del(set, &spare->fid, 0));
+	OK(fi_poll_del(set, &spare->fid, 0)); /* not in the set: no error (libfabric's util) */
+	OK(fi_close(&spare->fid));
+
+	/* Three messages: each round reports the send CQ, the receive CQ and both counters
+	 * (in the order they were added), and nothing once all is read. */
+	for (int i = 0; i < 3; i++) {
+		int tx = 0, rx = 0, ctx_tx = 0, ctx_rx = 0;
+
+		OK(fi_trecv(p.ep[1], rbuf, sizeof rbuf, NULL, 0, 9, 0, (void *)(intptr_t)(10 + i)));
+		posted++;
+		fill(sbuf, 64, (uint8_t)i);
+		RDM_POST(p.cq[0], p.cq[1],
+			 fi_tsend(p.ep[0], sbuf, 64, NULL, 1, 9, (void *)(intptr_t)(20 + i)));
+		while (!(tx && rx && ctx_tx && ctx_rx)) {
+			n = poll_until(set, ctx, 8);
+			for (int k = 0; k < n; k++) {
+				if (ctx[k] == &p.cq[0]) {
+					EXPECT(fi_cq_read(p.cq[0], &e, 1), 1);
+					EXPECT(e.op_context, (void *)(intptr_t)(20 + i));
+					tx++;
+				} else if (ctx[k] == &p.cq[1]) {
+					EXPECT(fi_cq_read(p.cq[1], &e, 1), 1);
+					EXPECT(e.op_context, (void *)(intptr_t)(10 + i));
+					check(rbuf, 64, (uint8_t)i);
+					rx++;
+					completed++;
+				} else if (ctx[k] == &poll_cntr[0]) {
+					EXPECT(fi_cntr_read(poll_cntr[0]), (uint64_t)i + 1);
+					ctx_tx++;
+				} else if (ctx[k] == &poll_cntr[1]) {
+					EXPECT(fi_cntr_read(poll_cntr[1]), (uint64_t)i + 1);
+					ctx_rx++;
+				} else {
+					FAIL("fi_poll reported an unknown context %p", ctx[k]);
+				}
+			}
+		}
+		EXPECT(tx + rx + ctx_tx + ctx_rx, 4); /* each reported once for its event */
+		EXPECT(fi_poll(set, ctx, 8), 0);
+	}
+	OK(fi_poll_del(set, &p.cq[0]->fid, 0));
+	OK(fi_poll_del(set, &poll_cntr[0]->fid, 0));
+	OK(fi_poll_del(set, &poll_cntr[1]->fid, 0));
+
+	/* An entry left unread is reported again at the next poll. */
+	OK(fi_trecv(p.ep[1], rbuf, sizeof rbuf, NULL, 0, 9, 0, (void *)30));
+	posted++;
+	RDM_POST(p.cq[0], p.cq[1], fi_tsend(p.ep[0], sbuf, 64, NULL, 1, 9, (void *)31));
+	n = poll_until(set, ctx, 8);
+	TRUE(n == 1 && ctx[0] == &p.cq[1]);
+	EXPECT(fi_poll(set, ctx, 8), 1);
+	EXPECT(ctx[0], &p.cq[1]);
+	EXPECT(fi_cq_read(p.cq[1], &e, 1), 1);
+	EXPECT(e.op_context, (void *)30);
+	completed++;
+	EXPECT(fi_poll(set, ctx, 8), 0);
+	EXPECT(completed, posted);
+	/* The send's completion, read directly (its CQ left the set). */
+	EXPECT(cq_wait(p.cq[0], (struct fi_cq_data_entry *)&e), 1);
+	EXPECT(e.op_context, (void *)31);
+
+	/* Closed with a member left: it is released (libfabric's util). */
+	OK(fi_close(&set->fid));
+	EXPECT(fi_poll(set, ctx, 8), -FI_EINVAL); /* a closed handle */
+	for (int i = 0; i < 2; i++) {
+		OK(fi_close(&p.ep[i]->fid));
+		OK(fi_close(&p.av[i]->fid));
+		OK(fi_close(&p.cq[i]->fid));
+		OK(fi_close(&poll_cntr[i]->fid));
+	}
+	OK(fi_close(&p.domain->fid));
+	OK(fi_close(&p.fabric->fid));
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	printf("ok poll\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
@@ -3239,6 +3386,8 @@ int main(int argc, char **argv)
 		rdm_atomic_section();
 	if (!only || !strcmp(only, "cntr"))
 		cntr_section();
+	if (!only || !strcmp(only, "poll"))
+		poll_section();
 	if (only && !strcmp(only, "peer"))
 		peer_section(argv[0]);
 	if (only && !strcmp(only, "shm-send") && argc > 2)

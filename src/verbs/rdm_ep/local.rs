@@ -610,7 +610,7 @@ impl LocalOwner {
                 };
                 let flags = c.flags & !Flags::COMPLETION.bits();
                 let failed = err.or((c.len > m.cap).then_some(errno::ETRUNC));
-                en.cntrs.done(Flags::RECV, failed.is_none());
+                en.cntrs.recv_done(failed.is_none());
                 if let Some(e) = failed {
                     let n = c.len.min(m.cap);
                     return en.rx_cq.writeerr(crate::core::cq::CqErrEntry {
@@ -985,7 +985,7 @@ pub(super) fn start_all(en: &Enabled, starts: &[(u32, LocalEntry)]) {
         if let Err(err) = l.path.hand_back(*id, e, false) {
             crate::fi_warn!("rdm", "the local path refused a matched message: {err}");
             let _ = en.inner.lock().engine.free(*id);
-            en.cntrs.done(Flags::RECV, false);
+            en.cntrs.recv_done(false);
             let _ = en.rx_cq.writeerr(crate::core::cq::CqErrEntry {
                 op_context: e.context,
                 flags: (Flags::RECV | if e.tagged { Flags::TAGGED } else { Flags::MSG }).bits(),
