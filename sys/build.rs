@@ -154,6 +154,9 @@ const LAYOUT: &[(&str, &[&str])] = &[
     ("fi_poll_attr", &["flags"]),
     ("fi_ops_poll", &["size", "poll", "poll_add", "poll_del"]),
     ("fid_poll", &["fid", "ops"]),
+    ("fi_wait_attr", &["wait_obj", "flags"]),
+    ("fi_ops_wait", &["size", "wait"]),
+    ("fid_wait", &["fid", "ops"]),
     (
         "fi_cq_tagged_entry",
         &["op_context", "flags", "len", "buf", "data", "tag"],

@@ -213,6 +213,11 @@ fn c_program_drives_cqs_and_counters_through_a_poll_set() {
 }
 
 #[test]
+fn c_program_waits_on_cqs_counters_and_eqs_through_a_wait_set() {
+    run_capi_section("wait");
+}
+
+#[test]
 fn c_program_gets_answers_that_honour_its_hints() {
     run_capi_section("hints");
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::fid::{enosys, fi_ops_of, fid, guarded, no_bind, ops, put, Class, Obj};
+use crate::capi::fid::{fi_ops_of, fid, guarded, no_bind, ops, put, Class, Obj};
 use crate::core::error::{errno, Error, Result};
 use crate::core::flags::{Flags, WaitObj};
 use crate::verbs::{CntrAttr, Counter, Domain};
@@ -58,14 +58,16 @@ pub(crate) unsafe fn open(
         }
         let wait_obj = WaitObj::from_raw(a.wait_obj)
             .ok_or_else(|| Error::new(errno::EINVAL, format!("wait_obj {}", a.wait_obj)))?;
-        if wait_obj == WaitObj::Set || !a.wait_set.is_null() {
-            return Err(enosys("wait sets (FI_WAIT_SET)"));
-        }
+        // SAFETY: NULL or the application's wait set (proven ours there).
+        let set = unsafe { crate::capi::wait::named(wait_obj, a.wait_set) }?;
         let attr = CntrAttr {
             wait_obj,
             flags: Flags::from_bits_retain(a.flags),
         };
         let c = Counter::open(domain, &attr)?;
+        if let Some(s) = &set {
+            c.join(s)?;
+        }
         let p = CCntr::into_raw(
             fi::fid_cntr {
                 fid: fid(fi::FI_CLASS_CNTR, context, &CNTR_FI_OPS),

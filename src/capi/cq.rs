@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rfabric_sys::fabric as fi;
 
 use crate::capi::fid::{
-    enosys, fi_ops_of, fid, guarded, guarded_len, no_bind, ops, put, strerror_out, Class, Obj,
+    fi_ops_of, fid, guarded, guarded_len, no_bind, ops, put, strerror_out, Class, Obj,
 };
 use crate::core::cq::{CqContextEntry, CqDataEntry, CqEntry, CqMsgEntry, ErrData, FormatEntry};
 use crate::core::error::{errno, Error, Result};
@@ -79,10 +79,12 @@ pub(crate) unsafe fn open(
             wait_cond: CqWaitCond::from_raw(a.wait_cond)
                 .ok_or_else(|| bad("wait_cond", a.wait_cond))?,
         };
-        if attr.wait_obj == WaitObj::Set || !a.wait_set.is_null() {
-            return Err(enosys("wait sets (FI_WAIT_SET)"));
-        }
+        // SAFETY: NULL or the application's wait set (proven ours there).
+        let set = unsafe { crate::capi::wait::named(attr.wait_obj, a.wait_set) }?;
         let q = CompletionQueue::open(d, &attr)?;
+        if let Some(s) = &set {
+            q.join(s)?;
+        }
         let p = CCq::into_raw(
             fi::fid_cq {
                 fid: fid(fi::FI_CLASS_CQ, context, &CQ_FI_OPS),

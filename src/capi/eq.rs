@@ -118,9 +118,8 @@ pub(crate) unsafe fn open(
         }
         let wait_obj = WaitObj::from_raw(a.wait_obj)
             .ok_or_else(|| Error::new(errno::EINVAL, format!("wait_obj {}", a.wait_obj)))?;
-        if wait_obj == WaitObj::Set || !a.wait_set.is_null() {
-            return Err(enosys("wait sets (FI_WAIT_SET)"));
-        }
+        // SAFETY: NULL or the application's wait set (proven ours there).
+        let set = unsafe { crate::capi::wait::named(wait_obj, a.wait_set) }?;
         let q = EventQueue::open(
             f,
             &EqAttr {
@@ -128,6 +127,9 @@ pub(crate) unsafe fn open(
                 wait_obj,
             },
         )?;
+        if let Some(s) = &set {
+            q.join(s)?;
+        }
         let p = CEq::into_raw(
             fi::fid_eq {
                 fid: fid(fi::FI_CLASS_EQ, context, &EQ_FI_OPS),
@@ -188,6 +190,7 @@ unsafe extern "C" fn eq_control(f: *mut fi::fid, cmd: i32, arg: *mut c_void) -> 
             fi::FI_GETWAITOBJ => {
                 let w = match q.inner.wait_obj {
                     WaitObj::None => fi::FI_WAIT_NONE,
+                    WaitObj::Set => fi::FI_WAIT_SET,
                     _ => fi::FI_WAIT_FD,
                 };
                 // SAFETY: FI_GETWAITOBJ writes an enum fi_wait_obj.

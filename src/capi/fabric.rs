@@ -10,8 +10,7 @@ use crate::capi::fid::{
     enosys, fi_ops_of, fid, from_c_nonnull, guarded, no_control, ops, put, unshared, Class, Obj,
 };
 use crate::capi::info::fabric_attr;
-use crate::capi::nosys::n3i;
-use crate::capi::{cntr, cq, domain, eq, pep};
+use crate::capi::{cntr, cq, domain, eq, pep, wait};
 use crate::core::error::{errno, Error};
 use crate::verbs::Fabric;
 
@@ -29,7 +28,7 @@ pub(crate) static FABRIC_OPS: fi::fi_ops_fabric = fi::fi_ops_fabric {
     domain: Some(domain_open),
     passive_ep: Some(pep_open),
     eq_open: Some(eq_open),
-    wait_open: Some(n3i),
+    wait_open: Some(wait_open),
     trywait: Some(trywait),
     domain2: Some(domain_open2),
 };
@@ -74,6 +73,19 @@ unsafe extern "C" fn fabric_close(f: *mut fi::fid) -> i32 {
 unsafe extern "C" fn fabric_bind(_f: *mut fi::fid, _b: *mut fi::fid, _flags: u64) -> i32 {
     guarded("fi_fabric_bind", || Err(enosys("binding to a fabric")))
 }
+unsafe extern "C" fn wait_open(
+    fabric: *mut fi::fid_fabric,
+    attr: *mut fi::fi_wait_attr,
+    waitset: *mut *mut fi::fid_wait,
+) -> i32 {
+    // SAFETY: the application's fabric handle (its ops are checked).
+    match unsafe { CFabric::from_c(fabric, "fabric") } {
+        // SAFETY: forwarded as received.
+        Ok(f) => unsafe { wait::open(&f.inner, attr, waitset) },
+        Err(e) => guarded("fi_wait_open", || Err(e)),
+    }
+}
+
 /// `fi_trywait`: each CQ (and each counter's CQs) is armed; an EQ with an event ready,
 /// or a counter that moved, answers `EAGAIN`.
 unsafe extern "C" fn trywait(
@@ -112,11 +124,17 @@ unsafe extern "C" fn trywait(
                         .inner
                         .trywait()?
                 }
+                fi::FI_CLASS_WAIT => {
+                    // SAFETY: class checked.
+                    unsafe { wait::CWait::from_c(f.cast(), "waitset") }?
+                        .inner
+                        .trywait()?
+                }
                 c => {
                     return Err(Error::new(
                         errno::EINVAL,
                         format!(
-                            "fi_trywait on a fid of class {c}: only CQs, EQs and counters wait"
+                            "fi_trywait on a fid of class {c}: only CQs, EQs, counters and wait sets wait"
                         ),
                     ))
                 }

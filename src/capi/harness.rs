@@ -334,7 +334,7 @@ fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
     let (l1, l2) = (p.len(c), p.len(c));
     let flags = c.word();
     let ctx = c.word() as *mut c_void; // the top byte set as often as not
-    let fid_ops: [&fi::fi_ops; 25] = [
+    let fid_ops: [&fi::fi_ops; 26] = [
         &fabric::FABRIC_FI_OPS,
         &domain::DOMAIN_FI_OPS,
         &mr::MR_FI_OPS,
@@ -356,6 +356,7 @@ fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
         &peer::av::PEER_AV_FI_OPS,
         &peer::av_set::PEER_AV_SET_FI_OPS,
         &poll::POLL_FI_OPS,
+        &wait::WAIT_FI_OPS,
         &crate::capi::fid::CLOSED_FI_OPS,
         &FOREIGN_FI_OPS,
         &fabric::FABRIC_FI_OPS,
@@ -560,9 +561,10 @@ fn call_kind(p: &mut Pool, c: &mut dyn Choose, kind: usize) -> i64 {
                 // The fabric's ops with hostile arguments (its handle from the pool).
                 let hb = h.cast::<fi::fid_fabric>();
                 let t = &*std::ptr::from_ref(&fabric::FABRIC_OPS);
-                match c.pick(3) {
+                match c.pick(4) {
                     0 => slot!(t, eq_open)(hb, a1.cast(), a2.cast(), ctx) as i64,
                     1 => slot!(t, trywait)(hb, a1.cast(), count as i32) as i64,
+                    2 => slot!(&wait::WAIT_OPS, wait)(h.cast(), 0) as i64,
                     _ => slot!(t, wait_open)(hb, a1.cast(), a2.cast()) as i64,
                 }
             }

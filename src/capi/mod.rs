@@ -41,3 +41,4 @@ pub(crate) mod rdm_ep;
 pub(crate) mod rdm_rma;
 pub(crate) mod soft_srx;
 pub(crate) mod srx;
+pub(crate) mod wait;

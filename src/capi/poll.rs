@@ -88,16 +88,16 @@ unsafe fn member(f: *mut fi::fid) -> Result<(Pollable, u64)> {
     // which `from_c` proves.
     let (class, context) = unsafe { ((*f).fclass as u32, (*f).context as u64) };
     let what = match class {
-        // SAFETY: as above.
         fi::FI_CLASS_CQ => {
-            Pollable::Cq(unsafe { CCq::from_c(f.cast(), "event_fid") }?.inner.clone())
+            // SAFETY: as above.
+            let q = unsafe { CCq::from_c(f.cast(), "event_fid") }?;
+            Pollable::Cq(q.inner.clone())
         }
-        // SAFETY: as above.
-        fi::FI_CLASS_CNTR => Pollable::Cntr(
-            unsafe { CCntr::from_c(f.cast(), "event_fid") }?
-                .inner
-                .clone(),
-        ),
+        fi::FI_CLASS_CNTR => {
+            // SAFETY: as above.
+            let c = unsafe { CCntr::from_c(f.cast(), "event_fid") }?;
+            Pollable::Cntr(c.inner.clone())
+        }
         c => {
             return Err(Error::new(
                 errno::EINVAL,

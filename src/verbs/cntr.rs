@@ -56,6 +56,21 @@ pub struct Counter {
     _domain: Arc<Domain>,
 }
 
+impl crate::verbs::wait::WaitMember for Counter {
+    fn try_wait(&self) -> Result<()> {
+        match &self.fd {
+            Some(f) => self.prepare_sleep(f),
+            None => Ok(()),
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.value
+            .load(Ordering::Acquire)
+            .wrapping_add(self.err.load(Ordering::Acquire))
+    }
+}
+
 /// A counter's descriptor: one epoll over its feeding CQs' descriptors and an eventfd that
 /// `add`/`set` (and their error twins) write, so an application blocked on it wakes for a
 /// completion that may count and for a value another thread changed.
@@ -112,14 +127,16 @@ impl Counter {
             ));
         }
         match attr.wait_obj {
-            WaitObj::None | WaitObj::Unspec | WaitObj::Fd | WaitObj::MutexCond | WaitObj::Yield => {
-            }
+            WaitObj::None
+            | WaitObj::Unspec
+            | WaitObj::Fd
+            | WaitObj::MutexCond
+            | WaitObj::Yield
+            | WaitObj::Set => {}
             w => {
                 return Err(Error::new(
                     errno::ENOSYS,
-                    format!(
-                        "counter wait object {w:?}: wait sets and poll sets are not implemented"
-                    ),
+                    format!("counter wait object {w:?} is not implemented"),
                 ))
             }
         }
@@ -131,7 +148,8 @@ impl Counter {
             bound: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             fd: match attr.wait_obj {
-                WaitObj::Fd | WaitObj::Unspec => Some(CntrFd::new()?),
+                // A wait set nests the descriptor.
+                WaitObj::Fd | WaitObj::Unspec | WaitObj::Set => Some(CntrFd::new()?),
                 _ => None,
             },
             mc: match attr.wait_obj {
@@ -262,10 +280,24 @@ impl Counter {
     /// from has no descriptor to wake it.
     pub fn trywait(&self) -> Result<()> {
         match &self.fd {
-            Some(f) if self.wait_obj == WaitObj::Fd => self.prepare_sleep(f),
+            Some(f) if matches!(self.wait_obj, WaitObj::Fd | WaitObj::Set) => self.prepare_sleep(f),
             _ => Err(Error::new(
                 errno::EINVAL,
                 "fi_trywait on a counter needs FI_WAIT_FD",
+            )),
+        }
+    }
+
+    /// Puts the counter (opened with `FI_WAIT_SET`) in `set`.
+    pub fn join(self: &Arc<Self>, set: &crate::verbs::WaitSet) -> Result<()> {
+        match &self.fd {
+            Some(f) if self.wait_obj == WaitObj::Set => {
+                let me: Weak<dyn crate::verbs::wait::WaitMember> = Arc::downgrade(self) as _;
+                set.join(&[f.epoll.0.as_fd()], me)
+            }
+            _ => Err(Error::new(
+                errno::EINVAL,
+                "only a counter opened with FI_WAIT_SET joins a wait set",
             )),
         }
     }

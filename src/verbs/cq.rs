@@ -592,11 +592,16 @@ impl CompletionQueue {
             ));
         }
         match attr.wait_obj {
-            WaitObj::None | WaitObj::Unspec | WaitObj::Fd | WaitObj::Yield | WaitObj::MutexCond => {}
+            WaitObj::None
+            | WaitObj::Unspec
+            | WaitObj::Fd
+            | WaitObj::Yield
+            | WaitObj::MutexCond
+            | WaitObj::Set => {}
             w => {
                 return Err(Error::new(
                     errno::ENOSYS,
-                    format!("CQ wait object {w:?} is not implemented: use FI_WAIT_FD, FI_WAIT_MUTEX_COND, FI_WAIT_UNSPEC or FI_WAIT_YIELD"),
+                    format!("CQ wait object {w:?} is not implemented: use FI_WAIT_FD, FI_WAIT_SET, FI_WAIT_MUTEX_COND, FI_WAIT_UNSPEC or FI_WAIT_YIELD"),
                 ))
             }
         }
@@ -619,7 +624,8 @@ impl CompletionQueue {
             0
         };
         let (channel, waiter) = match attr.wait_obj {
-            WaitObj::Unspec | WaitObj::Fd => {
+            // A wait set's member keeps a descriptor of its own, which the set nests.
+            WaitObj::Unspec | WaitObj::Fd | WaitObj::Set => {
                 let ch =
                     CompChannel::new(dev.context).map_err(os_err("ibv_create_comp_channel"))?;
                 let event = EventFd::from_value_and_flags(
@@ -640,7 +646,7 @@ impl CompletionQueue {
                     Some(Waiter::Fd {
                         epoll,
                         event,
-                        external: attr.wait_obj == WaitObj::Fd,
+                        external: attr.wait_obj != WaitObj::Unspec,
                         timer: std::sync::OnceLock::new(),
                     }),
                 )
@@ -1841,13 +1847,32 @@ impl CompletionQueue {
     }
 
     fn require_wait(&self) -> Result<()> {
-        if self.attr.wait_obj == WaitObj::None {
-            return Err(Error::new(
+        match self.attr.wait_obj {
+            WaitObj::None => Err(Error::new(
                 errno::EINVAL,
                 "blocking reads need a wait object: this CQ was opened with FI_WAIT_NONE",
-            ));
+            )),
+            // fi_cq(3): invalid with FI_WAIT_NONE or FI_WAIT_SET.
+            WaitObj::Set => Err(Error::new(
+                errno::EINVAL,
+                "fi_cq_sread on a CQ of a wait set: wait on the set (fi_wait), then read",
+            )),
+            _ => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Puts the CQ (opened with `FI_WAIT_SET`) in `set`.
+    pub fn join(self: &Arc<Self>, set: &crate::verbs::WaitSet) -> Result<()> {
+        match (&self.waiter, self.attr.wait_obj) {
+            (Some(Waiter::Fd { epoll, .. }), WaitObj::Set) => {
+                let me: Weak<dyn crate::verbs::wait::WaitMember> = Arc::downgrade(self) as _;
+                set.join(&[epoll.0.as_fd()], me)
+            }
+            _ => Err(Error::new(
+                errno::EINVAL,
+                "only a CQ opened with FI_WAIT_SET joins a wait set",
+            )),
+        }
     }
 
     /// `fi_cq_sread`: waits up to `timeout_ms` (negative: forever) for completions. With
@@ -2126,6 +2151,12 @@ impl CompletionQueue {
 
     pub(crate) fn raw(&self) -> &Cq {
         &self.cq
+    }
+}
+
+impl crate::verbs::wait::WaitMember for CompletionQueue {
+    fn try_wait(&self) -> Result<()> {
+        self.trywait()
     }
 }
 

@@ -141,10 +141,25 @@ pub(crate) fn decode_cm_data(raw: &[u8]) -> Vec<u8> {
     }
 }
 
+impl crate::verbs::wait::WaitMember for EventQueue {
+    /// `EAGAIN` when an event or an error is ready.
+    fn try_wait(&self) -> Result<()> {
+        match self.read_with(false, |_| Ok(())) {
+            Ok(()) => Err(Error::new(errno::EAGAIN, "an event is ready: read it")),
+            Err(e) if e.errno() == errno::EAVAIL => {
+                Err(Error::new(errno::EAGAIN, "an error is ready: read it"))
+            }
+            Err(e) if e.is_again() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 impl EventQueue {
     pub fn open(fabric: &Arc<Fabric>, attr: &EqAttr) -> Result<Arc<Self>> {
         match attr.wait_obj {
-            WaitObj::None | WaitObj::Unspec | WaitObj::Fd => {}
+            // A wait set nests its descriptor.
+            WaitObj::None | WaitObj::Unspec | WaitObj::Fd | WaitObj::Set => {}
             w => {
                 return Err(Error::new(
                     errno::ENOSYS,
@@ -190,6 +205,13 @@ impl EventQueue {
         if let Some(o) = g.owners.remove(&ident) {
             g.q.forget(o.fid());
         }
+    }
+
+    /// Puts the EQ (opened with `FI_WAIT_SET`) in `set`: its rdma_cm channel and the
+    /// descriptor its written events signal.
+    pub fn join(self: &Arc<Self>, set: &crate::verbs::WaitSet) -> Result<()> {
+        let me: Weak<dyn crate::verbs::wait::WaitMember> = Arc::downgrade(self) as _;
+        set.join(&[self.channel.borrow_fd(), self.written.as_fd()], me)
     }
 
     /// The file descriptor that becomes readable when CM events arrive (`FI_GETWAIT`).

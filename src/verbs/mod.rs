@@ -23,6 +23,7 @@ pub mod pep;
 pub mod poll;
 pub mod rdm_ep;
 pub mod srx;
+pub mod wait;
 pub(crate) mod wr_id;
 
 pub use av::{AddressVector, AvAttr, UdName};
@@ -40,6 +41,7 @@ pub use pep::{PassiveEndpoint, ReservedAddress};
 pub use poll::{PollSet, Pollable};
 pub use rdm_ep::{AtomicCall, RdmEndpoint, RecvBuf};
 pub use srx::SharedRxContext;
+pub use wait::{WaitAttr, WaitSet};
 
 use crate::core::error::{errno, Error};
 

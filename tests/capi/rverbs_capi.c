@@ -1811,11 +1811,14 @@ static void (*rdm_pair_setup)(struct rdm_pair *p, int i);
 static enum fi_wait_obj rdm_cq_wait = FI_WAIT_NONE;
 /* The contexts of the next pair's CQs. */
 static void *rdm_cq_context[2];
+/* The wait set of the next pair's CQs (with rdm_cq_wait FI_WAIT_SET). */
+static struct fid_wait *rdm_cq_wait_set;
 
 static void rdm_pair_open(struct fi_info *info, struct rdm_pair *p, int checks)
 {
 	struct fi_av_attr aa = {.type = FI_AV_TABLE};
-	struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = rdm_cq_wait};
+	struct fi_cq_attr ca = {
+		.format = FI_CQ_FORMAT_TAGGED, .wait_obj = rdm_cq_wait, .wait_set = rdm_cq_wait_set};
 	uint8_t small[4];
 	fi_addr_t got;
 	size_t len;
@@ -3353,6 +3356,148 @@ static void poll_section(void)
 	printf("ok poll\n");
 }
 
+/* Wait sets (fi_wait_open, fi_wait): an RDM pair whose CQs and a receive counter wait on
+ * one set; fi_wait sleeps until a message a thread sends 200 ms later arrives, and the
+ * set's descriptor works as fabtests' -c fd waits on a CQ's (fi_trywait, then poll). */
+static struct fid_cntr *wait_cntr;
+static struct fid_wait *wait_set;
+
+static void wait_pair_setup(struct rdm_pair *p, int i)
+{
+	struct fi_cntr_attr ca = {
+		.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_SET, .wait_set = wait_set};
+
+	if (i == 1) {
+		OK(fi_cntr_open(p->domain, &ca, &wait_cntr, NULL));
+		OK(fi_ep_bind(p->ep[1], &wait_cntr->fid, FI_RECV));
+	}
+}
+
+static double now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void wait_section(void)
+{
+	struct fi_info *h = rdm_hints(FI_MSG | FI_TAGGED), *info;
+	struct fi_wait_attr wa = {.wait_obj = FI_WAIT_FD};
+	struct fi_eq_attr ea = {.wait_obj = FI_WAIT_SET};
+	struct fi_cq_attr qa = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_SET};
+	struct fi_cq_tagged_entry e;
+	struct fid_wait *bad;
+	struct fid_fabric *wf;
+	struct fid_cq *nowhere;
+	struct fid_eq *eq;
+	struct rdm_pair p;
+	enum fi_wait_obj wo;
+	uint8_t rbuf[64];
+	pthread_t t;
+	void *ret;
+	double t0;
+	int fd = -1, posted = 0, completed = 0;
+
+	OK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info));
+	OK(fi_fabric(info->fabric_attr, &wf, NULL));
+	wa.flags = 1;
+	EXPECT(fi_wait_open(wf, &wa, &bad), -FI_EINVAL);
+	wa.flags = 0;
+	wa.wait_obj = FI_WAIT_NONE;
+	EXPECT(fi_wait_open(wf, &wa, &bad), -FI_EINVAL);
+	wa.wait_obj = FI_WAIT_MUTEX_COND;
+	EXPECT(fi_wait_open(wf, &wa, &bad), -FI_ENOSYS); /* README: not implemented */
+	wa.wait_obj = FI_WAIT_FD;
+	OK(fi_wait_open(wf, &wa, &wait_set));
+	OK(fi_control(&wait_set->fid, FI_GETWAITOBJ, &wo));
+	EXPECT(wo, FI_WAIT_FD);
+	OK(fi_control(&wait_set->fid, FI_GETWAIT, &fd));
+	TRUE(fd >= 0);
+	EXPECT(fi_eq_open(wf, &ea, &eq, NULL), -FI_EINVAL); /* FI_WAIT_SET, no set */
+	ea.wait_set = wait_set;
+	OK(fi_eq_open(wf, &ea, &eq, NULL));
+	OK(fi_control(&eq->fid, FI_GETWAITOBJ, &wo));
+	EXPECT(wo, FI_WAIT_SET);
+	EXPECT(fi_close(&wf->fid), -FI_EBUSY); /* the set and the EQ hold it */
+
+	/* The pair (on a fabric of its own): its CQs and a receive counter in the set. */
+	rdm_cq_wait = FI_WAIT_SET;
+	rdm_cq_wait_set = wait_set;
+	rdm_pair_setup = wait_pair_setup;
+	rdm_pair_open(info, &p, 0);
+	rdm_cq_wait = FI_WAIT_NONE;
+	rdm_cq_wait_set = NULL;
+	rdm_pair_setup = NULL;
+	qa.wait_set = NULL;
+	EXPECT(fi_cq_open(p.domain, &qa, &nowhere, NULL), -FI_EINVAL); /* FI_WAIT_SET, no set */
+	qa.wait_set = (struct fid_wait *)&p.av[0]->fid;
+	EXPECT(fi_cq_open(p.domain, &qa, &nowhere, NULL), -FI_EINVAL); /* not a wait set */
+	OK(fi_control(&p.cq[0]->fid, FI_GETWAITOBJ, &wo));
+	EXPECT(wo, FI_WAIT_SET);
+	EXPECT(fi_cq_sread(p.cq[1], &e, 1, NULL, 0), -FI_EINVAL); /* fi_cq(3): wait on the set */
+	EXPECT(fi_close(&wait_set->fid), -FI_EBUSY);
+
+	/* Nothing happens: fi_wait times out, after its timeout. */
+	t0 = now_ms();
+	EXPECT(fi_wait(wait_set, 150), -FI_ETIMEDOUT);
+	TRUE(now_ms() - t0 >= 140);
+
+	/* Blocked in fi_wait before the message exists: woken for it. */
+	for (int round = 0; round < 2; round++) {
+		OK(fi_trecv(p.ep[1], rbuf, sizeof rbuf, NULL, FI_ADDR_UNSPEC, 0x55, 0,
+			    (void *)(intptr_t)(50 + round)));
+		posted++;
+		EXPECT(pthread_create(&t, NULL, rdm_late_send, &p), 0);
+		t0 = now_ms();
+		for (;;) {
+			ssize_t r;
+			if (round == 0) {
+				int w = fi_wait(wait_set, 10000);
+				TRUE(w == 0);
+			} else {
+				/* As fabtests' -c fd: trywait on the set, then poll its descriptor. */
+				struct fid *f = &wait_set->fid;
+				struct pollfd pfd = {.fd = fd, .events = POLLIN};
+				int tw = fi_trywait(p.fabric, &f, 1);
+				TRUE(tw == 0 || tw == -FI_EAGAIN);
+				if (tw == 0)
+					TRUE(poll(&pfd, 1, 10000) == 1);
+			}
+			r = fi_cq_read(p.cq[1], &e, 1);
+			if (r == 1)
+				break;
+			TRUE(r == -FI_EAGAIN);
+			TRUE(now_ms() - t0 < 10000);
+		}
+		EXPECT(e.op_context, (void *)(intptr_t)(50 + round));
+		EXPECT(e.len, 5);
+		completed++;
+		EXPECT(pthread_join(t, &ret), 0);
+		EXPECT((intptr_t)ret, 0);
+		EXPECT(fi_cntr_read(wait_cntr), (uint64_t)round + 1);
+	}
+	EXPECT(completed, posted);
+
+	/* Its members closed, the set closes. */
+	for (int i = 0; i < 2; i++) {
+		OK(fi_close(&p.ep[i]->fid));
+		OK(fi_close(&p.av[i]->fid));
+		OK(fi_close(&p.cq[i]->fid));
+	}
+	OK(fi_close(&wait_cntr->fid));
+	EXPECT(fi_close(&wait_set->fid), -FI_EBUSY); /* the EQ */
+	OK(fi_close(&eq->fid));
+	OK(fi_close(&wait_set->fid));
+	EXPECT(fi_wait(wait_set, 0), -FI_EINVAL); /* a closed handle */
+	OK(fi_close(&p.domain->fid));
+	OK(fi_close(&p.fabric->fid));
+	OK(fi_close(&wf->fid));
+	fi_freeinfo(info);
+	fi_freeinfo(h);
+	printf("ok wait\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *only = argc > 1 ? argv[1] : NULL;
@@ -3388,6 +3533,8 @@ int main(int argc, char **argv)
 		cntr_section();
 	if (!only || !strcmp(only, "poll"))
 		poll_section();
+	if (!only || !strcmp(only, "wait"))
+		wait_section();
 	if (only && !strcmp(only, "peer"))
 		peer_section(argv[0]);
 	if (only && !strcmp(only, "shm-send") && argc > 2)
