@@ -333,12 +333,12 @@ fn binds_and_calls_the_man_pages_refuse_are_errors() {
         Counter::open(&p.domain, &flagged).unwrap_err().errno(),
         errno::EINVAL
     );
-    let set = CntrAttr {
-        wait_obj: WaitObj::Set,
+    let pollfd = CntrAttr {
+        wait_obj: WaitObj::PollFd,
         ..Default::default()
     };
     assert_eq!(
-        Counter::open(&p.domain, &set).unwrap_err().errno(),
+        Counter::open(&p.domain, &pollfd).unwrap_err().errno(),
         errno::ENOSYS
     );
     // The value calls: read, add, set and their error twins.

@@ -385,14 +385,22 @@ fn affinity_maps_the_signaling_vector_to_a_completion_vector() {
         CompletionQueue::open(&domain, &bad).unwrap_err().errno(),
         errno::EBADFLAGS
     );
+    let pollfd = CqAttr {
+        wait_obj: WaitObj::PollFd,
+        ..Default::default()
+    };
+    assert_eq!(
+        CompletionQueue::open(&domain, &pollfd).unwrap_err().errno(),
+        errno::ENOSYS
+    );
+    // A wait set's member: blocking reads go through the set (fi_cq(3)).
     let set = CqAttr {
         wait_obj: WaitObj::Set,
         ..Default::default()
     };
-    assert_eq!(
-        CompletionQueue::open(&domain, &set).unwrap_err().errno(),
-        errno::ENOSYS
-    );
+    let q = CompletionQueue::open(&domain, &set).unwrap();
+    let mut e = [CqEntry::default(); 1];
+    assert_eq!(q.sread(&mut e, 0, 0).unwrap_err().errno(), errno::EINVAL);
 }
 
 #[test]

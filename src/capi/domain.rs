@@ -420,9 +420,10 @@ mod tests {
                 (o.domain.unwrap())(f, null_mut(), &mut d, null_mut()),
                 -errno::EINVAL
             );
+            // NULL attributes (wait sets are fi_wait_open's, section `wait` of the C test).
             assert_eq!(
                 (o.wait_open.unwrap())(f, null_mut(), null_mut()),
-                -errno::ENOSYS
+                -errno::EINVAL
             );
             assert_eq!((o.trywait.unwrap())(f, null_mut(), 0), 0);
             assert_eq!((o.trywait.unwrap())(f, null_mut(), 1), -errno::EINVAL);

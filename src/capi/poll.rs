@@ -108,37 +108,45 @@ unsafe fn member(f: *mut fi::fid) -> Result<(Pollable, u64)> {
     Ok((what, context))
 }
 
-unsafe extern "C" fn poll_add(p: *mut fi::fid_poll, event_fid: *mut fi::fid, flags: u64) -> i32 {
-    guarded("fi_poll_add", || {
+/// `fi_poll_add` and `fi_poll_del`: `f` on the set and the member `event_fid` names.
+///
+/// # Safety
+/// `p` and `event_fid` are NULL or readable `struct fid`s.
+unsafe fn on_member(
+    what: &str,
+    p: *mut fi::fid_poll,
+    event_fid: *mut fi::fid,
+    flags: u64,
+    f: impl FnOnce(&PollSet, Pollable, u64) -> Result<()>,
+) -> i32 {
+    guarded(what, || {
         // SAFETY: the application's poll set handle (its ops are checked).
         let s = &unsafe { CPoll::from_c(p, "pollset") }?.inner;
         if flags != 0 {
             return Err(Error::new(
                 errno::EINVAL,
-                format!("fi_poll_add flags {flags:#x}: none are defined"),
+                format!("{what} flags {flags:#x}: none are defined"),
             ));
         }
         // SAFETY: the application's fid.
-        let (what, context) = unsafe { member(event_fid) }?;
-        s.add(what, context)
+        let (m, context) = unsafe { member(event_fid) }?;
+        f(s, m, context)
     })
 }
 
+unsafe extern "C" fn poll_add(p: *mut fi::fid_poll, event_fid: *mut fi::fid, flags: u64) -> i32 {
+    // SAFETY: forwarded as received.
+    unsafe { on_member("fi_poll_add", p, event_fid, flags, |s, m, c| s.add(m, c)) }
+}
+
 unsafe extern "C" fn poll_del(p: *mut fi::fid_poll, event_fid: *mut fi::fid, flags: u64) -> i32 {
-    guarded("fi_poll_del", || {
-        // SAFETY: the application's poll set handle (its ops are checked).
-        let s = &unsafe { CPoll::from_c(p, "pollset") }?.inner;
-        if flags != 0 {
-            return Err(Error::new(
-                errno::EINVAL,
-                format!("fi_poll_del flags {flags:#x}: none are defined"),
-            ));
-        }
-        // SAFETY: the application's fid.
-        let (what, _) = unsafe { member(event_fid) }?;
-        s.del(&what);
-        Ok(())
-    })
+    // SAFETY: forwarded as received.
+    unsafe {
+        on_member("fi_poll_del", p, event_fid, flags, |s, m, _| {
+            s.del(&m);
+            Ok(())
+        })
+    }
 }
 
 unsafe extern "C" fn poll_run(p: *mut fi::fid_poll, context: *mut *mut c_void, count: i32) -> i32 {

@@ -841,7 +841,9 @@ static void bad_section(void)
 	EXPECT(fi_domain(fabric, NULL, &domain, NULL), -FI_EINVAL);
 	EXPECT(fi_cntr_open(domain, NULL, NULL, NULL), -FI_EINVAL);
 	{
-		struct fi_cntr_attr set = {.wait_obj = FI_WAIT_SET};
+		struct fi_cntr_attr set = {.wait_obj = FI_WAIT_SET}; /* no wait_set */
+		EXPECT(fi_cntr_open(domain, &set, &cntr, NULL), -FI_EINVAL);
+		set.wait_obj = FI_WAIT_POLLFD;
 		EXPECT(fi_cntr_open(domain, &set, &cntr, NULL), -FI_ENOSYS);
 	}
 	EXPECT(fi_open_ops(&domain->fid, "nothing", 0, NULL, NULL), -FI_ENOSYS);
