@@ -283,7 +283,7 @@ impl Counter {
             Some(f) if matches!(self.wait_obj, WaitObj::Fd | WaitObj::Set) => self.prepare_sleep(f),
             _ => Err(Error::new(
                 errno::EINVAL,
-                "fi_trywait on a counter needs FI_WAIT_FD",
+                "fi_trywait on a counter needs FI_WAIT_FD or FI_WAIT_SET",
             )),
         }
     }
