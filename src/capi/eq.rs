@@ -150,20 +150,6 @@ pub(crate) unsafe fn open(
     })
 }
 
-impl CEq {
-    /// `fi_trywait` on an EQ: `EAGAIN` when an event or error is ready.
-    pub(crate) fn trywait(&self) -> Result<()> {
-        match self.inner.eq.read_with(false, |_| Ok(())) {
-            Ok(()) => Err(Error::new(errno::EAGAIN, "an event is ready: read it")),
-            Err(e) if e.errno() == errno::EAVAIL => {
-                Err(Error::new(errno::EAGAIN, "an error is ready: read it"))
-            }
-            Err(e) if e.is_again() => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-}
-
 unsafe extern "C" fn eq_close(f: *mut fi::fid) -> i32 {
     // SAFETY: the fid fi_eq_open returned.
     guarded("fi_close(eq)", || unsafe {

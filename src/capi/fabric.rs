@@ -116,7 +116,10 @@ unsafe extern "C" fn trywait(
                 }
                 fi::FI_CLASS_EQ => {
                     // SAFETY: class checked.
-                    unsafe { eq::CEq::from_c(f.cast(), "eq") }?.trywait()?
+                    unsafe { eq::CEq::from_c(f.cast(), "eq") }?
+                        .inner
+                        .eq
+                        .trywait()?
                 }
                 fi::FI_CLASS_CNTR => {
                     // SAFETY: class checked.

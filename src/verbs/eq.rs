@@ -142,8 +142,14 @@ pub(crate) fn decode_cm_data(raw: &[u8]) -> Vec<u8> {
 }
 
 impl crate::verbs::wait::WaitMember for EventQueue {
-    /// `EAGAIN` when an event or an error is ready.
     fn try_wait(&self) -> Result<()> {
+        self.trywait()
+    }
+}
+
+impl EventQueue {
+    /// `fi_trywait` on an EQ: `EAGAIN` when an event or an error is ready.
+    pub fn trywait(&self) -> Result<()> {
         match self.read_with(false, |_| Ok(())) {
             Ok(()) => Err(Error::new(errno::EAGAIN, "an event is ready: read it")),
             Err(e) if e.errno() == errno::EAVAIL => {
@@ -153,9 +159,7 @@ impl crate::verbs::wait::WaitMember for EventQueue {
             Err(e) => Err(e),
         }
     }
-}
 
-impl EventQueue {
     pub fn open(fabric: &Arc<Fabric>, attr: &EqAttr) -> Result<Arc<Self>> {
         match attr.wait_obj {
             // A wait set nests its descriptor.

@@ -3421,6 +3421,10 @@ static void wait_section(void)
 	OK(fi_eq_open(wf, &ea, &eq, NULL));
 	OK(fi_control(&eq->fid, FI_GETWAITOBJ, &wo));
 	EXPECT(wo, FI_WAIT_SET);
+	{
+		struct fid *ef = &eq->fid;
+		OK(fi_trywait(wf, &ef, 1)); /* no event: it may sleep */
+	}
 	EXPECT(fi_close(&wf->fid), -FI_EBUSY); /* the set and the EQ hold it */
 
 	/* The pair (on a fabric of its own): its CQs and a receive counter in the set. */
