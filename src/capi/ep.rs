@@ -187,6 +187,43 @@ where
         f(o, mr, off).map(|()| 0)
     })
 }
+/// Whether a call names no memory, which needs no descriptor even under `FI_MR_LOCAL`: a
+/// NULL descriptor with nothing to describe (length 0) or, for a receive, with a NULL
+/// buffer, which can hold no byte (libfabric's verbs provider posts both; fabtests'
+/// `fi_shared_ctx` does so on MSG endpoints). Such a receive takes a message of no bytes;
+/// a longer one completes in error.
+#[inline]
+fn no_memory(buf: *const c_void, len: usize, desc: *mut c_void, recv: bool) -> bool {
+    desc.is_null() && (len == 0 || (recv && buf.is_null()))
+}
+/// As [`on_buf`], with `none(object)` for a call that names no memory ([`no_memory`]).
+///
+/// # Safety
+/// As [`on_buf`].
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn on_buf_or_none<T>(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    recv: bool,
+    f: impl FnOnce(&Obj<fi::fid_ep, T>, &MemoryRegion, usize) -> Result<()>,
+    none: impl FnOnce(&Obj<fi::fid_ep, T>) -> Result<()>,
+) -> isize
+where
+    Obj<fi::fid_ep, T>: Class<Header = fi::fid_ep>,
+{
+    if !no_memory(buf, len, desc, recv) {
+        // SAFETY: the caller's contract.
+        return unsafe { on_buf(what, ep, buf, desc, f) };
+    }
+    guarded_len(what, || {
+        // SAFETY: the caller's contract; the class is checked.
+        none(unsafe { Obj::<fi::fid_ep, T>::from_c(ep, "ep") }?).map(|()| 0)
+    })
+}
 /// As [`on_buf`], for an iov with its descriptors.
 ///
 /// # Safety
@@ -250,6 +287,50 @@ where
         let (o, m) = unsafe { ep_and_msg::<T, _>(ep, msg) }?;
         // SAFETY: msg_iov and desc hold iov_count elements, per fi_msg(3).
         unsafe { with_iov(m.msg_iov, m.desc, m.iov_count, |v| f(o, v, m)) }.map(|()| 0)
+    })
+}
+/// As [`on_msg`], with `none(object, msg)` for a message that names no memory: no range,
+/// or one as [`no_memory`] says.
+///
+/// # Safety
+/// As [`on_msg`].
+#[inline]
+pub(crate) unsafe fn on_msg_or_none<T>(
+    what: &str,
+    ep: *mut fi::fid_ep,
+    msg: *const fi::fi_msg,
+    recv: bool,
+    f: impl FnOnce(&Obj<fi::fid_ep, T>, &[Iov<'_>], &fi::fi_msg) -> Result<()>,
+    none: impl FnOnce(&Obj<fi::fid_ep, T>, &fi::fi_msg) -> Result<()>,
+) -> isize
+where
+    Obj<fi::fid_ep, T>: Class<Header = fi::fid_ep>,
+{
+    // SAFETY: the caller's contract: msg is NULL or valid, its iov and descriptors hold
+    // iov_count elements (either may be NULL).
+    let bare = unsafe {
+        msg.as_ref().is_some_and(|m| match m.iov_count {
+            0 => true,
+            1 if !m.msg_iov.is_null() => {
+                let v = *m.msg_iov;
+                let d = if m.desc.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    *m.desc
+                };
+                no_memory(v.iov_base, v.iov_len, d, recv)
+            }
+            _ => false,
+        })
+    };
+    if !bare {
+        // SAFETY: the caller's contract.
+        return unsafe { on_msg(what, ep, msg, f) };
+    }
+    guarded_len(what, || {
+        // SAFETY: the caller's contract.
+        let (o, m) = unsafe { ep_and_msg::<T, _>(ep, msg) }?;
+        none(o, m).map(|()| 0)
     })
 }
 /// As [`on_msg`], for an `fi_msg_rma`: its one remote range (`rma_iov_limit` is 1) goes to

@@ -9,8 +9,8 @@ use rfabric_sys::fabric as fi;
 use crate::capi::cntr::CCntr;
 use crate::capi::cq::CCq;
 use crate::capi::ep::{
-    endpoint_opt, not_passive_listen, not_passive_reject, on_buf, on_inject, on_iov, on_msg,
-    on_msg_rma, opt_value, put_opt, sockaddr_bytes,
+    endpoint_opt, not_passive_listen, not_passive_reject, on_buf, on_buf_or_none, on_inject,
+    on_iov, on_msg_or_none, on_msg_rma, opt_value, put_opt, sockaddr_bytes,
 };
 use crate::capi::eq::{CConnReq, CEq};
 use crate::capi::fid::{bytes, bytes_mut, fi_ops_of, fid, guarded, ops, Class, Obj};
@@ -339,9 +339,16 @@ unsafe extern "C" fn msg_send(
     let ctx = context as u64;
     // SAFETY: the application's handle, buffer and descriptor (fi_msg(3)).
     unsafe {
-        on_buf("fi_send", ep, buf, desc, |e: &CMsgEp, mr, off| {
-            e.inner.ep.send(mr, off, len, ctx)
-        })
+        on_buf_or_none(
+            "fi_send",
+            ep,
+            buf,
+            len,
+            desc,
+            false,
+            |e: &CMsgEp, mr, off| e.inner.ep.send(mr, off, len, ctx),
+            |e| e.inner.ep.sendv(&[], ctx),
+        )
     }
 }
 
@@ -357,9 +364,19 @@ unsafe extern "C" fn msg_senddata(
     let ctx = context as u64;
     // SAFETY: the application's handle, buffer and descriptor (fi_msg(3)).
     unsafe {
-        on_buf("fi_senddata", ep, buf, desc, |e: &CMsgEp, mr, off| {
-            e.inner.ep.senddata(mr, off, len, data, ctx)
-        })
+        on_buf_or_none(
+            "fi_senddata",
+            ep,
+            buf,
+            len,
+            desc,
+            false,
+            |e: &CMsgEp, mr, off| e.inner.ep.senddata(mr, off, len, data, ctx),
+            |e| {
+                let flags = e.inner.ep.tx_op_flags() | Flags::REMOTE_CQ_DATA;
+                e.inner.ep.sendmsgv(&[], ctx, data, flags)
+            },
+        )
     }
 }
 
@@ -384,13 +401,20 @@ unsafe extern "C" fn msg_sendmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, fl
     let fl = Flags::from_bits_retain(flags);
     // SAFETY: the application's handle and message (fi_msg(3)).
     unsafe {
-        on_msg("fi_sendmsg", ep, msg, |e: &CMsgEp, v, m| {
-            let ctx = m.context as u64;
-            match v {
-                &[(mr, off, len)] => e.inner.ep.sendmsg(mr, off, len, ctx, m.data, fl),
-                v => e.inner.ep.sendmsgv(v, ctx, m.data, fl),
-            }
-        })
+        on_msg_or_none(
+            "fi_sendmsg",
+            ep,
+            msg,
+            false,
+            |e: &CMsgEp, v, m| {
+                let ctx = m.context as u64;
+                match v {
+                    &[(mr, off, len)] => e.inner.ep.sendmsg(mr, off, len, ctx, m.data, fl),
+                    v => e.inner.ep.sendmsgv(v, ctx, m.data, fl),
+                }
+            },
+            |e, m| e.inner.ep.sendmsgv(&[], m.context as u64, m.data, fl),
+        )
     }
 }
 
@@ -434,9 +458,16 @@ unsafe extern "C" fn msg_recv(
     let ctx = context as u64;
     // SAFETY: the application's handle, buffer and descriptor (fi_msg(3)).
     unsafe {
-        on_buf("fi_recv", ep, buf, desc, |e: &CMsgEp, mr, off| {
-            e.inner.ep.recv(mr, off, len, ctx)
-        })
+        on_buf_or_none(
+            "fi_recv",
+            ep,
+            buf,
+            len,
+            desc,
+            true,
+            |e: &CMsgEp, mr, off| e.inner.ep.recv(mr, off, len, ctx),
+            |e| e.inner.ep.recvv(&[], ctx),
+        )
     }
 }
 
@@ -461,13 +492,20 @@ unsafe extern "C" fn msg_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, fl
     let fl = Flags::from_bits_retain(flags);
     // SAFETY: the application's handle and message (fi_msg(3)).
     unsafe {
-        on_msg("fi_recvmsg", ep, msg, |e: &CMsgEp, v, m| {
-            let ctx = m.context as u64;
-            match v {
-                &[(mr, off, len)] => e.inner.ep.recvmsg(mr, off, len, ctx, fl),
-                v => e.inner.ep.recvmsgv(v, ctx, fl),
-            }
-        })
+        on_msg_or_none(
+            "fi_recvmsg",
+            ep,
+            msg,
+            true,
+            |e: &CMsgEp, v, m| {
+                let ctx = m.context as u64;
+                match v {
+                    &[(mr, off, len)] => e.inner.ep.recvmsg(mr, off, len, ctx, fl),
+                    v => e.inner.ep.recvmsgv(v, ctx, fl),
+                }
+            },
+            |e, m| e.inner.ep.recvmsgv(&[], m.context as u64, fl),
+        )
     }
 }
 

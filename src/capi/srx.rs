@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rfabric_sys::fabric as fi;
 
-use crate::capi::ep::{on_buf, on_iov, on_msg};
+use crate::capi::ep::{on_buf_or_none, on_iov, on_msg_or_none};
 use crate::capi::fid::{fi_ops_of, fid, guarded, no_bind, ops, unshared, Class, Obj};
 use crate::capi::nosys::{self, n1, n1i, n2, n2i, n3i, n4i, n5i, n6, n7};
 use crate::core::error::Result;
@@ -96,9 +96,16 @@ unsafe extern "C" fn srx_recv(
 ) -> isize {
     // SAFETY: the application's handle, buffer and descriptor (fi_msg(3)).
     unsafe {
-        on_buf("fi_recv(srx)", ep, buf, desc, |s: &CSrx, mr, off| {
-            s.inner.recv(mr, off, len, context as u64)
-        })
+        on_buf_or_none(
+            "fi_recv(srx)",
+            ep,
+            buf,
+            len,
+            desc,
+            true,
+            |s: &CSrx, mr, off| s.inner.recv(mr, off, len, context as u64),
+            |s| s.inner.recvv(&[], context as u64),
+        )
     }
 }
 unsafe extern "C" fn srx_recvv(
@@ -120,12 +127,22 @@ unsafe extern "C" fn srx_recvmsg(ep: *mut fi::fid_ep, msg: *const fi::fi_msg, fl
     let fl = Flags::from_bits_retain(flags);
     // SAFETY: the application's handle and message (fi_msg(3)).
     unsafe {
-        on_msg("fi_recvmsg(srx)", ep, msg, |s: &CSrx, v, m| match v {
-            &[(mr, off, len)] => s.inner.recvmsg(mr, off, len, m.context as u64, fl),
-            v => {
+        on_msg_or_none(
+            "fi_recvmsg(srx)",
+            ep,
+            msg,
+            true,
+            |s: &CSrx, v, m| match v {
+                &[(mr, off, len)] => s.inner.recvmsg(mr, off, len, m.context as u64, fl),
+                v => {
+                    crate::verbs::ep_common::check_recv_flags(fl, Flags::empty())?;
+                    s.inner.recvv(v, m.context as u64)
+                }
+            },
+            |s, m| {
                 crate::verbs::ep_common::check_recv_flags(fl, Flags::empty())?;
-                s.inner.recvv(v, m.context as u64)
-            }
-        })
+                s.inner.recvv(&[], m.context as u64)
+            },
+        )
     }
 }

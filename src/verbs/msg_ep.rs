@@ -952,23 +952,38 @@ impl MsgEndpoint {
     }
 
     /// `fi_sendmsg` with several ranges: `flags` and `data` as in [`Self::sendmsg`]. The
-    /// message is posted at once, behind any `FI_MORE` chain.
+    /// message is posted at once, behind any `FI_MORE` chain. No range at all sends a
+    /// message of no bytes (what a C call with a NULL descriptor and length 0 is).
     pub fn sendmsgv(&self, iov: &[Iov<'_>], context: u64, data: u64, flags: Flags) -> Result<()> {
+        if iov.is_empty() {
+            return self.post_sendv(&[], 0, context, data, flags);
+        }
         with_slices(&self.shared.domain, iov, |slices| {
             let total: usize = iov.iter().map(|v| v.2).sum();
-            self.check_len(total)?;
-            check_sendmsg(flags, total, self.inject_size())?;
-            let imm = send_imm(flags, data)?;
-            wr_id::check(context)?;
-            let (id, vflags) = self.signalling(
-                wr_id::encode(context, wr_id::send_kind(imm), false) | self.peer,
-                flags,
-            );
-            let qp = self.qp()?;
-            self.ring_sends(qp)?;
-            qp.post_send_iov(id, slices, vflags, imm)
-                .map_err(|e| iov_error(e, "send", iov.len()))
+            self.post_sendv(slices, total, context, data, flags)
         })
+    }
+
+    fn post_sendv(
+        &self,
+        slices: &[MrSlice<'_>],
+        total: usize,
+        context: u64,
+        data: u64,
+        flags: Flags,
+    ) -> Result<()> {
+        self.check_len(total)?;
+        check_sendmsg(flags, total, self.inject_size())?;
+        let imm = send_imm(flags, data)?;
+        wr_id::check(context)?;
+        let (id, vflags) = self.signalling(
+            wr_id::encode(context, wr_id::send_kind(imm), false) | self.peer,
+            flags,
+        );
+        let qp = self.qp()?;
+        self.ring_sends(qp)?;
+        qp.post_send_iov(id, slices, vflags, imm)
+            .map_err(|e| iov_error(e, "send", slices.len()))
     }
 
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
@@ -976,9 +991,13 @@ impl MsgEndpoint {
     }
 
     /// `fi_recvmsg` with several ranges: `FI_COMPLETION` under selective completion and
-    /// `FI_MORE` (posted at once); an `FI_MULTI_RECV` buffer is one range (`EINVAL`).
+    /// `FI_MORE` (posted at once); an `FI_MULTI_RECV` buffer is one range (`EINVAL`). No
+    /// range at all takes a message of no bytes (a longer one completes in error).
     pub fn recvmsgv(&self, iov: &[Iov<'_>], context: u64, flags: Flags) -> Result<()> {
         check_recv_flags(flags, Flags::empty())?;
+        if iov.is_empty() {
+            return self.post_recvv(&[], context, flags);
+        }
         with_slices(&self.shared.domain, iov, |slices| {
             self.post_recvv(slices, context, flags)
         })

@@ -78,9 +78,16 @@ impl SharedRxContext {
             .map_err(|e| srq_error(e, 1))
     }
 
-    /// `fi_recvv` on the SRX: one receive scattered over `iov`.
+    /// `fi_recvv` on the SRX: one receive scattered over `iov`; no range at all takes a
+    /// message of no bytes (a longer one completes in error).
     pub fn recvv(&self, iov: &[Iov<'_>], context: u64) -> Result<()> {
         wr_id::check(context)?;
+        if iov.is_empty() {
+            return self
+                .srq
+                .post_recv_iov(wr_id::encode(context, Kind::Recv, false), &[])
+                .map_err(|e| srq_error(e, 0));
+        }
         with_slices(&self.domain, iov, |slices| {
             self.srq
                 .post_recv_iov(wr_id::encode(context, Kind::Recv, false), slices)

@@ -502,6 +502,50 @@ static void msg_section(void)
 		cq_expect(c2.cq, &ctx[11], FI_SEND, 0, NULL);
 		cq_expect(s2.cq, &ctx[10], FI_RECV, 500, NULL);
 		check(rx, 500, 5);
+
+		/* Calls that name no memory need no descriptor under FI_MR_LOCAL (fabtests'
+		 * fi_shared_ctx posts them on MSG endpoints, as libfabric's verbs provider takes
+		 * them): sends and receives of no bytes, and a receive with a NULL buffer, which
+		 * takes a message of no bytes. */
+		{
+			struct fi_msg rnone = {.iov_count = 0, .context = &ctx[13]};
+			struct fi_msg snone = {.iov_count = 0, .context = &ctx[15]};
+			struct fi_cq_data_entry d;
+			OK(fi_recv(srx, NULL, 64, NULL, 0, &ctx[12]));
+			OK(fi_recvmsg(srx, &rnone, 0));
+			OK(fi_recv(srx, rx, 0, NULL, 0, &ctx[6]));
+			OK(fi_send(c2.ep, NULL, 0, NULL, 0, &ctx[14]));
+			OK(fi_sendmsg(c2.ep, &snone, FI_COMPLETION));
+			OK(fi_senddata(c2.ep, tx, 0, NULL, 0x5a, 0, &ctx[7]));
+			cq_expect(c2.cq, &ctx[14], FI_SEND, 0, NULL);
+			cq_expect(c2.cq, &ctx[15], FI_SEND, 0, NULL);
+			cq_expect(c2.cq, &ctx[7], FI_SEND, 0, NULL);
+			cq_expect(s2.cq, &ctx[12], FI_RECV, 0, NULL);
+			cq_expect(s2.cq, &ctx[13], FI_RECV, 0, NULL);
+			cq_expect(s2.cq, &ctx[6], FI_RECV, 0, &d);
+			TRUE((d.flags & FI_REMOTE_CQ_DATA) && d.data == 0x5a);
+			/* Still refused: bytes with no descriptor to find them by. */
+			EXPECT(fi_send(c2.ep, tx, 8, NULL, 0, NULL), -FI_EINVAL);
+			EXPECT(fi_recv(srx, rx, 8, NULL, 0, NULL), -FI_EINVAL);
+			struct iovec one = {tx, 8};
+			struct fi_msg bytes = {.msg_iov = &one, .iov_count = 1};
+			EXPECT(fi_sendmsg(c2.ep, &bytes, 0), -FI_EINVAL);
+			/* A message with bytes reaching a receive with no buffer: an error
+			 * completion with its context, nothing delivered silently (FI_ETRUNC where
+			 * the device says length error; rxe calls it a QP operation error, FI_EIO);
+			 * on RC the connection breaks, so the sender's send fails too. */
+			OK(fi_recv(srx, NULL, 64, NULL, 0, &ctx[12]));
+			fill(tx, 8, 9);
+			OK(fi_send(c2.ep, tx, 8, m.desc, 0, &ctx[14]));
+			EXPECT(cq_wait(s2.cq, &d), -FI_EAVAIL);
+			struct fi_cq_err_entry err = {0};
+			EXPECT(fi_cq_readerr(s2.cq, &err, 0), 1);
+			TRUE(err.op_context == &ctx[12] && (err.flags & FI_RECV));
+			TRUE(err.err == FI_ETRUNC || err.err == FI_EIO);
+			EXPECT(cq_wait(c2.cq, &d), -FI_EAVAIL);
+			EXPECT(fi_cq_readerr(c2.cq, &err, 0), 1);
+			TRUE(err.op_context == &ctx[14] && (err.flags & FI_SEND));
+		}
 		EXPECT(fi_close(&srx->fid), -FI_EBUSY);
 		OK(fi_shutdown(c2.ep, 0));
 		close_side(&c2, 1);
