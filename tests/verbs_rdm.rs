@@ -482,9 +482,22 @@ fn unexpected_messages_wait_for_their_receive_and_tags_match_under_ignore_bits()
 }
 
 /// Packets the device has sent (rxe's `sent_pkts`), or `None` where it does not count them.
+/// The kernel refreshes a port's counters only when its last reading is older than their
+/// `lifespan` (10 ms by default): this waits that out first, so two readings a few
+/// milliseconds apart do not see one value (64 round trips took less, and the count
+/// before them read 0).
 fn sent_pkts(dev: &str) -> Option<u64> {
-    let p = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/sent_pkts");
-    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+    let dir = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters");
+    let lifespan_ms: u64 = std::fs::read_to_string(format!("{dir}/lifespan"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(10);
+    std::thread::sleep(Duration::from_millis(lifespan_ms + 10));
+    std::fs::read_to_string(format!("{dir}/sent_pkts"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Sends `n` tagged messages of `len` bytes from node 0 to node 1 (posted receives, each
@@ -4407,6 +4420,93 @@ fn rma_events_count_remote_writes_and_reads_at_a_target_that_asked_for_them() {
     drop(v);
     rr.close().unwrap();
     rw.close().unwrap();
+}
+
+/// fi_tagged(3): a directed receive names an RDM address of the AV. One the endpoint has
+/// not sent to is looked up in the AV; one it has is proven by the send path's cache of AV
+/// indexes (MPI's receives all name their source), which `fi_av_remove` invalidates. A
+/// source the AV does not hold is `-FI_EINVAL` with nothing posted: every receive posted
+/// completes once, and nothing else does.
+#[test]
+fn a_directed_receive_names_an_address_of_the_av() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    let unknown = v[1].ep.trecv(recv_buf(&v[1], 0, 64), 7, 0x1, 0, 1);
+    assert_eq!(unknown.unwrap_err().errno(), errno::EINVAL, "not in the AV");
+    // Node 0 has not sent to node 1: its receive is proven in the AV itself.
+    v[0].ep.trecv(recv_buf(&v[0], 0, 64), 1, 0x2, 0, 2).unwrap();
+    v[1].ep.tsend(&pattern(5, 1), 0x2, 0, 3).unwrap();
+    assert_eq!(next_ok(&v, 0).0.op_context, 2);
+    assert_eq!(read(&v[0], 0, 5), pattern(5, 1));
+    assert_eq!(next_ok(&v, 1).0.op_context, 3);
+    // Node 1 has sent to node 0: its receives from 0 are proven by the cache.
+    for k in 0..3usize {
+        v[1].ep
+            .trecv(recv_buf(&v[1], k, 64), 0, 0x3, 0, 10 + k as u64)
+            .unwrap();
+    }
+    for k in 0..3usize {
+        v[0].ep
+            .tsend(&pattern(9, k as u8), 0x3, 1, 20 + k as u64)
+            .unwrap();
+    }
+    let mut got: Vec<u64> = (0..3).map(|_| next_ok(&v, 1).0.op_context).collect();
+    got.sort();
+    assert_eq!(got, [10, 11, 12], "each receive posted completes once");
+    for k in 0..3usize {
+        assert_eq!(read(&v[1], k, 9), pattern(9, k as u8));
+        assert_eq!(next_ok(&v, 0).0.op_context, 20 + k as u64);
+    }
+    let unknown = v[1].ep.trecv(recv_buf(&v[1], 0, 64), 7, 0x1, 0, 4);
+    assert_eq!(
+        unknown.unwrap_err().errno(),
+        errno::EINVAL,
+        "still not in the AV"
+    );
+    // Removed from node 1's AV: the cached index no longer proves it.
+    v[1].av.remove(0).unwrap();
+    let removed = v[1].ep.trecv(recv_buf(&v[1], 0, 64), 0, 0x4, 0, 5);
+    assert_eq!(removed.unwrap_err().errno(), errno::EINVAL, "removed");
+    quiet(&v, 1);
+}
+
+/// fi_tagged(3): MPI's small sends are `fi_tinjectdata` (Open MPI's `mtl ofi` puts the
+/// sender's rank in the data): over an open connection they go in one step, without a
+/// header while the connection's base explains them, and each arrives with its tag, data,
+/// source and bytes; the injects complete with nothing at the sender.
+#[test]
+fn injects_with_data_arrive_with_their_tag_and_data() {
+    let Some(info) = rdm_info() else { return };
+    let v = nodes(&info, 2, false);
+    for k in 0..8u64 {
+        v[1].ep
+            .trecv(recv_buf(&v[1], k as usize, 64), 0, 0x500 + k, 0, 100 + k)
+            .unwrap();
+    }
+    // The first opens the connection; the data changes every other message (the base
+    // follows it), the tag's low bits every one.
+    for k in 0..8u64 {
+        let buf = pattern(3 + k as usize, k as u8);
+        retry(&v, || {
+            v[0].ep.tinjectdata(&buf, 0x1000 + k / 2, 0x500 + k, 1)
+        });
+    }
+    for k in 0..8u64 {
+        let (e, src) = next_ok(&v, 1);
+        assert_eq!(
+            (e.op_context, e.len, e.tag, e.data, src),
+            (100 + k, 3 + k as usize, 0x500 + k, 0x1000 + k / 2, 0)
+        );
+        assert!(e
+            .flags()
+            .contains(Flags::REMOTE_CQ_DATA | Flags::TAGGED | Flags::RECV));
+        assert_eq!(
+            read(&v[1], k as usize, 3 + k as usize),
+            pattern(3 + k as usize, k as u8)
+        );
+    }
+    quiet(&v, 0);
+    quiet(&v, 1);
 }
 
 /// fi_msg(3) and fi_rma(3): `FI_INJECT` on a `sendmsg` or `writemsg` frees the buffer at

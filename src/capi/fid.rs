@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use rfabric_sys::fabric as fi;
 
 use crate::core::error::{errno, Error, Result};
+use crate::core::log::Level;
 
 /// A C object: the libfabric header the application sees, then our state. `repr(C)` puts
 /// the header at offset 0, so a `*mut H` handed out is also a `*mut Obj<H, T>`.
@@ -349,12 +350,24 @@ pub(crate) fn ops<T>(t: &'static T) -> *mut T {
     std::ptr::from_ref(t).cast_mut()
 }
 
+/// Logs a call's error: "try again" (an empty CQ read, polled in a loop) at debug, the rest
+/// at info. The level test is inline, so a silent empty read costs no call.
+#[inline(always)]
 fn report(what: &str, e: &Error) {
-    if e.errno() == errno::EAGAIN || e.errno() == errno::EAVAIL {
-        crate::fi_debug!("capi", "{what}: {e}");
+    let level = if e.errno() == errno::EAGAIN || e.errno() == errno::EAVAIL {
+        Level::Debug
     } else {
-        crate::fi_info!("capi", "{what}: {e}");
+        Level::Info
+    };
+    if crate::core::log::enabled(level) {
+        report_at(level, what, e);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn report_at(level: Level, what: &str, e: &Error) {
+    crate::fi_log!(level, "capi", "{what}: {e}");
 }
 
 fn panicked(what: &str) {

@@ -34,6 +34,7 @@ pub fn parse_level(v: &str) -> Option<Level> {
     }
 }
 
+#[inline]
 fn max_level() -> Option<Level> {
     static LEVEL: OnceLock<Option<Level>> = OnceLock::new();
     *LEVEL.get_or_init(|| {
