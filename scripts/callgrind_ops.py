@@ -5,7 +5,12 @@ runs, a memory access costs a software TLB lookup and an indirect branch a trans
 lookup, so two paths with equal instruction counts need not take equal time: this tells
 whether they differ in kind as well as in number.
 
-    python3 scripts/callgrind_ops.py RAW_PREFIX
+    python3 scripts/callgrind_ops.py RAW_PREFIX [--lines OBJECT [N]]
+
+With --lines, the N (40) source lines of OBJECT (a substring of its path) whose
+instructions run most per round trip, with their memory operations and atomics: each
+instruction goes to the innermost line of its inline chain (addr2line -i), so a line of an
+inlined helper counts wherever it was inlined.
 
 RAW_PREFIX names a pair of profiles taken with --dump-instr=yes by
 `scripts/compare-guest --instructions` (RAW_PREFIX.1000.out and RAW_PREFIX.3000.out, 1000 and
@@ -60,6 +65,46 @@ def disassemble(ob, lo, hi):
     return ins
 
 
+def lines(prefix, want, top):
+    a1 = parse(prefix + ".1000.out")[3]
+    a3 = parse(prefix + ".3000.out")[3]
+    costs = defaultdict(float)
+    obj = None
+    for key in set(a1) | set(a3):
+        (ob, _fn), addr = key
+        if want not in (ob or ""):
+            continue
+        obj = ob
+        c = (a3.get(key, 0) - a1.get(key, 0)) / 2000
+        if abs(c) > 0.001:
+            costs[addr] += c
+    if not costs:
+        sys.exit(f"{prefix}: no instructions of an object named like {want}")
+    ins = disassemble(obj, min(costs), max(costs))
+    addrs = sorted(costs)
+    out = subprocess.run(["addr2line", "-a", "-i", "-e", obj], input="\n".join(hex(a) for a in addrs),
+                         capture_output=True, text=True).stdout
+    where, cur = {}, None
+    for line in out.splitlines():
+        if line.startswith("0x"):
+            cur = int(line, 16)
+        elif cur is not None and cur not in where:
+            # The first line after the address is the innermost frame of the chain.
+            where[cur] = re.sub(r".*/(src|sys|library)/", r"\1/", line.split(" (")[0])
+    per = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for a, c in costs.items():
+        op, arg = ins.get(a, ("?", ""))
+        r = per[where.get(a, "?")]
+        r[0] += c
+        if touches_memory(op, arg):
+            r[1] += c
+        if kind(op, arg) == "atomic":
+            r[2] += c
+    print("per round trip | all | mem | atomic | line")
+    for line, (n, m, at) in sorted(per.items(), key=lambda r: -r[1][0])[:top]:
+        print(f"{n:8.1f} | {m:6.1f} | {at:4.1f} | {line}")
+
+
 def main(prefix):
     a1 = parse(prefix + ".1000.out")[3]
     a3 = parse(prefix + ".3000.out")[3]
@@ -99,6 +144,9 @@ def main(prefix):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) >= 4 and sys.argv[2] == "--lines":
+        lines(sys.argv[1], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 40)
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
         sys.exit(__doc__)
-    main(sys.argv[1])
