@@ -15,15 +15,12 @@ fn provider_dir() -> PathBuf {
 }
 
 fn provider_dir_for(tag: &str) -> PathBuf {
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let lib = deps.join("librfabric.so");
+    // The test runs from target/PROFILE/deps; the provider crate's library is in target/PROFILE.
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().parent().unwrap().join("librverbs_fi.so");
     assert!(
         lib.exists(),
-        "{} was not built (cargo test builds the cdylib)",
+        "{} was not built (scripts/test-binaries builds it: cargo build -p rverbs-fi)",
         lib.display()
     );
     let dir = std::env::temp_dir().join(format!("rverbs-prov-{}-{tag}", std::process::id()));
