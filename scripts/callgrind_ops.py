@@ -5,12 +5,13 @@ runs, a memory access costs a software TLB lookup and an indirect branch a trans
 lookup, so two paths with equal instruction counts need not take equal time: this tells
 whether they differ in kind as well as in number.
 
-    python3 scripts/callgrind_ops.py RAW_PREFIX [--lines OBJECT [N]]
+    python3 scripts/callgrind_ops.py RAW_PREFIX [--lines OBJECT [N] | --atomics OBJECT]
 
 With --lines, the N (40) source lines of OBJECT (a substring of its path) whose
 instructions run most per round trip, with their memory operations and atomics: each
 instruction goes to the innermost line of its inline chain (addr2line -i), so a line of an
-inlined helper counts wherever it was inlined.
+inlined helper counts wherever it was inlined. With --atomics, each atomic instruction of
+OBJECT that runs, with the inline chain that reached it (whose lock, whose reference).
 
 RAW_PREFIX names a pair of profiles taken with --dump-instr=yes by
 `scripts/compare-guest --instructions` (RAW_PREFIX.1000.out and RAW_PREFIX.3000.out, 1000 and
@@ -105,6 +106,43 @@ def lines(prefix, want, top):
         print(f"{n:8.1f} | {m:6.1f} | {at:4.1f} | {line}")
 
 
+def atomics(prefix, want):
+    """Each atomic instruction of the object named like `want` that runs, per round trip,
+    with its whole inline chain (innermost first): who takes the lock or the reference."""
+    a1 = parse(prefix + ".1000.out")[3]
+    a3 = parse(prefix + ".3000.out")[3]
+    costs, obj = defaultdict(float), None
+    for key in set(a1) | set(a3):
+        (ob, _fn), addr = key
+        if want in (ob or ""):
+            obj = ob
+            c = (a3.get(key, 0) - a1.get(key, 0)) / 2000
+            if abs(c) > 0.001:
+                costs[addr] += c
+    if not costs:
+        sys.exit(f"{prefix}: no instructions of an object named like {want}")
+    ins = disassemble(obj, min(costs), max(costs))
+    hits = sorted(a for a in costs if kind(*ins.get(a, ("?", ""))) == "atomic")
+    out = subprocess.run(["addr2line", "-a", "-i", "-f", "-C", "-e", obj], input="\n".join(hex(a) for a in hits),
+                         capture_output=True, text=True).stdout
+    chains, cur = defaultdict(list), None
+    fn = None
+    for line in out.splitlines():
+        if line.startswith("0x"):
+            cur, fn = int(line, 16), None
+        elif fn is None:
+            fn = re.sub(r"::h[0-9a-f]{16}$", "", line)
+        else:
+            at = re.sub(r".*/(src|sys|library)/", r"\1/", line.split(" (")[0])
+            chains[cur].append(f"{fn} ({at})")
+            fn = None
+    print(f"{sum(costs[a] for a in hits):.1f} atomics per round trip")
+    for a in hits:
+        print(f"{costs[a]:6.1f}  {ins[a][0]} {ins[a][1]}")
+        for frame in chains[a][:6]:
+            print(f"          {frame}")
+
+
 def main(prefix):
     a1 = parse(prefix + ".1000.out")[3]
     a3 = parse(prefix + ".3000.out")[3]
@@ -146,6 +184,8 @@ def main(prefix):
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[2] == "--lines":
         lines(sys.argv[1], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 40)
+    elif len(sys.argv) == 4 and sys.argv[2] == "--atomics":
+        atomics(sys.argv[1], sys.argv[3])
     elif len(sys.argv) == 2:
         main(sys.argv[1])
     else:

@@ -5,13 +5,17 @@
  * corrupts a message fails the run. Under callgrind with --collect-atstart=no, only the
  * round trips after the warm-up are counted (valgrind's client requests, no-ops
  * otherwise): MPI_Init's work, and the spinning while the first message's connection is
- * made, vary from run to run by more than many round trips'.
+ * made, vary from run to run by more than many round trips'. With MPI_SETTLE_US set, rank
+ * 0 sleeps that long between its send and its receive, outside the count, so the reply is
+ * there at its first poll: the count holds no spins, whose number follows how fast the
+ * other rank answers (two runs' spins differed by more than 600 round trips' worth).
  *
  *   mpi-pingpong SIZE ITERS */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <valgrind/callgrind.h>
 
 int main(int argc, char **argv)
@@ -26,6 +30,8 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     int size = atoi(argv[1]), iters = atoi(argv[2]);
+    const char *settle = getenv("MPI_SETTLE_US");
+    useconds_t settle_us = settle ? (useconds_t)atoi(settle) : 0;
     char *buf = malloc(size ? size : 1), *want = malloc(size ? size : 1);
     for (int i = -100; i < iters; i++) {
         if (i == 0)
@@ -33,6 +39,11 @@ int main(int argc, char **argv)
         if (rank == 0) {
             memset(buf, (char)i, size);
             MPI_Send(buf, size, MPI_CHAR, 1, 7, MPI_COMM_WORLD);
+            if (settle_us && i >= 0) {
+                CALLGRIND_TOGGLE_COLLECT;
+                usleep(settle_us);
+                CALLGRIND_TOGGLE_COLLECT;
+            }
             MPI_Recv(buf, size, MPI_CHAR, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             memset(want, (char)(i + 1), size);
             if (memcmp(buf, want, size) != 0) {

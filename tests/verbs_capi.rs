@@ -17,7 +17,12 @@ fn provider_dir() -> PathBuf {
 fn provider_dir_for(tag: &str) -> PathBuf {
     // The test runs from target/PROFILE/deps; the provider crate's library is in target/PROFILE.
     let exe = std::env::current_exe().unwrap();
-    let lib = exe.parent().unwrap().parent().unwrap().join("librverbs_fi.so");
+    let lib = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("librverbs_fi.so");
     assert!(
         lib.exists(),
         "{} was not built (scripts/test-binaries builds it: cargo build -p rverbs-fi)",

@@ -73,6 +73,15 @@ mod feature {
     pub(super) const FD_ASLEEP: u8 = 32;
 }
 
+/// The peers a CQ's reads drive (`CompletionQueue::peer_list`).
+struct PeerList(Arc<[Arc<dyn PeerProgress>]>);
+
+impl std::fmt::Debug for PeerList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} peers", self.0.len())
+    }
+}
+
 /// The value of `CompletionQueue::gate` that lets a read in `format` take the plain path.
 #[inline(always)]
 const fn gate_for(format: CqFormat) -> u32 {
@@ -244,8 +253,10 @@ pub struct CompletionQueue {
     /// the lock off the plain verbs path.
     /// Each with whether it needs every read (a peer provider's messages move only then).
     peers: RwLock<Vec<(Weak<dyn PeerProgress>, bool)>>,
-    /// The same, as one shared list that a read clones (one count) instead of copying.
-    peer_list: RwLock<Arc<[Weak<dyn PeerProgress>]>>,
+    /// The live ones, as one shared list that a read clones (one count) instead of
+    /// copying, holding them: a read calls them without upgrading each (two atomics per
+    /// peer per read). Whoever adds a peer removes it (`remove_peer`) before it could go.
+    peer_list: RwLock<PeerList>,
     /// Peers that need every read; requests for every read from the others (an RDM
     /// endpoint setting up a connection); reads since the last call otherwise.
     peers_always: AtomicU32,
@@ -719,7 +730,7 @@ impl CompletionQueue {
             plain_ud: AtomicBool::new(false),
             plain_ud_done: AtomicU64::new(0),
             peers: RwLock::new(Vec::new()),
-            peer_list: RwLock::new(Arc::from(Vec::new())),
+            peer_list: RwLock::new(PeerList(Arc::from(Vec::new()))),
             peers_always: AtomicU32::new(0),
             peers_wanted: AtomicU32::new(0),
             peer_tick: AtomicU32::new(0),
@@ -1358,9 +1369,9 @@ impl CompletionQueue {
     /// CQ from what `f` calls).
     #[inline(always)]
     fn for_each_peer(&self, mut f: impl FnMut(&dyn PeerProgress)) {
-        let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
-        for p in peers.iter().filter_map(Weak::upgrade) {
-            f(&*p);
+        let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()).0);
+        for p in peers.iter() {
+            f(&**p);
         }
     }
 
@@ -1381,7 +1392,9 @@ impl CompletionQueue {
             ));
         }
         v.push((peer, every_read));
-        self.peers_changed(&v);
+        let old = self.peers_changed(&v);
+        drop(v);
+        drop(old);
         Ok(())
     }
 
@@ -1389,16 +1402,27 @@ impl CompletionQueue {
     pub(crate) fn remove_peer(&self, peer: &Weak<dyn PeerProgress>) {
         let mut v = self.peers.write().unwrap_or_else(|p| p.into_inner());
         v.retain(|(w, _)| w.strong_count() > 0 && !Weak::ptr_eq(w, peer));
-        self.peers_changed(&v);
+        let old = self.peers_changed(&v);
+        drop(v);
+        // The removed peer may go with the old list: not under the locks (its drop may
+        // call this CQ).
+        drop(old);
     }
 
-    fn peers_changed(&self, v: &[(Weak<dyn PeerProgress>, bool)]) {
-        let list: Vec<_> = v.iter().map(|(w, _)| w.clone()).collect();
-        *self.peer_list.write().unwrap_or_else(|p| p.into_inner()) = Arc::from(list);
+    /// Publishes the peers `v` holds (the live ones); returns the list it replaced, for
+    /// the caller to drop once it has let go of `peers`.
+    #[must_use]
+    fn peers_changed(&self, v: &[(Weak<dyn PeerProgress>, bool)]) -> PeerList {
+        let list: Vec<_> = v.iter().filter_map(|(w, _)| w.upgrade()).collect();
+        let old = std::mem::replace(
+            &mut *self.peer_list.write().unwrap_or_else(|p| p.into_inner()),
+            PeerList(Arc::from(list)),
+        );
         let always = v.iter().filter(|(_, a)| *a).count() as u32;
         self.peers_always.store(always, Ordering::SeqCst);
         self.peers_total.store(v.len() as u32, Ordering::SeqCst);
         self.set(feature::PEERS, !v.is_empty());
+        old
     }
 
     /// A blocked read also wakes when `fd` is readable (an RDM endpoint's connection
@@ -1472,12 +1496,8 @@ impl CompletionQueue {
 
     /// Tells the peers a thread sleeps (`on`) or woke; how many said their bell will wake it.
     fn peers_sleeping(&self, on: bool) -> u32 {
-        let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()));
-        peers
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|p| u32::from(p.sleeping(self, on)))
-            .sum()
+        let peers = Arc::clone(&self.peer_list.read().unwrap_or_else(|p| p.into_inner()).0);
+        peers.iter().map(|p| u32::from(p.sleeping(self, on))).sum()
     }
 
     /// Undoes [`Self::add_wait_fd`].

@@ -520,9 +520,11 @@ impl LocalOwner {
         fill: impl FnOnce(bool, u32, &LocalEntry) -> Result<T>,
     ) -> Result<T> {
         self.with(|en, l| {
-            l.arrived.fetch_add(1, Ordering::Relaxed);
             let kind = if tagged { RxKind::Tag } else { RxKind::Msg };
             let mut g = en.inner.lock();
+            // Counted only here, under the lock: a load and a store, not an atomic add.
+            l.arrived
+                .store(l.arrived.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             let addr = g.local_from.get(from).copied().unwrap_or(FI_ADDR_NOTAVAIL);
             let a = match g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER) {
                 Err(e) if e.errno() == errno::EAGAIN => {
