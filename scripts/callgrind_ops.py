@@ -35,7 +35,8 @@ def kind(op, arg):
         return "call*" if "*" in arg else "call"
     if op.startswith("jmp") and "*" in arg:
         return "jmp*"
-    if op.startswith("lock") or op.startswith("xchg"):
+    # xchg with memory is locked; between registers (`xchg %ax,%ax` is a nop) it is not.
+    if op.startswith("lock") or (op.startswith("xchg") and "(" in arg):
         return "atomic"
     # Under TCG a spin-wait hint costs ~180 ns and a time-stamp read ~26 ns
     # (results/rdm-gap/tcg-costs-36.txt).
@@ -66,7 +67,9 @@ def disassemble(ob, lo, hi):
     return ins
 
 
-def lines(prefix, want, top):
+def object_costs(prefix, want):
+    """The object named like `want` in the pair of profiles, its instructions per round
+    trip by address, and their disassembly."""
     a1 = parse(prefix + ".1000.out")[3]
     a3 = parse(prefix + ".3000.out")[3]
     costs = defaultdict(float)
@@ -81,7 +84,11 @@ def lines(prefix, want, top):
             costs[addr] += c
     if not costs:
         sys.exit(f"{prefix}: no instructions of an object named like {want}")
-    ins = disassemble(obj, min(costs), max(costs))
+    return obj, costs, disassemble(obj, min(costs), max(costs))
+
+
+def lines(prefix, want, top):
+    obj, costs, ins = object_costs(prefix, want)
     addrs = sorted(costs)
     out = subprocess.run(["addr2line", "-a", "-i", "-e", obj], input="\n".join(hex(a) for a in addrs),
                          capture_output=True, text=True).stdout
@@ -109,19 +116,7 @@ def lines(prefix, want, top):
 def atomics(prefix, want):
     """Each atomic instruction of the object named like `want` that runs, per round trip,
     with its whole inline chain (innermost first): who takes the lock or the reference."""
-    a1 = parse(prefix + ".1000.out")[3]
-    a3 = parse(prefix + ".3000.out")[3]
-    costs, obj = defaultdict(float), None
-    for key in set(a1) | set(a3):
-        (ob, _fn), addr = key
-        if want in (ob or ""):
-            obj = ob
-            c = (a3.get(key, 0) - a1.get(key, 0)) / 2000
-            if abs(c) > 0.001:
-                costs[addr] += c
-    if not costs:
-        sys.exit(f"{prefix}: no instructions of an object named like {want}")
-    ins = disassemble(obj, min(costs), max(costs))
+    obj, costs, ins = object_costs(prefix, want)
     hits = sorted(a for a in costs if kind(*ins.get(a, ("?", ""))) == "atomic")
     out = subprocess.run(["addr2line", "-a", "-i", "-f", "-C", "-e", obj], input="\n".join(hex(a) for a in hits),
                          capture_output=True, text=True).stdout
