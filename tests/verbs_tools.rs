@@ -221,6 +221,27 @@ fn rdm_with_small_bounce_buffers_opens_and_runs_every_protocol() {
     );
 }
 
+/// `-r` (perftest's receive depth) sets an RDM endpoint's bounce buffers: 16 of them carry
+/// 200 round trips (each buffer posted again as its message is taken), and the table
+/// says so, as perftest's header does.
+#[test]
+fn rx_depth_sets_the_rdm_bounce_buffers() {
+    let Some(ip) = addr() else { return };
+    let out = run_pair_env(
+        env!("CARGO_BIN_EXE_rfab_send_lat"),
+        18626,
+        &["-e", "rdm", "--tagged", "-r", "16", "-s", "64", "-n", "200"],
+        &ip,
+        &[("FI_RVERBS_RDM_SHM", "0")],
+    );
+    assert!(out.contains(" RX depth       : 16\n"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["64", "200"]))
+        .unwrap_or_else(|| panic!("no row for 64 bytes: {out}"));
+    assert!(row.split_whitespace().count() >= 7, "{row}");
+}
+
 /// The `key` field of a JSON row.
 fn field(row: &str, key: &str) -> f64 {
     let v = row
@@ -308,7 +329,13 @@ fn client_without_a_server_fails_with_a_clear_error_not_a_hang() {
 
 #[test]
 fn bad_arguments_print_usage_and_exit_2() {
-    for args in [&["-s", "lots"][..], &["--frobnicate"][..], &["-n", "0"][..]] {
+    for args in [
+        &["-s", "lots"][..],
+        &["--frobnicate"][..],
+        &["-n", "0"][..],
+        &["-r", "0"][..],
+        &["-r", "4097"][..],
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_rfab_send_bw"))
             .args(args)
             .output()

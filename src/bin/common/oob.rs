@@ -9,7 +9,7 @@ use super::options::Opts;
 /// The client's parameters, sent to the server over the TCP control connection.
 pub(super) fn encode_params(o: &Opts) -> String {
     format!(
-        "rfab1 test={} ud={} rdm={} tagged={} all={} size={} iters={} depth={} inline={}\n",
+        "rfab1 test={} ud={} rdm={} tagged={} all={} size={} iters={} depth={} rx={} inline={}\n",
         o.test as u8,
         o.ud as u8,
         o.rdm as u8,
@@ -18,6 +18,7 @@ pub(super) fn encode_params(o: &Opts) -> String {
         o.size,
         o.iters,
         o.tx_depth,
+        o.rx_depth,
         o.inline.map_or(-1, |i| i as i64)
     )
 }
@@ -48,6 +49,7 @@ pub(super) fn decode_params(o: &mut Opts, line: &str) -> Result<(), String> {
             "size" => o.size = n as usize,
             "iters" => o.iters = n as usize,
             "depth" => o.tx_depth = n as usize,
+            "rx" => o.rx_depth = n as usize,
             "inline" => o.inline = (n >= 0).then_some(n as usize),
             _ => return Err(format!("unknown parameter {k:?}")),
         }

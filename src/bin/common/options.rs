@@ -50,6 +50,8 @@ pub(crate) struct Opts {
     pub(crate) all: bool,
     pub(crate) iters: usize,
     pub(crate) tx_depth: usize,
+    /// `-r`: receive queue depth: receives posted ahead (MSG, DGRAM), bounce buffers (RDM).
+    pub(crate) rx_depth: usize,
     /// Largest send carried inline (`-I`); `None` leaves the provider's inject size.
     pub(crate) inline: Option<usize>,
     pub(crate) json: bool,
@@ -74,6 +76,7 @@ pub(crate) fn usage(test: Test) -> String {
          \x20 -a, --all            every power of two from 2 B to 8 MiB (capped by max_msg_size)\n\
          \x20 -n, --iters N        iterations per size (default {})\n\
          \x20 -t, --tx-depth N     sends in flight for bandwidth (default 128)\n\
+         \x20 -r, --rx-depth N     receive queue size: receives posted ahead, or RDM's bounce buffers (default 512)\n\
          \x20 -I, --inline_size N  largest send carried inline (default: the device's inject size)\n\
          \x20 -x, --gid-index N    accepted for perftest compatibility (rdma_cm picks the GID)\n\
          \x20 -c, --connection T   RC (default) or UD (latency only: datagrams up to the MTU)\n\
@@ -96,6 +99,7 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
         all: false,
         iters: if test.is_lat() { 1000 } else { 5000 },
         tx_depth: 128,
+        rx_depth: 512,
         inline: None,
         json: false,
         timeout: Duration::from_secs(60),
@@ -117,6 +121,7 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
             "-a" | "--all" => o.all = true,
             "-n" | "--iters" => o.iters = num(&a, args.next())?,
             "-t" | "--tx-depth" => o.tx_depth = num(&a, args.next())?,
+            "-r" | "--rx-depth" => o.rx_depth = num(&a, args.next())?,
             "-I" | "--inline_size" => o.inline = Some(num(&a, args.next())?),
             // rdma_cm chooses the GID that routes to the peer; accepted for perftest's sake.
             "-x" | "--gid-index" => {
@@ -165,6 +170,9 @@ pub(crate) fn parse(test: Test, args: impl Iterator<Item = String>) -> Result<Op
     }
     if o.iters == 0 || o.tx_depth == 0 || o.tx_depth > 4096 {
         return Err("iterations must be > 0 and the tx depth between 1 and 4096".into());
+    }
+    if o.rx_depth == 0 || o.rx_depth > 4096 {
+        return Err("the rx depth must be between 1 and 4096".into());
     }
     Ok(o)
 }

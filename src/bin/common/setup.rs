@@ -12,8 +12,6 @@ use rfabric::*;
 use super::oob::{decode_params, encode_params, oob_accept, oob_connect, read_line};
 use super::options::{Opts, MAX_ALL};
 
-const RX_DEPTH: usize = 512;
-
 /// The endpoint a tool measures: connected (RC), datagram (UD) or reliable connectionless
 /// (RDM), the last two with their peer's address.
 pub(crate) enum Ep {
@@ -166,7 +164,7 @@ fn hints(o: &Opts) -> Info {
         Flags::MSG
     };
     h.tx_attr.size = o.tx_depth.max(16);
-    h.rx_attr.size = RX_DEPTH;
+    h.rx_attr.size = o.rx_depth;
     // One buffer per operation, as perftest: smaller work queue entries.
     h.tx_attr.iov_limit = 1;
     h.rx_attr.iov_limit = 1;
@@ -257,7 +255,7 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             let max = if o.all { MAX_ALL } else { o.size }.min(cinfo.ep_attr.max_msg_size);
             let domain = Domain::open(&fabric, &cinfo).map_err(e)?;
             let conn = endpoint(&domain, &cinfo, &eq, Some(pep), max, o, control)?;
-            post_rx(&conn, RX_DEPTH, max)?;
+            post_rx(&conn, o.rx_depth, max)?;
             conn.ep.msg().map_err(e)?.accept(b"").map_err(e)?;
             wait_connected(&eq, deadline, "the client's connection")?;
             swap_rma_target(conn, o, &mut r)
@@ -289,7 +287,7 @@ pub(crate) fn connect(o: &mut Opts) -> Result<Conn, String> {
             let eq = EventQueue::open(&fabric, &EqAttr::default()).map_err(e)?;
             let domain = Domain::open(&fabric, &info).map_err(e)?;
             let conn = endpoint(&domain, &info, &eq, None, max, o, control)?;
-            post_rx(&conn, RX_DEPTH, max)?;
+            post_rx(&conn, o.rx_depth, max)?;
             conn.ep.msg().map_err(e)?.connect(b"").map_err(e)?;
             wait_connected(&eq, deadline, &format!("the server at {server}:{port}"))?;
             swap_rma_target(conn, o, &mut r)
@@ -395,7 +393,7 @@ fn connect_ud(
     let tx = MemoryRegion::alloc(&domain, max.max(1), Flags::SEND).map_err(e)?;
     // Whole-MTU receives: a datagram cannot be longer, so no overflow element is needed.
     let rx = MemoryRegion::alloc(&domain, mtu, Flags::RECV).map_err(e)?;
-    for _ in 0..RX_DEPTH {
+    for _ in 0..o.rx_depth {
         ep.recv(&rx, 0, rx.len(), 1).map_err(e)?;
     }
     let name = swap_names(
@@ -508,7 +506,7 @@ fn connect_rdm(
         control,
     };
     first_contact(&conn, o.timeout)?;
-    post_rx(&conn, RX_DEPTH.min(conn.info.rx_attr.size), max)?;
+    post_rx(&conn, o.rx_depth.min(conn.info.rx_attr.size), max)?;
     Ok(conn)
 }
 

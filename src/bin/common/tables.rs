@@ -34,6 +34,10 @@ pub(crate) fn banner(o: &Opts, c: &Conn) {
     println!(" Device         : {}", c.info.domain_attr.name);
     println!(" Transport type : {transport}");
     println!(" TX depth       : {}", o.tx_depth);
+    // As perftest, for sends only: what the endpoint was opened with (RDM: bounce buffers).
+    if matches!(o.test, Test::SendLat | Test::SendBw) {
+        println!(" RX depth       : {}", c.info.rx_attr.size);
+    }
     println!(" Inline size    : {}", c.ep.inject_size());
     println!(" Local address  : {local}");
     println!(" Remote address : {remote}");
