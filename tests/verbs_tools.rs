@@ -223,9 +223,9 @@ fn rdm_with_small_bounce_buffers_opens_and_runs_every_protocol() {
 
 /// `-r` (perftest's receive depth) sets an RDM endpoint's bounce buffers: 16 of them carry
 /// 200 round trips (each buffer posted again as its message is taken), and the table
-/// says so, as perftest's header does.
+/// says so, as perftest's header does. Over MSG it is the receives posted ahead.
 #[test]
-fn rx_depth_sets_the_rdm_bounce_buffers() {
+fn rx_depth_sets_the_receives_posted_ahead_and_the_rdm_bounce_buffers() {
     let Some(ip) = addr() else { return };
     let out = run_pair_env(
         env!("CARGO_BIN_EXE_rfab_send_lat"),
@@ -240,6 +240,15 @@ fn rx_depth_sets_the_rdm_bounce_buffers() {
         .find(|l| l.split_whitespace().take(2).eq(["64", "200"]))
         .unwrap_or_else(|| panic!("no row for 64 bytes: {out}"));
     assert!(row.split_whitespace().count() >= 7, "{row}");
+    // Over MSG both sides post that many receives ahead, the server the client's number:
+    // more than its own default, which its queue pair must hold.
+    let out = run_pair(
+        env!("CARGO_BIN_EXE_rfab_send_lat"),
+        18627,
+        &["-r", "1024", "-s", "64", "-n", "50"],
+        &ip,
+    );
+    assert!(out.contains(" RX depth       : 1024\n"), "{out}");
 }
 
 /// The `key` field of a JSON row.

@@ -326,6 +326,9 @@ fn endpoint(
     let e = |e: Error| e.to_string();
     let is_server = pep.is_some();
     let mut info = info.clone();
+    // The receives it posts (`-r`): a server's info is its request's, made before the
+    // client's parameters came.
+    info.rx_attr.size = o.rx_depth;
     if let Some(i) = inline {
         info.tx_attr.inject_size = i.min(info.tx_attr.inject_size);
     }
