@@ -77,17 +77,39 @@ where
     /// closed handle of ours stays readable as a tombstone).
     #[inline]
     pub(crate) unsafe fn from_c<'a>(p: *const H, what: &str) -> Result<&'a Self> {
+        // SAFETY: the caller's contract.
+        if let Some(o) = unsafe { Self::proven(p) } {
+            return Ok(o);
+        }
         let f = p.cast::<fi::fid>();
         // SAFETY: the caller's contract.
         let ops = unsafe { ops_of(f, what)? };
-        // SAFETY: as above (the class too, for a header rewritten by the application).
-        if !std::ptr::eq(ops, Self::fi_ops()) || unsafe { (*f).fclass } != Self::FCLASS as usize {
-            // SAFETY: as above.
-            return Err(unsafe { not_ours(f, ops, Self::FCLASS, what) });
+        // SAFETY: as above.
+        Err(unsafe { not_ours(f, ops, Self::FCLASS, what) })
+    }
+
+    /// [`Self::from_c`]'s proof alone, for data calls: `None` for any handle it does not
+    /// prove an open object of this type (`from_c` then says why). No error is built, so
+    /// a caller that inlines it carries a load and two compares.
+    ///
+    /// # Safety
+    /// As [`Self::from_c`].
+    #[inline(always)]
+    pub(crate) unsafe fn proven<'a>(p: *const H) -> Option<&'a Self> {
+        let f = p.cast::<fi::fid>();
+        if f.is_null() {
+            return None;
+        }
+        // SAFETY: the caller's contract; not NULL (the class too, for a header rewritten
+        // by the application).
+        if !std::ptr::eq(unsafe { load_ops(f) }, Self::fi_ops())
+            || unsafe { (*f).fclass } != Self::FCLASS as usize
+        {
+            return None;
         }
         // SAFETY: only `into_raw` of this type puts this ops table in a header, and a
         // closed object no longer carries it.
-        Ok(unsafe { &*p.cast::<Self>() })
+        Some(unsafe { &*p.cast::<Self>() })
     }
 
     /// Keeps `b` (something handed to a peer that names this object) until it closes.
@@ -141,10 +163,20 @@ pub(crate) unsafe fn ops_of(f: *const fi::fid, what: &str) -> Result<*const fi::
     if f.is_null() {
         return Err(Error::new(errno::EINVAL, format!("{what} is NULL")));
     }
+    // SAFETY: the caller's contract; not NULL.
+    Ok(unsafe { load_ops(f) })
+}
+
+/// The ops table in `f`'s header.
+///
+/// # Safety
+/// `f` is a readable `struct fid`.
+#[inline(always)]
+unsafe fn load_ops(f: *const fi::fid) -> *const fi::fi_ops {
     // SAFETY: readable (the caller's contract) and pointer-aligned as a `struct fid`; our
     // own writes of this field are atomic (retire).
     let ops = unsafe { AtomicPtr::from_ptr((&raw const (*f).ops).cast_mut()) };
-    Ok(ops.load(Ordering::Acquire).cast_const())
+    ops.load(Ordering::Acquire).cast_const()
 }
 
 /// Why the fid at `f`, carrying `ops`, is not an open object of class `fclass` of ours.

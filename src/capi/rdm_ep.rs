@@ -304,8 +304,24 @@ unsafe extern "C" fn rdm_join(
 ///
 /// # Safety
 /// `ep` is the application's endpoint handle.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn rdm<'a>(ep: *mut fi::fid_ep) -> Result<&'a RdmEndpoint> {
+    // An application's endpoint in a load and two compares, inlined in each data call.
+    // SAFETY: the caller's contract.
+    match unsafe { CRdmEp::proven(ep) } {
+        Some(o) => Ok(&o.inner),
+        // SAFETY: as above.
+        None => unsafe { rdm_other(ep) },
+    }
+}
+
+/// [`rdm`] for anything but an application's endpoint: a peer's transfer endpoint, or
+/// the error.
+///
+/// # Safety
+/// As [`rdm`].
+#[inline(never)]
+unsafe fn rdm_other<'a>(ep: *mut fi::fid_ep) -> Result<&'a RdmEndpoint> {
     // A peer's transfer endpoint shares these data calls (its handle marks them): told
     // apart by its ops table, so neither kind builds the other's error on the data path.
     // SAFETY: the caller's contract (ops_of checks for NULL).

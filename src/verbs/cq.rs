@@ -852,6 +852,10 @@ impl CompletionQueue {
         if g == gate_for(E::FORMAT) | u32::from(feature::PEERS) && !out.is_empty() {
             return self.read_driving(out);
         }
+        // An RDM endpoint's CQ read by threads that may race: the general read at once.
+        if g == gate_for(E::FORMAT) | u32::from(feature::PEERS | feature::OWNERS) {
+            return self.read_general(out, None, true);
+        }
         self.read_other(out)
     }
 

@@ -235,16 +235,24 @@ impl RecvBuf {
     }
 
     /// `(address, bytes)` of each range the `n` bytes from `at` cover, in order.
+    #[inline(always)]
     fn ranges(&self, at: usize, n: usize) -> [(u64, usize); RX_IOV_MAX] {
-        let mut out = [(0u64, 0usize); RX_IOV_MAX];
-        if !matches!(self, RecvBuf::Scatter(_)) {
-            // One range, as `walk` would cut it (a local arrival asks this of every receive).
-            let len = self.len();
-            if at < len && n > 0 {
-                out[0] = (self.addr() + at as u64, (len - at).min(n));
-            }
-            return out;
+        if matches!(self, RecvBuf::Scatter(_)) {
+            return self.scatter_ranges(at, n);
         }
+        // One range, as `walk` would cut it (a local arrival asks this of every receive).
+        let mut out = [(0u64, 0usize); RX_IOV_MAX];
+        let len = self.len();
+        if at < len && n > 0 {
+            out[0] = (self.addr() + at as u64, (len - at).min(n));
+        }
+        out
+    }
+
+    /// [`Self::ranges`] of a scatter list.
+    #[inline(never)]
+    fn scatter_ranges(&self, at: usize, n: usize) -> [(u64, usize); RX_IOV_MAX] {
+        let mut out = [(0u64, 0usize); RX_IOV_MAX];
         let parts = self.parts();
         let mut j = 0;
         let _ = walk(parts.iter().map(RecvBuf::len), at, n, |i, skip, k, _| {

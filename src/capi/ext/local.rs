@@ -167,6 +167,7 @@ impl LocalSrx {
     }
 
     /// Writes what the endpoint says of slot `id` into its C entry.
+    #[inline(always)]
     fn fill(&self, id: u32, e: &LocalEntry) -> Result<*mut fi::fi_peer_rx_entry> {
         let pe = self.entry(id)?;
         let c = pe.c.get();

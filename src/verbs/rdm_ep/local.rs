@@ -538,7 +538,7 @@ impl LocalOwner {
                 crate::core::srx::Arrival::Matched(id) => (true, id),
                 crate::core::srx::Arrival::Unexpected(id) => (false, id),
             };
-            fill(matched, id, &entry_of(en, &mut g, id))
+            fill(matched, id, &entry_at(en, &mut g, id))
         })
     }
 
@@ -715,7 +715,15 @@ impl LocalOwner {
 /// and scratch for what may not fit (an untagged message's excess; for a tagged one, whose
 /// size 1.17's `get_tag` does not give, up to the largest message); the owner remembers
 /// the receive until its completion comes back. The path is always asked for a completion.
+#[inline(never)]
 pub(super) fn entry_of(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
+    entry_at(en, g, id)
+}
+
+/// [`entry_of`], inlined into an arrival's `get`: its fill then takes the fields where
+/// they are computed, with no `LocalEntry` written out and read back.
+#[inline(always)]
+fn entry_at(en: &Enabled, g: &mut Inner, id: u32) -> LocalEntry {
     let Inner {
         engine, local_rx, ..
     } = g;
