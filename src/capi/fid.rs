@@ -100,11 +100,10 @@ where
         if f.is_null() {
             return None;
         }
-        // SAFETY: the caller's contract; not NULL (the class too, for a header rewritten
-        // by the application).
-        if !std::ptr::eq(unsafe { load_ops(f) }, Self::fi_ops())
-            || unsafe { (*f).fclass } != Self::FCLASS as usize
-        {
+        // SAFETY: the caller's contract; not NULL.
+        let ops = unsafe { load_ops(f) };
+        // SAFETY: as above (the class too, for a header rewritten by the application).
+        if !std::ptr::eq(ops, Self::fi_ops()) || unsafe { (*f).fclass } != Self::FCLASS as usize {
             return None;
         }
         // SAFETY: only `into_raw` of this type puts this ops table in a header, and a
