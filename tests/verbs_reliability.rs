@@ -548,6 +548,9 @@ fn connreq_flood_round(info: &Info, clients: usize, out: &mut Outcome) {
     let mut servers = Vec::new();
     let mut outcome: HashMap<u64, bool> = HashMap::new();
     let mut requests = 0u64;
+    // Each client's address, and whether its request was accepted.
+    let mut sources: HashMap<SocketAddr, bool> = HashMap::new();
+    let mut resent = 0u64;
     let mut server_connected = 0;
     // Requests past the listener's backlog are not refused: rdma_cm leaves them to the
     // connecting side's CM, which sends them again (seconds later) until they get in.
@@ -560,6 +563,25 @@ fn connreq_flood_round(info: &Info, clients: usize, out: &mut Outcome) {
             Ok(EqEvent::ConnReq { info: mut req, .. }) => {
                 req.tx_attr.size = 2;
                 req.rx_attr.size = 2;
+                let Some(source) = req.dest_addr else {
+                    out.problem("a connection request without its source address");
+                    continue;
+                };
+                // The kernel's CM forgets a rejected request at once; when the connecting
+                // side's CM timed out and sent its REQ again as our reject crossed it, that
+                // copy arrives as a new request. Its client already has its outcome.
+                if let Some(&accepted) = sources.get(&source) {
+                    if accepted {
+                        out.problem(format!("a second request from accepted {source}"));
+                    } else {
+                        eprintln!("[connection flood] {source}: its CM's resent request, after our reject");
+                        resent += 1;
+                    }
+                    let handle = req.handle.clone().unwrap().downcast::<ConnRequest>();
+                    pep.reject(&handle.unwrap(), b"busy").unwrap();
+                    continue;
+                }
+                sources.insert(source, requests % 2 == 0);
                 if requests % 2 == 0 {
                     let s = MsgEndpoint::open(&domain, &req, 0x20_0000 + requests).unwrap();
                     s.bind_eq(&eq).unwrap();
@@ -617,7 +639,7 @@ fn connreq_flood_round(info: &Info, clients: usize, out: &mut Outcome) {
         ));
     }
     eprintln!(
-        "[connection flood] {clients} connects: {requests} requests reached the listener, {ok} connected, {} refused",
+        "[connection flood] {clients} connects: {requests} requests reached the listener ({resent} more resent after their reject), {ok} connected, {} refused",
         outcome.len() as u64 - ok
     );
     drop(servers);
