@@ -57,7 +57,8 @@ struct posted {
 };
 static struct posted ring[RING];
 static unsigned head, tail;
-/* The entry handed to shm for a matched receive, and for an unexpected message. */
+/* The entry handed to shm for a matched receive, and for an unexpected message (a
+ * ping-pong has at most one message in flight each way). */
 static struct fi_peer_rx_entry matched, unexp;
 static struct iovec matched_iov;
 static void *null_desc[1];
@@ -273,13 +274,12 @@ int main(int argc, char **argv)
 	size_t len = sizeof name;
 	CHECK(fi_getname(&shm_ep->fid, name, &len));
 	write_name(dir, argv[2], name, len);
-	size_t plen = read_name(dir, server ? "client" : "server", peer, sizeof peer);
+	read_name(dir, server ? "client" : "server", peer, sizeof peer);
 	fi_addr_t to;
 	if (fi_av_insert(av, peer, 1, &to, 0, NULL) != 1) {
 		fprintf(stderr, "fi_av_insert took no address\n");
 		return 1;
 	}
-	(void)plen;
 	/* The owner's address 0 is shm's `to`. */
 	shm_addr[0] = to;
 	if (owner)
@@ -293,6 +293,7 @@ int main(int argc, char **argv)
 	for (long i = 0; i < warm + iters; i++) {
 		if (i == warm)
 			CALLGRIND_TOGGLE_COLLECT;
+		rx[0] = rx[1] = 0;
 		post_recv(rx, sizeof rx, 7, rx);
 		if (!server) {
 			while ((rc = send_tag(tx, sizeof tx, to, 7)) == -FI_EAGAIN)
@@ -310,15 +311,17 @@ int main(int argc, char **argv)
 			rc = read_cq(e, 4);
 			if (rc == 1 && e[0].op_context == rx && e[0].len == sizeof rx)
 				break;
-			if (rc == -FI_EAGAIN) {
-				if (i >= warm)
-					empty++;
-				continue;
-			}
-			{
-				fprintf(stderr, "fi_cq_read: %zd\n", rc);
+			if (rc != -FI_EAGAIN) {
+				fprintf(stderr, "fi_cq_read: %zd, not the receive's completion\n", rc);
 				return 1;
 			}
+			if (i >= warm)
+				empty++;
+		}
+		if (rx[0] != tx[0] || rx[1] != tx[1]) {
+			fprintf(stderr, "round trip %ld: received %d %d, sent %d %d\n", i, rx[0],
+				rx[1], tx[0], tx[1]);
+			return 1;
 		}
 		if (server) {
 			while ((rc = send_tag(tx, sizeof tx, to, 7)) == -FI_EAGAIN)
