@@ -16,10 +16,15 @@
  * empty CQ reads would vary with scheduling. It prints how many it still made, and role
  * "idle" makes only empty reads, to price one (subtracted by scripts/local-floor).
  *
+ * Built with -DLOCKED, "owner" takes a mutex around each of the owner's own steps (posting,
+ * get_tag, queue_tag, free_entry, copying completions out), never across shm's calls: what
+ * a thread-safe owner adds.
+ *
  *   local-floor plain|owner server|client|idle ITERS DIR
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +51,16 @@
 
 static struct fid_ep *shm_ep;
 static struct fid_cq *shm_cq;
+static int owner;
+#ifdef LOCKED
+/* Built with -DLOCKED: the owner's calls take a lock, as a thread-safe owner's must. */
+static pthread_mutex_t owner_lock = PTHREAD_MUTEX_INITIALIZER;
+#define LOCK() pthread_mutex_lock(&owner_lock)
+#define UNLOCK() pthread_mutex_unlock(&owner_lock)
+#else
+#define LOCK() ((void)0)
+#define UNLOCK() ((void)0)
+#endif
 
 /* The owner: a ring of posted receives, matched from the head. */
 #define RING 16
@@ -68,6 +83,7 @@ static struct fid_peer_srx owner_srx;
 static int owner_get_tag(struct fid_peer_srx *srx, fi_addr_t addr, uint64_t tag,
 			 struct fi_peer_rx_entry **entry)
 {
+	LOCK();
 	if (head != tail && ring[head % RING].tag == tag) {
 		struct posted *p = &ring[head++ % RING];
 		matched_iov.iov_base = p->buf;
@@ -80,11 +96,13 @@ static int owner_get_tag(struct fid_peer_srx *srx, fi_addr_t addr, uint64_t tag,
 		matched.desc = null_desc;
 		matched.count = 1;
 		*entry = &matched;
+		UNLOCK();
 		return 0;
 	}
 	unexp.addr = addr;
 	unexp.tag = tag;
 	*entry = &unexp;
+	UNLOCK();
 	return -FI_ENOENT;
 }
 
@@ -97,7 +115,9 @@ static int owner_get_msg(struct fid_peer_srx *srx, fi_addr_t addr, size_t size,
 
 static int owner_queue_tag(struct fi_peer_rx_entry *entry)
 {
+	LOCK();
 	have_unexp = 1;
+	UNLOCK();
 	return 0;
 }
 
@@ -108,8 +128,10 @@ static int owner_queue_msg(struct fi_peer_rx_entry *entry)
 
 static void owner_free_entry(struct fi_peer_rx_entry *entry)
 {
+	LOCK();
 	if (entry == &unexp)
 		have_unexp = 0;
+	UNLOCK();
 }
 
 static struct fi_ops_srx_owner owner_ops = {
@@ -134,7 +156,6 @@ static struct fi_ops owner_fid_ops = {
 	.ops_open = NULL,
 };
 
-static int owner;
 
 static __attribute__((noinline)) void post_recv(void *buf, size_t len, uint64_t tag, void *ctx)
 {
@@ -146,6 +167,7 @@ static __attribute__((noinline)) void post_recv(void *buf, size_t len, uint64_t 
 		CHECK(rc);
 		return;
 	}
+	LOCK();
 	if (have_unexp && unexp.tag == tag) {
 		/* A message that came first: shm copies it once told where. */
 		matched_iov.iov_base = buf;
@@ -155,10 +177,13 @@ static __attribute__((noinline)) void post_recv(void *buf, size_t len, uint64_t 
 		unexp.iov = &matched_iov;
 		unexp.desc = null_desc;
 		unexp.count = 1;
+		UNLOCK();
+		/* shm calls free_entry from start_tag: not under the lock. */
 		CHECK(owner_srx.peer_ops->start_tag(&unexp));
 		return;
 	}
 	ring[tail++ % RING] = (struct posted){ buf, len, tag, ctx };
+	UNLOCK();
 }
 
 /* The owner's send: its address translated to shm's, then shm's inject. */
@@ -178,8 +203,12 @@ static __attribute__((noinline)) ssize_t read_cq(struct fi_cq_tagged_entry *out,
 		return fi_cq_read(shm_cq, out, n);
 	struct fi_cq_tagged_entry got[4];
 	ssize_t rc = fi_cq_read(shm_cq, got, n < 4 ? n : 4);
+	if (rc <= 0)
+		return rc;
+	LOCK();
 	for (ssize_t i = 0; i < rc; i++)
 		out[i] = got[i];
+	UNLOCK();
 	return rc;
 }
 
