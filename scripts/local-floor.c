@@ -1,6 +1,6 @@
 /* The least an owner can cost over libfabric 1.17's shm (issue 18's budget).
  *
- * Two processes on one host ping-pong tagged 2-byte messages over shm, in one of two modes:
+ * Two processes on one host ping-pong 2-byte messages over shm, in one of two modes:
  *   plain  shm alone: fi_trecv, fi_tinject and fi_cq_read on shm's own objects;
  *   owner  shm imported the way rverbs imports it (fi_peer(3)): receives posted to the
  *          owner's queue, shm asking for them through the owner's get_tag/free_entry, and
@@ -20,7 +20,9 @@
  * get_tag, queue_tag, free_entry, copying completions out), never across shm's calls: what
  * a thread-safe owner adds.
  *
- *   local-floor plain|owner server|client|idle ITERS DIR
+ * With "msg" the messages are untagged (fi_inject, fi_recv, get_msg), as fi_pingpong's are.
+ *
+ *   local-floor plain|owner server|client|idle ITERS DIR [msg]
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -80,18 +82,21 @@ static void *null_desc[1];
 static int have_unexp;
 static struct fid_peer_srx owner_srx;
 
-static int owner_get_tag(struct fid_peer_srx *srx, fi_addr_t addr, uint64_t tag,
-			 struct fi_peer_rx_entry **entry)
+/* Tagged (the default) or untagged ("msg" on the command line) messages. */
+static int tagged = 1;
+
+/* The arrival: the ring's head takes it if it is for this tag (any, untagged). */
+static inline int owner_get(fi_addr_t addr, uint64_t tag, struct fi_peer_rx_entry **entry)
 {
 	LOCK();
-	if (head != tail && ring[head % RING].tag == tag) {
+	if (head != tail && (!tagged || ring[head % RING].tag == tag)) {
 		struct posted *p = &ring[head++ % RING];
 		matched_iov.iov_base = p->buf;
 		matched_iov.iov_len = p->len;
 		matched.addr = addr;
 		matched.tag = tag;
 		matched.context = p->context;
-		matched.flags = FI_TAGGED | FI_RECV | FI_COMPLETION;
+		matched.flags = (tagged ? FI_TAGGED : FI_MSG) | FI_RECV | FI_COMPLETION;
 		matched.iov = &matched_iov;
 		matched.desc = null_desc;
 		matched.count = 1;
@@ -106,11 +111,16 @@ static int owner_get_tag(struct fid_peer_srx *srx, fi_addr_t addr, uint64_t tag,
 	return -FI_ENOENT;
 }
 
+static int owner_get_tag(struct fid_peer_srx *srx, fi_addr_t addr, uint64_t tag,
+			 struct fi_peer_rx_entry **entry)
+{
+	return owner_get(addr, tag, entry);
+}
+
 static int owner_get_msg(struct fid_peer_srx *srx, fi_addr_t addr, size_t size,
 			 struct fi_peer_rx_entry **entry)
 {
-	fprintf(stderr, "untagged message: not used here\n");
-	exit(1);
+	return owner_get(addr, 0, entry);
 }
 
 static int owner_queue_tag(struct fi_peer_rx_entry *entry)
@@ -123,7 +133,7 @@ static int owner_queue_tag(struct fi_peer_rx_entry *entry)
 
 static int owner_queue_msg(struct fi_peer_rx_entry *entry)
 {
-	exit(1);
+	return owner_queue_tag(entry);
 }
 
 static void owner_free_entry(struct fi_peer_rx_entry *entry)
@@ -161,25 +171,27 @@ static __attribute__((noinline)) void post_recv(void *buf, size_t len, uint64_t 
 {
 	if (!owner) {
 		ssize_t rc;
-		while ((rc = fi_trecv(shm_ep, buf, len, NULL, FI_ADDR_UNSPEC, tag, 0, ctx)) ==
-		       -FI_EAGAIN)
-			;
+		do
+			rc = tagged ? fi_trecv(shm_ep, buf, len, NULL, FI_ADDR_UNSPEC, tag, 0, ctx)
+				    : fi_recv(shm_ep, buf, len, NULL, FI_ADDR_UNSPEC, ctx);
+		while (rc == -FI_EAGAIN);
 		CHECK(rc);
 		return;
 	}
 	LOCK();
-	if (have_unexp && unexp.tag == tag) {
+	if (have_unexp && (!tagged || unexp.tag == tag)) {
 		/* A message that came first: shm copies it once told where. */
 		matched_iov.iov_base = buf;
 		matched_iov.iov_len = len;
 		unexp.context = ctx;
-		unexp.flags = FI_TAGGED | FI_RECV | FI_COMPLETION;
+		unexp.flags = (tagged ? FI_TAGGED : FI_MSG) | FI_RECV | FI_COMPLETION;
 		unexp.iov = &matched_iov;
 		unexp.desc = null_desc;
 		unexp.count = 1;
 		UNLOCK();
-		/* shm calls free_entry from start_tag: not under the lock. */
-		CHECK(owner_srx.peer_ops->start_tag(&unexp));
+		/* shm calls free_entry from start_*: not under the lock. */
+		CHECK(tagged ? owner_srx.peer_ops->start_tag(&unexp)
+			     : owner_srx.peer_ops->start_msg(&unexp));
 		return;
 	}
 	ring[tail++ % RING] = (struct posted){ buf, len, tag, ctx };
@@ -191,9 +203,9 @@ static fi_addr_t shm_addr[1];
 static __attribute__((noinline)) ssize_t send_tag(const void *buf, size_t len, fi_addr_t to,
 						  uint64_t tag)
 {
-	if (!owner)
-		return fi_tinject(shm_ep, buf, len, to, tag);
-	return fi_tinject(shm_ep, buf, len, shm_addr[to], tag);
+	if (owner)
+		to = shm_addr[to];
+	return tagged ? fi_tinject(shm_ep, buf, len, to, tag) : fi_inject(shm_ep, buf, len, to);
 }
 
 /* The owner's CQ read: shm's CQ read (its progress), its entries copied out. */
@@ -247,9 +259,10 @@ static size_t read_name(const char *dir, const char *role, char *name, size_t ca
 
 int main(int argc, char **argv)
 {
-	if (argc != 5 || (strcmp(argv[1], "plain") && strcmp(argv[1], "owner")) ||
+	if (argc < 5 || argc > 6 || (argc == 6 && strcmp(argv[5], "msg")) ||
+	    (strcmp(argv[1], "plain") && strcmp(argv[1], "owner")) ||
 	    (strcmp(argv[2], "server") && strcmp(argv[2], "client") && strcmp(argv[2], "idle"))) {
-		fprintf(stderr, "usage: local-floor plain|owner server|client|idle ITERS DIR\n");
+		fprintf(stderr, "usage: local-floor plain|owner server|client|idle ITERS DIR [msg]\n");
 		return 2;
 	}
 	owner = !strcmp(argv[1], "owner");
@@ -257,6 +270,7 @@ int main(int argc, char **argv)
 	int idle = !strcmp(argv[2], "idle");
 	long iters = atol(argv[3]);
 	const char *dir = argv[4];
+	tagged = argc == 5;
 
 	struct fi_info *hints = fi_allocinfo(), *info;
 	hints->caps = FI_MSG | FI_TAGGED;
