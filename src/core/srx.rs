@@ -435,7 +435,7 @@ impl<B: Clone> RxEngine<B> {
     /// [`Self::arrive`] when the first receive posted for `kind` takes the message (the
     /// common case: one look, no scan); `None`, with nothing changed, otherwise, and for a
     /// multi-receive buffer (the caller then arrives the general way).
-    #[inline]
+    #[inline(always)]
     pub fn arrive_at_head(
         &mut self,
         kind: Kind,

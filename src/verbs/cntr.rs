@@ -607,6 +607,14 @@ impl EpCounters {
         }
     }
 
+    /// `done` for a send: one test on an RDM endpoint's local path.
+    #[inline(always)]
+    pub(crate) fn send_done(&self, ok: bool) {
+        if let Some(c) = &self.send {
+            c.count(ok);
+        }
+    }
+
     pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Counter>> {
         [
             &self.send,

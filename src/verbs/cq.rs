@@ -1380,6 +1380,7 @@ impl CompletionQueue {
     }
 
     /// [`Self::progress_peers`], with the reader's `sink` for what they complete here.
+    #[inline(always)]
     fn progress_peers_into(&self, mut sink: Option<&mut ReadSink<'_>>) {
         self.for_each_peer(|p| p.progress(self, sink.as_deref_mut()));
     }
@@ -1766,6 +1767,7 @@ impl CompletionQueue {
     }
 
     /// Software completions that can be inserted before the CQ overruns.
+    #[inline]
     pub fn room(&self) -> usize {
         // Nothing staged: all of it (at least its size at open; it only grows), unlocked.
         if self.staged.load(Ordering::Acquire) == 0 {

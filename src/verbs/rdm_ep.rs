@@ -1833,6 +1833,23 @@ impl RdmEndpoint {
     }
 
     fn inject_to(&self, buf: &[u8], dest: u64, tag: Option<u64>, data: Option<u64>) -> Result<()> {
+        // A peer on this host: to the local path at once (a peer's transfers go over verbs;
+        // the default delivery completion waits for the path's completion).
+        if let (Some(en), false) = (self.sh.on.get(), self.peer) {
+            if let Some(l) = en.local.get() {
+                if !self
+                    .sh
+                    .info
+                    .tx_attr
+                    .op_flags
+                    .contains(Flags::DELIVERY_COMPLETE)
+                {
+                    if let Some(r) = local::inject_call(en, l, buf, dest, tag, data) {
+                        return r;
+                    }
+                }
+            }
+        }
         let flags = if data.is_some() {
             Flags::INJECT | Flags::REMOTE_CQ_DATA
         } else {
@@ -2246,11 +2263,13 @@ impl RdmEndpoint {
     }
 
     /// `fi_recv`: a receive from `from` (`FI_ADDR_UNSPEC`: anyone).
+    #[inline(always)]
     pub fn recv(&self, buf: RecvBuf, from: u64, context: u64) -> Result<()> {
         self.recv_default(buf, RxKind::Msg, from, 0, 0, context)
     }
 
     /// `fi_trecv`: a receive of tags equal to `tag` outside the `ignore` bits.
+    #[inline(always)]
     pub fn trecv(
         &self,
         buf: RecvBuf,

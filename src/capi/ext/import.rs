@@ -412,6 +412,7 @@ impl ShmPeer {
 /// Reads at most `n` of an shm CQ's completions (0: drives shm's progress only), each
 /// (or the error entry waiting, alone) handed to `each`; how many were read. shm 1.17
 /// leaves `FI_COMPLETION` in an error's flags and its errno negative: both are put right.
+#[inline(always)]
 pub(crate) fn read_shm_cq(
     cq: *mut fi::fid_cq,
     n: usize,

@@ -476,48 +476,62 @@ impl ShmLocal {
     /// (`LocalEntry::context`), a send's what `LocalSend::context` gave.
     /// `driven`: the endpoint's progress call behind it, if any.
     fn move_some(&self, n: usize, mut driven: Option<&mut Driven<'_, '_>>) -> Result<usize> {
-        read_shm_cq(self.ep.cq, n, |c| match c {
-            Ok((e, _)) if e.flags & fi::FI_SEND != 0 => {
-                self.owner
-                    .send_done(e.op_context, None, driven.as_deref_mut())
-            }
-            Ok((e, _)) => self
-                .owner
-                .recv_done(e.op_context as u32, e, None, driven.as_deref_mut()),
-            Err(c) if c.flags & fi::FI_SEND != 0 => {
-                self.owner.send_done(c.op_context, Some(c.err), None)
-            }
-            Err(c) => {
-                let e = CqEntry {
-                    op_context: c.op_context,
-                    flags: c.flags,
-                    len: c.len,
-                    buf: c.buf,
-                    data: c.data,
-                    tag: c.tag,
-                };
-                self.owner
-                    .recv_done(c.op_context as u32, e, Some(c.err), None)
-            }
-        })
+        read_shm_cq(
+            self.ep.cq,
+            n,
+            #[inline(always)]
+            |c| match c {
+                Ok((e, _)) if e.flags & fi::FI_SEND != 0 => {
+                    self.owner
+                        .send_done(e.op_context, None, driven.as_deref_mut())
+                }
+                Ok((e, _)) => {
+                    self.owner
+                        .recv_done(e.op_context as u32, e, None, driven.as_deref_mut())
+                }
+                Err(c) if c.flags & fi::FI_SEND != 0 => {
+                    self.owner.send_done(c.op_context, Some(c.err), None)
+                }
+                Err(c) => {
+                    let e = CqEntry {
+                        op_context: c.op_context,
+                        flags: c.flags,
+                        len: c.len,
+                        buf: c.buf,
+                        data: c.data,
+                        tag: c.tag,
+                    };
+                    self.owner
+                        .recv_done(c.op_context as u32, e, Some(c.err), None)
+                }
+            },
+        )
     }
 
     /// One range copied during the call with no completion: shm's `fi_inject` family,
     /// which goes straight to its inject protocol (`fi_sendmsg` with `FI_INJECT` picks one
     /// among all of them first).
-    fn inject(&self, to: u64, m: &LocalSend<'_>, addr: u64, len: usize) -> Result<()> {
+    #[inline(always)]
+    fn inject_now(
+        &self,
+        to: u64,
+        tag: Option<u64>,
+        data: Option<u64>,
+        addr: u64,
+        len: usize,
+    ) -> Result<()> {
         let buf = addr as *const c_void;
         // SAFETY: shm's enabled endpoint; `len` bytes at `addr` are readable for the call,
         // which copies them; shm fills every op of its tables at open.
         let rc = unsafe {
             let ep = self.ep.ep;
-            match (m.tagged, m.data) {
-                (true, None) => ((*(*ep).tagged).inject.expect("tinject"))(ep, buf, len, to, m.tag),
-                (true, Some(d)) => {
-                    ((*(*ep).tagged).injectdata.expect("tinjectdata"))(ep, buf, len, d, to, m.tag)
+            match (tag, data) {
+                (Some(t), None) => ((*(*ep).tagged).inject.expect("tinject"))(ep, buf, len, to, t),
+                (Some(t), Some(d)) => {
+                    ((*(*ep).tagged).injectdata.expect("tinjectdata"))(ep, buf, len, d, to, t)
                 }
-                (false, None) => ((*(*ep).msg).inject.expect("inject"))(ep, buf, len, to),
-                (false, Some(d)) => {
+                (None, None) => ((*(*ep).msg).inject.expect("inject"))(ep, buf, len, to),
+                (None, Some(d)) => {
                     ((*(*ep).msg).injectdata.expect("injectdata"))(ep, buf, len, d, to)
                 }
             }
@@ -544,7 +558,7 @@ impl LocalPath for ShmLocal {
     fn send(&self, to: u64, m: &LocalSend<'_>) -> Result<()> {
         self.check_open()?;
         if let ([(addr, len)], None, false) = (m.iov, m.context, m.delivery_complete) {
-            return self.inject(to, m, *addr, *len);
+            return self.inject_now(to, m.tagged.then_some(m.tag), m.data, *addr, *len);
         }
         let mut iov = [libc::iovec {
             iov_base: null_mut(),
@@ -607,6 +621,18 @@ impl LocalPath for ShmLocal {
             self.progress(None);
         }
         check(rc, "fi_sendmsg(shm)").map(|_| ())
+    }
+
+    fn inject(
+        &self,
+        to: u64,
+        tag: Option<u64>,
+        data: Option<u64>,
+        addr: u64,
+        len: usize,
+    ) -> Result<()> {
+        self.check_open()?;
+        self.inject_now(to, tag, data, addr, len)
     }
 
     fn hand_back(&self, id: u32, e: &LocalEntry, discard: bool) -> Result<()> {

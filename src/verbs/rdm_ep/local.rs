@@ -93,6 +93,26 @@ pub trait LocalPath: Send + Sync {
     /// The largest send it copies during the call (what it carries).
     fn inject_size(&self) -> usize;
     fn send(&self, to: u64, m: &LocalSend<'_>) -> Result<()>;
+    /// `send` of one range copied during the call with no completion (the `fi_inject`
+    /// family), tagged when `tag` is given.
+    fn inject(
+        &self,
+        to: u64,
+        tag: Option<u64>,
+        data: Option<u64>,
+        addr: u64,
+        len: usize,
+    ) -> Result<()> {
+        let m = LocalSend {
+            tagged: tag.is_some(),
+            tag: tag.unwrap_or(0),
+            data,
+            iov: &[(addr, len)],
+            context: None,
+            delivery_complete: false,
+        };
+        self.send(to, &m)
+    }
     /// Starts (or discards) the unexpected message it holds in engine slot `id`: `e`
     /// names the receive's buffer.
     fn hand_back(&self, id: u32, e: &LocalEntry, discard: bool) -> Result<()>;
@@ -526,17 +546,11 @@ impl LocalOwner {
             l.arrived
                 .store(l.arrived.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             let addr = g.local_from.get(from).copied().unwrap_or(FI_ADDR_NOTAVAIL);
-            let a = match g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER) {
-                Err(e) if e.errno() == errno::EAGAIN => {
-                    let n = g.engine.capacity();
-                    g.engine.grow(n)?;
-                    g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER)?
-                }
-                r => r?,
-            };
-            let (matched, id) = match a {
-                crate::core::srx::Arrival::Matched(id) => (true, id),
-                crate::core::srx::Arrival::Unexpected(id) => (false, id),
+            // The receive at the head of the posted list takes it (the common case), else
+            // the general arrival.
+            let (matched, id) = match g.engine.arrive_at_head(kind, addr, tag, size, LOCAL_HOLDER) {
+                Some(id) => (true, id),
+                None => arrive_slow(&mut g, kind, addr, tag, size)?,
             };
             fill(matched, id, &entry_at(en, &mut g, id))
         })
@@ -584,6 +598,7 @@ impl LocalOwner {
     /// named, and the slot is freed.
     ///
     /// `driven`: the endpoint's progress call behind it, if any.
+    #[inline(always)]
     pub fn recv_done(
         &self,
         id: u32,
@@ -693,14 +708,16 @@ impl LocalOwner {
     }
 
     /// Completions the CQs can take now (the path moves no more).
+    #[inline]
     pub fn room(&self) -> usize {
-        let room = |rx: &Arc<CompletionQueue>, tx: &Arc<CompletionQueue>| {
+        #[inline(always)]
+        fn room(rx: &Arc<CompletionQueue>, tx: &Arc<CompletionQueue>) -> usize {
             if Arc::ptr_eq(rx, tx) {
                 rx.room()
             } else {
                 rx.room().min(tx.room())
             }
-        };
+        }
         match &self.cqs {
             Some((rx, tx)) => room(rx, tx),
             None => self
@@ -708,6 +725,31 @@ impl LocalOwner {
                 .unwrap_or(0),
         }
     }
+}
+
+/// A local arrival the posted list's head does not take: matched further on, or
+/// unexpected (the engine grown when full); (matched, slot).
+#[cold]
+#[inline(never)]
+fn arrive_slow(
+    g: &mut Inner,
+    kind: RxKind,
+    addr: u64,
+    tag: u64,
+    size: usize,
+) -> Result<(bool, u32)> {
+    let a = match g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER) {
+        Err(e) if e.errno() == errno::EAGAIN => {
+            let n = g.engine.capacity();
+            g.engine.grow(n)?;
+            g.engine.arrive(kind, addr, tag, size, LOCAL_HOLDER)?
+        }
+        r => r?,
+    };
+    Ok(match a {
+        crate::core::srx::Arrival::Matched(id) => (true, id),
+        crate::core::srx::Arrival::Unexpected(id) => (false, id),
+    })
 }
 
 /// Slot `id` as the path sees it. For a claimed one (a receive took the message): the
@@ -813,6 +855,31 @@ pub(super) fn inject_now(
     Some(send_copied(
         en, l, to, bell, &iov, tag, data, context, done, quiet,
     ))
+}
+
+/// An inject call's send (`fi_inject`, `fi_tinject` and their `data` forms) of `buf` to
+/// `dest` when it is a peer on this host, in one step: `None` when it is not one (or the
+/// path cannot copy it during the call), and the general way sends it.
+#[inline(always)]
+pub(super) fn inject_call(
+    en: &Enabled,
+    l: &LocalLink,
+    buf: &[u8],
+    dest: u64,
+    tag: Option<u64>,
+    data: Option<u64>,
+) -> Option<Result<()>> {
+    if buf.len() > l.inject || buf.len() > en.slot - super::Header::LEN {
+        return None;
+    }
+    l.with_route(en, dest, |to, bell| {
+        let r = l.path.inject(to, tag, data, buf.as_ptr() as u64, buf.len());
+        ring(bell, &r);
+        r?;
+        l.sent.fetch_add(1, Ordering::Relaxed);
+        en.cntrs.send_done(true);
+        Ok(())
+    })
 }
 
 /// A send the path copies during the call (`iov`): nothing of it comes back, so its count
