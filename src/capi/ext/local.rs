@@ -507,40 +507,6 @@ impl ShmLocal {
             },
         )
     }
-
-    /// One range copied during the call with no completion: shm's `fi_inject` family,
-    /// which goes straight to its inject protocol (`fi_sendmsg` with `FI_INJECT` picks one
-    /// among all of them first).
-    #[inline(always)]
-    fn inject_now(
-        &self,
-        to: u64,
-        tag: Option<u64>,
-        data: Option<u64>,
-        addr: u64,
-        len: usize,
-    ) -> Result<()> {
-        let buf = addr as *const c_void;
-        // SAFETY: shm's enabled endpoint; `len` bytes at `addr` are readable for the call,
-        // which copies them; shm fills every op of its tables at open.
-        let rc = unsafe {
-            let ep = self.ep.ep;
-            match (tag, data) {
-                (Some(t), None) => ((*(*ep).tagged).inject.expect("tinject"))(ep, buf, len, to, t),
-                (Some(t), Some(d)) => {
-                    ((*(*ep).tagged).injectdata.expect("tinjectdata"))(ep, buf, len, d, to, t)
-                }
-                (None, None) => ((*(*ep).msg).inject.expect("inject"))(ep, buf, len, to),
-                (None, Some(d)) => {
-                    ((*(*ep).msg).injectdata.expect("injectdata"))(ep, buf, len, d, to)
-                }
-            }
-        };
-        if rc == -(errno::EAGAIN as isize) {
-            self.progress(None);
-        }
-        check(rc, "fi_inject(shm)").map(|_| ())
-    }
 }
 
 impl LocalPath for ShmLocal {
@@ -558,7 +524,7 @@ impl LocalPath for ShmLocal {
     fn send(&self, to: u64, m: &LocalSend<'_>) -> Result<()> {
         self.check_open()?;
         if let ([(addr, len)], None, false) = (m.iov, m.context, m.delivery_complete) {
-            return self.inject_now(to, m.tagged.then_some(m.tag), m.data, *addr, *len);
+            return self.inject(to, m.tagged.then_some(m.tag), m.data, *addr, *len);
         }
         let mut iov = [libc::iovec {
             iov_base: null_mut(),
@@ -623,6 +589,8 @@ impl LocalPath for ShmLocal {
         check(rc, "fi_sendmsg(shm)").map(|_| ())
     }
 
+    /// shm's `fi_inject` family, which goes straight to its inject protocol (`fi_sendmsg`
+    /// with `FI_INJECT` picks one among all of them first).
     fn inject(
         &self,
         to: u64,
@@ -632,7 +600,26 @@ impl LocalPath for ShmLocal {
         len: usize,
     ) -> Result<()> {
         self.check_open()?;
-        self.inject_now(to, tag, data, addr, len)
+        let buf = addr as *const c_void;
+        // SAFETY: shm's enabled endpoint; `len` bytes at `addr` are readable for the call,
+        // which copies them; shm fills every op of its tables at open.
+        let rc = unsafe {
+            let ep = self.ep.ep;
+            match (tag, data) {
+                (Some(t), None) => ((*(*ep).tagged).inject.expect("tinject"))(ep, buf, len, to, t),
+                (Some(t), Some(d)) => {
+                    ((*(*ep).tagged).injectdata.expect("tinjectdata"))(ep, buf, len, d, to, t)
+                }
+                (None, None) => ((*(*ep).msg).inject.expect("inject"))(ep, buf, len, to),
+                (None, Some(d)) => {
+                    ((*(*ep).msg).injectdata.expect("injectdata"))(ep, buf, len, d, to)
+                }
+            }
+        };
+        if rc == -(errno::EAGAIN as isize) {
+            self.progress(None);
+        }
+        check(rc, "fi_inject(shm)").map(|_| ())
     }
 
     fn hand_back(&self, id: u32, e: &LocalEntry, discard: bool) -> Result<()> {
